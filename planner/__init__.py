@@ -1,0 +1,1 @@
+"""parallel-plan's planner: model and cluster specs, the cost model and the OR-Tools search. No torch here."""

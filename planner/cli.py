@@ -1,0 +1,174 @@
+"""`plan`: the command line. `plan --model M --gpus N` searches; subcommands profile, launch, validate,
+scaling and export hand over to their modules (the runtime ones import torch, the planner never does).
+
+Every user error ends as one sentence on stderr and a non-zero exit: 1 for bad input, 2 when no layout
+fits in memory.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+
+from planner.errors import PlanError
+
+SUBCOMMANDS = {
+    "profile": ("runtime.profiler.cli", "time this machine's kernels and collectives into a profile"),
+    "launch": ("runtime.launch", "train from a plan file (torchrun underneath)"),
+    "validate": ("runtime.validate", "run a plan for a few steps and compare with its prediction"),
+    "scaling": ("planner.scaling", "strong / weak scaling report over GPU counts"),
+    "export": ("planner.export", "a plan as Megatron-LM arguments, a torchrun command or a Slurm script"),
+}
+
+
+def _positive_int(name):
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got '{s}'") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {v}")
+        return v
+    return parse
+
+
+def _positive_float(name):
+    def parse(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got '{s}'") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be positive, got {v}")
+        return v
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one sentence, exit 1 (argparse's default is a usage dump and exit 2)
+        raise PlanError(f"{message} (see `{self.prog} --help`)")
+
+
+def add_model_cluster_args(ap: argparse.ArgumentParser, gpus_required: bool = True) -> None:
+    from planner.cluster import GPU_KINDS
+
+    ap.add_argument("--model", required=True, help="catalogue name (e.g. gpt-70b, llama3-8b) or a Hugging Face config.json")
+    if gpus_required:
+        ap.add_argument("--gpus", type=_positive_int("--gpus"), help="number of GPUs")
+    ap.add_argument("--gpu", default="h200-sxm", choices=sorted(GPU_KINDS), help="GPU kind (default h200-sxm)")
+    ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), default=8, help="default 8")
+    ap.add_argument("--inter-node-gbps", type=_positive_float("--inter-node-gbps"), default=50.0,
+                    help="network bandwidth per GPU in GB/s, one direction (default 50 = 400 Gb/s NDR)")
+    ap.add_argument("--cluster", help="JSON file with the whole cluster description (overrides the above)")
+    ap.add_argument("--profile", help="profile JSON (default: the one shipped for --gpu)")
+    ap.add_argument("--seq-len", type=_positive_int("--seq-len"), help="tokens per sequence (default: the model's)")
+    ap.add_argument("--global-batch", type=_positive_int("--global-batch"),
+                    help="sequences per step (default: the model's, e.g. 1024 for GPT, 512 for Llama 3)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="plan", description="Recommend how to split a model's training across GPUs. "
+                 "Subcommands: " + ", ".join(f"{k} ({v[1]})" for k, v in SUBCOMMANDS.items()))
+    add_model_cluster_args(ap)
+    pins = ap.add_argument_group("pins (fix a dimension; the search does the rest)")
+    for name in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro-batch"):
+        pins.add_argument(f"--{name}", type=_positive_int(f"--{name}"))
+    pins.add_argument("--recompute", choices=["none", "selective", "full"])
+    pins.add_argument("--sharding", choices=["none", "optimizer", "optimizer+grads", "full"])
+    ap.add_argument("--top", type=_positive_int("--top"), default=4, help="plans to show (default 4)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("-o", "--output", help="write the best plan to this file")
+    ap.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
+    return ap
+
+
+def resolve_inputs(args):
+    """(model, cluster, training shape, profile) from parsed arguments; every check in one place."""
+    from dataclasses import replace
+
+    from planner.cluster import ClusterSpec, load_cluster_file, validate_cluster
+    from planner.model import resolve_model
+    from planner.plan import TrainingShape
+    from planner.profile import load_profile
+
+    model = resolve_model(args.model)
+    if args.cluster:
+        cluster = load_cluster_file(args.cluster)
+        if getattr(args, "gpus", None):
+            cluster = replace(cluster, num_gpus=args.gpus)
+    else:
+        if getattr(args, "gpus", None) is None:
+            raise PlanError("--gpus is required (or give --cluster with num_gpus)")
+        cluster = ClusterSpec(gpu=args.gpu, num_gpus=args.gpus, gpus_per_node=args.gpus_per_node,
+                              inter_node_gb_per_s=args.inter_node_gbps)
+    if cluster.num_gpus < cluster.gpus_per_node:
+        cluster = replace(cluster, gpus_per_node=cluster.num_gpus)
+    validate_cluster(cluster)
+    seq = args.seq_len or model.default_seq_len
+    gb = args.global_batch or model.default_global_batch
+    if seq > model.max_seq_len:
+        raise PlanError(f"--seq-len {seq} exceeds {model.name}'s maximum of {model.max_seq_len} tokens")
+    shape = TrainingShape(seq_len=seq, global_batch=gb)
+    profile = load_profile(args.profile, cluster.gpu)
+    return model, cluster, shape, profile
+
+
+def run_plan(argv: list[str]) -> int:
+    from planner.report import print_result, result_json
+    from planner.search import Pins, search
+
+    t0 = time.perf_counter()
+    import threading
+
+    # OR-Tools takes a third of a second to import: load it while the arguments and profile are read
+    threading.Thread(target=lambda: __import__("ortools.sat.python.cp_model"), daemon=True).start()
+    args = build_parser().parse_args(argv)
+    model, cluster, shape, profile = resolve_inputs(args)
+    pins = Pins(tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp, cp=args.cp, ep=args.ep,
+                micro_batch=args.micro_batch, sharding=args.sharding, recompute=args.recompute)
+    if args.output:
+        from pathlib import Path
+        if Path(args.output).exists() and not args.force:
+            raise PlanError(f"'{args.output}' already exists; pass --force to overwrite it")
+    result = search(model, shape, cluster, profile, pins, top_k=args.top)
+    elapsed = time.perf_counter() - t0
+    if args.output:
+        from pathlib import Path
+        result.plans[0].save(Path(args.output), overwrite=args.force)
+    if args.json:
+        print(result_json(result, elapsed))
+    else:
+        print_result(result, elapsed)
+        if args.output:
+            print(f"wrote {args.output}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            import importlib
+
+            module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
+            return int(module.main(argv[1:]) or 0)
+        return run_plan(argv)
+    except PlanError as exc:
+        print(f"plan: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            print("plan: this command needs PyTorch; install the runtime extra: pip install 'parallel-plan[runtime]'",
+                  file=sys.stderr)
+            return 1
+        raise
+    except KeyboardInterrupt:
+        print("plan: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

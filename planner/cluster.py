@@ -1,0 +1,154 @@
+"""Cluster: GPU kinds, nodes, links, and a networkx graph of the topology used to place and price groups.
+
+The graph has one vertex per GPU, one NVSwitch vertex per node and one network-fabric vertex; edges
+carry the per-GPU unidirectional bandwidth of the link. A parallel group is priced by the link kind its
+ranks need ('nvlink' when every rank sits on one node, else 'network') and by the bottleneck bandwidth
+on the paths between its ranks.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from planner.errors import PlanError
+
+
+@dataclass(frozen=True)
+class GPUKind:
+    name: str
+    memory_gib: float
+    """Device memory as CUDA reports it (total_memory), GiB."""
+    peak_bf16_tflops: float
+    """Dense bf16 datasheet peak, the denominator of MFU."""
+    hbm_tb_per_s: float
+    nvlink_gb_per_s: float
+    """Per-GPU unidirectional NVLink bandwidth (datasheet)."""
+
+
+# Datasheet figures (NVIDIA H200 / H100 SXM5 / A100 80GB SXM4); memory as nvidia-smi reports it.
+GPU_KINDS: dict[str, GPUKind] = {
+    "h200-sxm": GPUKind("h200-sxm", 143771 / 1024, 989.0, 4.8, 450.0),
+    "h100-sxm": GPUKind("h100-sxm", 81559 / 1024, 989.0, 3.35, 450.0),
+    "a100-80gb": GPUKind("a100-80gb", 81920 / 1024, 312.0, 2.04, 300.0),
+    # the runtime's CPU/gloo mode: numbers only matter relative to each other in tests
+    "cpu": GPUKind("cpu", 16.0, 1.0, 0.02, 5.0),
+}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    gpu: str = "h200-sxm"
+    num_gpus: int = 8
+    gpus_per_node: int = 8
+    inter_node_gb_per_s: float = 50.0
+    """Network bandwidth per GPU, unidirectional (default one 400 Gb/s NDR InfiniBand NIC per GPU)."""
+    inter_node_latency_us: float = 10.0
+
+    @property
+    def kind(self) -> GPUKind:
+        return GPU_KINDS[self.gpu]
+
+    @property
+    def num_nodes(self) -> int:
+        return (self.num_gpus + self.gpus_per_node - 1) // self.gpus_per_node
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "ClusterSpec":
+        try:
+            c = ClusterSpec(**d)
+        except TypeError as exc:
+            raise PlanError(f"cluster description is malformed ({exc})") from None
+        validate_cluster(c)
+        return c
+
+
+def validate_cluster(c: ClusterSpec) -> None:
+    if c.gpu not in GPU_KINDS:
+        raise PlanError(f"unknown GPU kind '{c.gpu}'; known: {', '.join(GPU_KINDS)}")
+    if not isinstance(c.num_gpus, int) or c.num_gpus < 1:
+        raise PlanError(f"the GPU count must be a positive integer, got {c.num_gpus!r}")
+    if not isinstance(c.gpus_per_node, int) or c.gpus_per_node < 1:
+        raise PlanError(f"GPUs per node must be a positive integer, got {c.gpus_per_node!r}")
+    if c.num_gpus > c.gpus_per_node and c.num_gpus % c.gpus_per_node:
+        raise PlanError(f"{c.num_gpus} GPUs do not fill whole nodes of {c.gpus_per_node}; "
+                        f"use a multiple of {c.gpus_per_node}")
+    if c.inter_node_gb_per_s <= 0:
+        raise PlanError(f"inter-node bandwidth must be positive, got {c.inter_node_gb_per_s}")
+
+
+def load_cluster_file(path: str) -> ClusterSpec:
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise PlanError(f"cluster file '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanError(f"cluster file '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+    if not isinstance(d, dict):
+        raise PlanError(f"cluster file '{path}' is not a JSON object")
+    return ClusterSpec.from_dict(d)
+
+
+@lru_cache(maxsize=64)
+def topology_graph(c: ClusterSpec, max_nodes: int = 2):
+    """networkx graph of (at most `max_nodes` of) the cluster; nodes are alike, so two stand for all."""
+    import networkx as nx
+
+    g = nx.Graph()
+    g.add_node("fabric", kind="network")
+    nodes = min(c.num_nodes, max_nodes)
+    for n in range(nodes):
+        sw = f"nvswitch{n}"
+        g.add_node(sw, kind="nvswitch")
+        for i in range(min(c.gpus_per_node, c.num_gpus)):
+            gpu = n * c.gpus_per_node + i
+            g.add_node(gpu, kind="gpu", node=n)
+            g.add_edge(gpu, sw, link="nvlink", gb_per_s=c.kind.nvlink_gb_per_s)
+            g.add_edge(gpu, "fabric", link="network", gb_per_s=c.inter_node_gb_per_s)
+    return g
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    link: str
+    """'nvlink' when the group sits inside one node, 'network' when it spans nodes."""
+    bottleneck_gb_per_s: float
+    ranks_per_node: int
+
+
+@lru_cache(maxsize=4096)
+def place_group(c: ClusterSpec, size: int, stride: int) -> GroupPlacement:
+    """Where a group of `size` ranks spaced `stride` apart (rank order of planner.plan) sits, and the
+    bottleneck bandwidth of a ring through it, found on the topology graph."""
+    import networkx as nx
+
+    if size <= 1:
+        return GroupPlacement("none", float("inf"), 1)
+    span = (size - 1) * stride + 1
+    nodes_touched = span > c.gpus_per_node
+    # place the group's first member at rank 0; if it spans nodes, members on node 0 and node 1 stand
+    # for all (nodes are alike)
+    members = [i * stride for i in range(size)]
+    g = topology_graph(c, max_nodes=2 if nodes_touched else 1)
+    node_of = lambda r: r // c.gpus_per_node  # noqa: E731
+    ranks_per_node = sum(1 for r in members if node_of(r) == 0)
+
+    def local(r):  # fold ranks onto the two modelled nodes
+        return (min(node_of(r), 1)) * c.gpus_per_node + r % c.gpus_per_node
+
+    ring = [local(r) for r in members]
+    ring = list(dict.fromkeys(ring))
+    bottleneck = float("inf")
+    for a, b in zip(ring, ring[1:] + ring[:1]):
+        if a == b:
+            continue
+        # route over the fastest links: NVSwitch inside a node, the fabric across nodes
+        path = nx.shortest_path(g, a, b, weight=lambda u, v, d: 1.0 / d["gb_per_s"])
+        for u, v in zip(path, path[1:]):
+            bottleneck = min(bottleneck, g.edges[u, v]["gb_per_s"])
+    link = "network" if nodes_touched else "nvlink"
+    return GroupPlacement(link, bottleneck, ranks_per_node)

@@ -1,0 +1,421 @@
+"""Step time of a plan: plain arithmetic over named quantities, every time looked up in the profile.
+
+Per layer and micro-batch on one rank (`LayerCosts`): GEMMs forward and backward (dgrad + wgrad) at the
+shapes the runtime runs (tensor-parallel shards, sequence-parallel gathers), flash attention forward and
+backward, elementwise kernels (norms, activations, rotary, residual adds) at the profile's achieved
+bandwidth, and the communication beside them: tensor-parallel all-gather / reduce-scatter, the context-
+parallel ring's K/V passes, the expert all-to-alls. Communication that an overlapped implementation hides
+is at most the profile's hidden fraction of it and at most the compute it runs beside.
+
+Per step: the pipeline schedule (1F1B or interleaved) over the ranks' per-micro-batch times t_r with
+m micro-batches and v virtual stages, step = m * max_r t_r + (sum_r t_r - max_r t_r) / v (warm-up and
+cool-down: the bubble), then the data-parallel gradient / parameter traffic that backward and forward
+do not hide, then the optimizer step over the local parameter shard.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from planner import memory as mem
+from planner.cluster import ClusterSpec, place_group
+from planner.model import ModelSpec
+from planner.plan import Layout, Plan, Prediction, StagePlan, TrainingShape
+from planner.profile import Profile
+
+BF16 = 2
+FP32 = 4
+
+
+def exposed_s(comm_s: float, beside_s: float, hidden_fraction: float, overlap: bool) -> float:
+    """Communication left on the critical path when it runs beside `beside_s` of compute."""
+    if not overlap:
+        return comm_s
+    return comm_s - min(hidden_fraction * comm_s, beside_s)
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """One transformer layer, one micro-batch, one rank; seconds."""
+
+    fwd_compute_s: float
+    bwd_compute_s: float
+    fwd_comm_s: float
+    """Exposed communication in forward (tp + cp + ep)."""
+    bwd_comm_s: float
+    selective_recompute_s: float
+    """Extra backward time of a selectively recomputed layer."""
+    comm_by_dim_s: dict
+    """Exposed forward + backward communication per dimension, for the breakdown."""
+
+    @property
+    def fwd_s(self) -> float:
+        return self.fwd_compute_s + self.fwd_comm_s
+
+    @property
+    def fwd_bwd_s(self) -> float:
+        return self.fwd_s + self.bwd_compute_s + self.bwd_comm_s
+
+    @property
+    def full_recompute_s(self) -> float:
+        return self.fwd_s
+
+
+@dataclass(frozen=True)
+class EndCosts:
+    """Embedding (first stage) and output layer + loss (last stage), one micro-batch; seconds."""
+
+    embedding_s: float
+    head_s: float
+    head_comm_s: float
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    base_bytes: float
+    state_per_layer_bytes: float
+    in_flight: list
+    none_bytes: float
+    sel_saving_bytes: float
+    full_saving_bytes: float
+
+    def bytes(self, counts, full, sel) -> float:
+        total = self.base_bytes + (self.none_bytes if any(full) else 0.0)
+        for k, n, f, s in zip(self.in_flight, counts, full, sel):
+            total += (self.state_per_layer_bytes + k * self.none_bytes) * n - k * (self.full_saving_bytes * f + self.sel_saving_bytes * s)
+        return total
+
+
+class CostModel:
+    """Costs of one (model, shape, layout) on one cluster with one profile; the search builds one per
+    candidate layout and asks it about many stage splits."""
+
+    def __init__(self, model: ModelSpec, shape: TrainingShape, layout: Layout, cluster: ClusterSpec,
+                 profile: Profile, shared: dict | None = None):
+        self.m, self.shape, self.lay, self.cluster, self.prof = model, shape, layout, cluster, profile
+        # layer and end costs depend only on (tp, cp, ep, micro-batch, overlap): a search shares them
+        self._shared = shared if shared is not None else {}
+        self._key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp)
+
+    def _memo(self, name, fn):
+        k = (name, self._key)
+        v = self._shared.get(k)
+        if v is None:
+            v = self._shared[k] = fn()
+        return v
+
+    # -- communication pricing ----------------------------------------------------------------------
+    def group_collective_s(self, op: str, size_bytes: float, size: int, stride: int) -> float:
+        """A collective over `size` ranks spaced `stride` apart, priced by where the group sits."""
+        if size <= 1 or size_bytes <= 0:
+            return 0.0
+        key = ("coll", op, size_bytes, size, stride)
+        v = self._shared.get(key)
+        if v is None:
+            v = self._shared[key] = self._group_collective_s(op, size_bytes, size, stride)
+        return v
+
+    def _group_collective_s(self, op: str, size_bytes: float, size: int, stride: int) -> float:
+        key = ("link", op, size, stride)
+        link = self._shared.get(key)
+        if link is None:
+            link = self._shared[key] = self._link_model(op, size, stride)
+        latency_s, bus_bw = link
+        from planner.profile import bus_factor
+        return latency_s + size_bytes * bus_factor(op, size) / bus_bw
+
+    def _link_model(self, op: str, size: int, stride: int) -> tuple[float, float]:
+        """(latency, bus bandwidth) of a collective over this group, from where its ranks sit."""
+        place = place_group(self.cluster, size, stride)
+        fit = self.prof.collective(op, size, "nvlink")
+        if place.link == "nvlink":
+            return fit.latency_s, fit.bus_bandwidth_bytes_per_s
+        # across nodes (modelled): NCCL's ring is limited by the slowest link on it, the per-GPU NIC; the
+        # latency is NVLink's for the intra-node hops plus the network's per inter-node step
+        bw = min(fit.bus_bandwidth_bytes_per_s, place.bottleneck_gb_per_s * 1e9)
+        steps = max(size // max(place.ranks_per_node, 1) - 1, 1)
+        return fit.latency_s + steps * self.cluster.inter_node_latency_us * 1e-6, bw
+
+    @cached_property
+    def strides(self) -> dict:
+        lay = self.lay
+        return {"tp": 1, "cp": lay.tp, "dp": lay.tp * lay.cp, "pp": lay.tp * lay.cp * lay.dp,
+                "ep": lay.tp}  # expert groups: consecutive ranks of dp x cp, spaced by tp
+
+    @cached_property
+    def activations(self) -> mem.LayerActivations:
+        return self._memo("activations", lambda: mem.layer_activations(self.m, self.shape, self.lay))
+
+    # -- per layer -----------------------------------------------------------------------------------
+    @cached_property
+    def tokens(self) -> float:
+        """Tokens of one micro-batch on one rank (all of them after the sequence-parallel gather)."""
+        return self.lay.micro_batch * self.shape.seq_len / self.lay.cp
+
+    def _gemm_fwd_bwd_s(self, m: int, n: int, k: int, count: int = 1) -> tuple[float, float]:
+        """Forward [m,k]x[k,n]; backward dgrad [m,n]x[n,k] and wgrad [k,m]x[m,n]."""
+        g = self.prof.gemm_s
+        return count * g(m, n, k), count * (g(m, k, n) + g(k, n, m))
+
+    @cached_property
+    def layer(self) -> LayerCosts:
+        return self._memo("layer", self._layer)
+
+    def _layer(self) -> LayerCosts:
+        m, lay, prof = self.m, self.lay, self.prof
+        t, h, f = lay.tp, m.hidden, m.ffn_hidden
+        T = int(self.tokens)
+        qkv_n = (m.q_width + 2 * m.kv_width) // t
+        gemms = [(T, qkv_n, h), (T, h, m.q_width // t)]
+        if not m.is_moe:
+            gemms += [(T, (2 if m.gated_mlp else 1) * f // t, h), (T, h, f // t)]
+        fwd = bwd = 0.0
+        for shape in gemms:
+            a, b = self._gemm_fwd_bwd_s(*shape)
+            fwd, bwd = fwd + a, bwd + b
+        # attention core: this rank's heads over its share of the sequence (the ring covers the rest)
+        s = self.shape.seq_len
+        attn_f = prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, False)
+        attn_b = prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, True)
+        # elementwise: 2 norms (read+write), 2 residual adds (2 reads + write), rotary on q and k,
+        # the MLP activation; backward moves about twice the bytes
+        tok_t = T / t
+        act_width = (3 if m.gated_mlp else 2) * f * (m.top_k if m.is_moe else 1)
+        ew_bytes = BF16 * (tok_t * (2 * 2 * h + 2 * 3 * h) + T / t * act_width)
+        if not m.learned_positions:
+            ew_bytes += BF16 * 2 * T * (m.q_width + m.kv_width) / t
+        ew_f = prof.memory_bound_s(ew_bytes)
+        ew_b = 2 * ew_f
+        comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
+        moe_f = moe_b = 0.0
+        if m.is_moe:
+            routed = tok_t * m.top_k  # token copies per rank after dispatch
+            per_expert = max(int(routed * lay.ep / m.num_experts), 1)
+            local_experts = m.num_experts // lay.ep
+            rf, rb = self._gemm_fwd_bwd_s(int(tok_t), m.num_experts, h)
+            e1f, e1b = self._gemm_fwd_bwd_s(per_expert, 2 * f, h, local_experts)
+            e2f, e2b = self._gemm_fwd_bwd_s(per_expert, h, f, local_experts)
+            moe_f, moe_b = rf + e1f + e2f, rb + e1b + e2b
+            # dispatch and combine all-to-alls, each way in forward and again in backward
+            a2a = self.group_collective_s("all_to_all", BF16 * routed * h, lay.ep, self.strides["ep"])
+            comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
+        compute_f = fwd + attn_f + ew_f + moe_f
+        compute_b = bwd + attn_b + ew_b + moe_b
+        # tensor parallel (sequence parallel): forward all-gathers before QKV and FC1, reduce-scatters after
+        # out-proj and FC2; backward mirrors them and re-gathers the saved sharded inputs for wgrad
+        if t > 1:
+            nbytes = BF16 * T * h
+            ag = self.group_collective_s("all_gather", nbytes, t, 1)
+            rs = self.group_collective_s("reduce_scatter", nbytes, t, 1)
+            n_pairs = 1 if m.is_moe else 2
+            frac = prof.overlap_hidden_fraction.get("tp", 0.0)
+            tp_f = n_pairs * (ag + rs)
+            tp_b = n_pairs * (2 * ag + rs)
+            comm_tp_f = exposed_s(tp_f, fwd, frac, lay.overlap_tp)
+            comm_tp_b = exposed_s(tp_b, bwd, frac, lay.overlap_tp)
+        else:
+            comm_tp_f = comm_tp_b = 0.0
+        # context parallel: cp-1 ring steps pass K and V forward; backward passes K, V and dK, dV
+        if lay.cp > 1:
+            kv_bytes = BF16 * 2 * lay.micro_batch * (m.num_kv_heads // t) * (s // lay.cp) * m.head_dim
+            step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"])
+            frac = prof.overlap_hidden_fraction.get("cp", 0.0)
+            cp_f = exposed_s((lay.cp - 1) * step, attn_f, frac, True)
+            cp_b = exposed_s(2 * (lay.cp - 1) * step, attn_b, frac, True)
+        else:
+            cp_f = cp_b = 0.0
+        comm["tp"], comm["cp"] = comm_tp_f + comm_tp_b, cp_f + cp_b
+        ep_half = comm["ep"] / 2
+        sel = ew_f * 0.6 + attn_f  # norms + MLP activation (most of the elementwise bytes) and attention core
+        return LayerCosts(fwd_compute_s=compute_f, bwd_compute_s=compute_b,
+                          fwd_comm_s=comm_tp_f + cp_f + ep_half, bwd_comm_s=comm_tp_b + cp_b + ep_half,
+                          selective_recompute_s=sel, comm_by_dim_s=comm)
+
+    # -- ends -------------------------------------------------------------------------------------------
+    @cached_property
+    def ends(self) -> EndCosts:
+        return self._memo("ends", self._ends)
+
+    def _ends(self) -> EndCosts:
+        m, lay, prof = self.m, self.lay, self.prof
+        t, h, v = lay.tp, m.hidden, m.vocab_size
+        T = int(self.tokens)
+        # embedding: gather rows forward, scatter-add fp32 gradient backward (memory-bound)
+        emb = prof.memory_bound_s(BF16 * T * h * 2) + prof.memory_bound_s(FP32 * T * h * 3)
+        hf, hb = self._gemm_fwd_bwd_s(T, v // t, h)
+        if m.family == "bert":
+            a, b = self._gemm_fwd_bwd_s(T, h, h)
+            hf, hb = hf + a, hb + b
+        ce = prof.memory_bound_s((BF16 + 3 * FP32) * T * v / t) * 2  # softmax forward and its gradient
+        comm = 0.0
+        if t > 1:
+            nbytes = BF16 * T * h
+            comm = 2 * (self.group_collective_s("all_gather", nbytes, t, 1)
+                        + self.group_collective_s("reduce_scatter", nbytes, t, 1))
+            comm += 3 * self.group_collective_s("all_reduce", FP32 * T, t, 1)  # max, sum, target logit
+        return EndCosts(embedding_s=emb, head_s=hf + hb + ce, head_comm_s=comm)
+
+    @cached_property
+    def p2p_s(self) -> float:
+        """Exposed time of one activation send between pipeline stages (one direction, one micro-batch)."""
+        if self.lay.pp == 1:
+            return 0.0
+        nbytes = BF16 * self.tokens * self.m.hidden / self.lay.tp
+        send = self.group_collective_s("send_recv", nbytes, 2, self.strides["pp"])
+        frac = self.prof.overlap_hidden_fraction.get("pp", 0.0)
+        return send * (1 - frac) if self.lay.overlap_pp else send
+
+    # -- per rank -------------------------------------------------------------------------------------
+    def stage_time_s(self, j: int, st: StagePlan) -> float:
+        """Forward + backward of one micro-batch through virtual stage j, recompute included."""
+        L = self.layer
+        t = st.layers * L.fwd_bwd_s + st.full_recompute_layers * L.full_recompute_s \
+            + st.selective_recompute_layers * L.selective_recompute_s
+        if j == 0:
+            t += self.ends.embedding_s
+        if j == self.lay.pp * self.lay.vpp - 1:
+            t += self.ends.head_s + self.ends.head_comm_s
+        return t + 2 * self.p2p_s
+
+    @cached_property
+    def per_layer_params(self) -> tuple[float, float]:
+        """(dense, expert) parameter elements of one layer on one rank."""
+        return self._memo("per_layer_params", lambda: (mem.layer_dense_params_local(self.m, self.lay.tp),
+                                                       mem.layer_expert_params_local(self.m, self.lay.ep)))
+
+    def rank_params(self, rank_stages: list[tuple[int, StagePlan]]) -> tuple[float, float]:
+        """(dense, expert) parameter elements held by one pipeline rank."""
+        layers = sum(st.layers for _, st in rank_stages)
+        first = any(j == 0 for j, _ in rank_stages)
+        last = any(j == self.lay.pp * self.lay.vpp - 1 for j, _ in rank_stages)
+        return self.params_of(layers, first, last)
+
+    def params_of(self, layers: float, first: bool, last: bool) -> tuple[float, float]:
+        m, lay = self.m, self.lay
+        dense_l, expert_l = self.per_layer_params
+        dense = layers * dense_l
+        if first:
+            dense += mem.embedding_params_local(m, lay.tp)
+        if last:
+            dense += mem.head_params_local(m, lay.tp, lay.pp)
+        return dense, layers * expert_l
+
+    def rank_memory_bytes(self, rank: int, rank_stages: list[tuple[int, StagePlan]], num_micro: int) -> float:
+        m, lay, shape = self.m, self.lay, self.shape
+        dense, expert = self.rank_params(rank_stages)
+        total = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay)
+        acts = self.activations
+        last = lay.pp * lay.vpp - 1
+        transient = acts.working_bytes
+        for chunk, (j, st) in enumerate(rank_stages):
+            inflight = mem.in_flight_micro_batches(rank, chunk, lay, num_micro)
+            n_none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
+            per_mb = n_none * acts.none_bytes + st.selective_recompute_layers * acts.selective_bytes \
+                + st.full_recompute_layers * acts.full_bytes
+            if j == 0:
+                per_mb += mem.embedding_activation_bytes(m, shape, lay)
+            if j == last:
+                kept, trans = mem.head_activation_bytes(m, shape, lay)
+                per_mb += kept
+                transient = max(transient, trans)
+            if st.full_recompute_layers:
+                transient = max(transient, acts.working_bytes + acts.none_bytes)
+            total += inflight * per_mb
+        return total + transient
+
+    def memory_terms(self, rank: int, num_micro: int) -> "MemoryTerms":
+        """Rank memory as a linear function of its stages' layer and recompute counts (what CP-SAT and the
+        greedy split use): base + sum_c (state + k_c * a_none) * n_c - k_c * (d_full * f_c + d_sel * s_c)
+        + a_none if any layer is fully recomputed (its rematerialised activations during backward)."""
+        lay = self.lay
+        js = list(range(rank, lay.pp * lay.vpp, lay.pp))
+        acts = self.activations
+        dense_l, expert_l = self.per_layer_params
+        return MemoryTerms(
+            base_bytes=self.rank_memory_bytes(rank, [(j, StagePlan(0)) for j in js], num_micro),
+            state_per_layer_bytes=mem.state_bytes(dense_l, expert_l, lay),
+            in_flight=[mem.in_flight_micro_batches(rank, c, lay, num_micro) for c in range(lay.vpp)],
+            none_bytes=acts.none_bytes, sel_saving_bytes=acts.none_bytes - acts.selective_bytes,
+            full_saving_bytes=acts.none_bytes - acts.full_bytes)
+
+    # -- per step -----------------------------------------------------------------------------------------
+    def dp_comm_s(self, dense: float, expert: float, window_fwd_s: float, window_bwd_s: float, num_micro: int) -> float:
+        """Exposed data-parallel traffic of one rank per step."""
+        lay, frac = self.lay, self.prof.overlap_hidden_fraction.get("dp", 0.0)
+        d, stride = lay.dp * lay.cp, self.strides["dp"]
+        total = 0.0
+        for params, group in ((dense, d), (expert, d // lay.ep)):
+            if group <= 1 or params <= 0:
+                continue
+            rs = self.group_collective_s("reduce_scatter", FP32 * params, group, stride)
+            ag = self.group_collective_s("all_gather", BF16 * params, group, stride)
+            if lay.sharding == "none":
+                ar = self.group_collective_s("all_reduce", FP32 * params, group, stride)
+                total += exposed_s(ar, window_bwd_s, frac, lay.overlap_dp)
+            elif lay.sharding == "optimizer":
+                total += exposed_s(rs, window_bwd_s, frac, lay.overlap_dp) + exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
+            elif lay.sharding == "optimizer+grads":
+                total += num_micro * exposed_s(rs, window_bwd_s, frac, lay.overlap_dp) \
+                    + exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
+            else:  # full: gather for forward and again for backward, reduce-scatter, every micro-batch
+                total += num_micro * (exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
+                                      + exposed_s(ag + rs, window_bwd_s, frac, lay.overlap_dp))
+        return total
+
+    def optimizer_s(self, dense: float, expert: float) -> float:
+        lay = self.lay
+        d = lay.dp * lay.cp if lay.sharding != "none" else 1
+        de = max(d // lay.ep, 1) if lay.sharding != "none" else 1
+        return (dense / d + expert / de) * self.prof.optimizer_s_per_param
+
+    def predict(self, stages: list[StagePlan]) -> Prediction:
+        lay, m = self.lay, self.m
+        num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
+        per_rank_t, mems, dp_t, opt_t = [], [], [], []
+        for r in range(lay.pp):
+            rs = [(j, stages[j]) for j in range(len(stages)) if j % lay.pp == r]
+            t_r = sum(self.stage_time_s(j, st) for j, st in rs)
+            per_rank_t.append(t_r)
+            mems.append(self.rank_memory_bytes(r, rs, num_micro))
+            dense, expert = self.rank_params(rs)
+            L = self.layer
+            layers = sum(st.layers for _, st in rs)
+            dp_t.append(self.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro))
+            opt_t.append(self.optimizer_s(dense, expert))
+        t_max = max(per_rank_t)
+        pipe = num_micro * t_max + (sum(per_rank_t) - t_max) / lay.vpp
+        step = pipe + max(dp_t) + max(opt_t)
+        # breakdown along the slowest rank
+        r = per_rank_t.index(t_max)
+        rs = [(j, stages[j]) for j in range(len(stages)) if j % lay.pp == r]
+        L = self.layer
+        layers = sum(st.layers for _, st in rs)
+        recompute = sum(st.full_recompute_layers * L.full_recompute_s + st.selective_recompute_layers * L.selective_recompute_s
+                        for _, st in rs)
+        ends = sum((self.ends.embedding_s if j == 0 else 0.0)
+                   + (self.ends.head_s if j == len(stages) - 1 else 0.0) for j, _ in rs)
+        head_comm = sum(self.ends.head_comm_s for j, _ in rs if j == len(stages) - 1)
+        breakdown = {
+            "compute": num_micro * (layers * (L.fwd_compute_s + L.bwd_compute_s) + ends),
+            "recompute": num_micro * recompute,
+            "tp_comm": num_micro * (layers * L.comm_by_dim_s["tp"] + head_comm),
+            "cp_comm": num_micro * layers * L.comm_by_dim_s["cp"],
+            "ep_comm": num_micro * layers * L.comm_by_dim_s["ep"],
+            "pp_comm": num_micro * 2 * len(rs) * self.p2p_s,
+            "bubble": pipe - num_micro * t_max,
+            "dp_comm": max(dp_t),
+            "optimizer": max(opt_t),
+        }
+        tokens = self.shape.global_batch * self.shape.seq_len
+        flops = m.model_flops_per_token(self.shape.seq_len) * tokens
+        n = lay.world_size
+        kind = self.cluster.kind
+        return Prediction(step_s=step, tokens_per_s=tokens / step, tflops_per_gpu=flops / step / n / 1e12,
+                          mfu=flops / step / n / (kind.peak_bf16_tflops * 1e12),
+                          memory_gib_per_rank=[b / mem.GIB for b in mems],
+                          memory_limit_gib=mem.memory_limit_bytes(kind.memory_gib) / mem.GIB,
+                          breakdown_s=breakdown)
+
+
+def evaluate(plan: Plan, cluster: ClusterSpec, profile: Profile) -> Prediction:
+    return CostModel(plan.model, plan.training, plan.layout, cluster, profile).predict(plan.stages)

@@ -1,0 +1,92 @@
+"""Legality of a layout: the one place where the divisibility and placement rules live.
+
+`layout_violation` returns the first rule a layout breaks, as a sentence, or None; the search uses it to
+filter candidates, `check_plan` to refuse plan files, and the runtime to refuse to launch.
+"""
+from __future__ import annotations
+
+from planner.errors import PlanError
+from planner.model import ModelSpec
+from planner.plan import RECOMPUTE_MODES, SHARDING_LEVELS, Layout, Plan, StagePlan, TrainingShape
+
+
+def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gpus: int | None = None,
+                     gpus_per_node: int | None = None) -> str | None:
+    for name in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch"):
+        v = getattr(lay, name)
+        if not isinstance(v, int) or v < 1:
+            return f"{name} must be a positive integer, got {v!r}"
+    if lay.sharding not in SHARDING_LEVELS:
+        return f"sharding '{lay.sharding}' is not one of {', '.join(SHARDING_LEVELS)}"
+    if num_gpus is not None and lay.world_size != num_gpus:
+        return (f"tp*pp*dp*cp = {lay.tp}*{lay.pp}*{lay.dp}*{lay.cp} = {lay.world_size} "
+                f"does not equal the {num_gpus} GPUs")
+    if model.num_heads % lay.tp:
+        return f"{model.num_heads} attention heads are not divisible by TP {lay.tp}"
+    if model.num_kv_heads % lay.tp:
+        return f"{model.num_kv_heads} KV heads are not divisible by TP {lay.tp}"
+    if model.ffn_hidden % lay.tp:
+        return f"MLP width {model.ffn_hidden} is not divisible by TP {lay.tp}"
+    if model.vocab_size % lay.tp:
+        return f"vocabulary {model.vocab_size} is not divisible by TP {lay.tp}"
+    if gpus_per_node is not None and lay.tp > gpus_per_node:
+        return f"TP {lay.tp} would span nodes ({gpus_per_node} GPUs per node)"
+    if lay.vpp > 1 and lay.pp == 1:
+        return "virtual stages need pipeline parallelism (pp > 1)"
+    if model.num_layers < lay.pp * lay.vpp:
+        return f"{model.num_layers} layers cannot fill {lay.pp * lay.vpp} pipeline stages"
+    if shape.seq_len % (2 * lay.cp * (lay.tp if lay.tp > 1 else 1)) and lay.cp > 1:
+        return f"sequence {shape.seq_len} is not divisible by 2*CP*TP = {2 * lay.cp * lay.tp}"
+    if lay.tp > 1 and shape.seq_len % lay.tp:
+        return f"sequence {shape.seq_len} is not divisible by TP {lay.tp} (sequence parallelism)"
+    if shape.seq_len > model.max_seq_len:
+        return f"sequence {shape.seq_len} exceeds the model's maximum {model.max_seq_len}"
+    if lay.ep > 1 and not model.is_moe:
+        return "expert parallelism needs an MoE model"
+    if model.num_experts % lay.ep:
+        return f"{model.num_experts} experts are not divisible by EP {lay.ep}"
+    if (lay.dp * lay.cp) % lay.ep:
+        return f"EP {lay.ep} does not divide DP*CP = {lay.dp * lay.cp} (expert groups come from data x context ranks)"
+    if shape.global_batch % (lay.micro_batch * lay.dp):
+        return (f"global batch {shape.global_batch} is not divisible by micro-batch x DP = "
+                f"{lay.micro_batch}*{lay.dp}")
+    m = shape.global_batch // (lay.micro_batch * lay.dp)
+    if lay.vpp > 1 and m % lay.pp:
+        return f"interleaved schedule needs micro-batches ({m}) divisible by PP {lay.pp}"
+    if lay.sharding != "none" and lay.dp * lay.cp == 1:
+        return f"sharding '{lay.sharding}' needs more than one data-parallel rank"
+    return None
+
+
+def stages_violation(model: ModelSpec, lay: Layout, stages: list[StagePlan]) -> str | None:
+    if len(stages) != lay.pp * lay.vpp:
+        return f"{len(stages)} stages given for PP {lay.pp} x VPP {lay.vpp}"
+    if sum(s.layers for s in stages) != model.num_layers:
+        return f"stages hold {sum(s.layers for s in stages)} layers, the model has {model.num_layers}"
+    for j, s in enumerate(stages):
+        if s.layers < 1:
+            return f"stage {j} holds no layer"
+        if s.full_recompute_layers < 0 or s.selective_recompute_layers < 0 or \
+                s.full_recompute_layers + s.selective_recompute_layers > s.layers:
+            return f"stage {j} recomputes more layers than it holds"
+    return None
+
+
+def check_layout(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gpus: int | None = None,
+                 gpus_per_node: int | None = None) -> None:
+    why = layout_violation(model, shape, lay, num_gpus, gpus_per_node)
+    if why:
+        raise PlanError(f"illegal layout {lay.short()}: {why}")
+
+
+def check_plan(plan: Plan) -> None:
+    check_layout(plan.model, plan.training, plan.layout, plan.cluster.get("num_gpus"),
+                 plan.cluster.get("gpus_per_node"))
+    why = stages_violation(plan.model, plan.layout, plan.stages)
+    if why:
+        raise PlanError(f"illegal plan: {why}")
+
+
+def check_recompute_name(mode: str) -> None:
+    if mode not in RECOMPUTE_MODES:
+        raise PlanError(f"recompute '{mode}' is not one of {', '.join(RECOMPUTE_MODES)}")

@@ -1,0 +1,189 @@
+"""Memory per pipeline rank, counted in bytes from the tensors the runtime allocates.
+
+Per parameter (mixed precision as the runtime runs it): a bf16 compute copy (2 B), an fp32 gradient
+(4 B), an fp32 master copy (4 B) and Adam's two fp32 moments (8 B). Sharding over the data x context
+ranks (d of them) divides: master + Adam by d for 'optimizer'; also gradients for 'optimizer+grads';
+everything for 'full' (plus the gathered bf16 weights of the layers in use). Expert weights are sharded
+over the expert-data-parallel group (d / ep ranks) instead.
+
+Activations per layer per micro-batch follow Korthikanti et al. 2022 with flash attention (no s^2 score
+matrix) and no dropout, as the runtime saves them with tensor parallelism t and sequence parallelism:
+norm inputs, GEMM inputs (kept sequence-sharded and re-gathered in backward), q/k/v, the attention
+output and its log-sum-exp, the MLP activation's input and output. Selective recompute drops the norm
+outputs and the MLP activation output; full recompute keeps only the layer input.
+
+The allowance: CUDA context, cuBLAS workspaces and NCCL buffers live outside PyTorch's allocator
+(RESERVED_GIB), and the allocator fragments (FRAGMENTATION): the planner only allows
+(capacity - RESERVED_GIB) * (1 - FRAGMENTATION) of predicted peak allocated memory per GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.model import ModelSpec
+from planner.plan import Layout, TrainingShape
+
+GIB = 2**30
+BF16_BYTES = 2
+FP32_BYTES = 4
+RESERVED_GIB = 2.5
+"""CUDA context (~0.6 GiB), cuBLAS/cuDNN workspaces and NCCL communicator buffers, outside the allocator."""
+FRAGMENTATION = 0.05
+"""Share of the rest lost to the caching allocator's fragmentation."""
+
+
+def memory_limit_bytes(capacity_gib: float) -> float:
+    return (capacity_gib - RESERVED_GIB) * (1 - FRAGMENTATION) * GIB
+
+
+# -- parameters per rank (elements) --------------------------------------------------------------------
+def layer_dense_params_local(m: ModelSpec, tp: int) -> float:
+    """Non-expert parameters of one layer held by one tensor-parallel rank (norms and row biases replicated)."""
+    h = m.hidden
+    qkv_out = m.q_width + 2 * m.kv_width
+    attn = h * qkv_out / tp + m.q_width * h / tp
+    if m.has_bias:
+        attn += qkv_out / tp + h
+    norms = 2 * m.norm_params()
+    if m.is_moe:
+        return attn + norms + m.router_params()
+    return attn + norms + mlp_params_local(m, tp)
+
+
+def mlp_params_local(m: ModelSpec, tp: int) -> float:
+    h, f = m.hidden, m.ffn_hidden
+    if m.gated_mlp:
+        return 3 * h * f / tp
+    return 2 * h * f / tp + ((f / tp + h) if m.has_bias else 0)
+
+
+def layer_expert_params_local(m: ModelSpec, ep: int) -> float:
+    """Expert weights of one layer on one rank: num_experts / ep experts, replicated across TP ranks."""
+    return m.num_experts // ep * m.expert_params() if m.is_moe else 0.0
+
+
+def embedding_params_local(m: ModelSpec, tp: int) -> float:
+    n = m.vocab_size * m.hidden / tp
+    if m.learned_positions:
+        n += m.max_seq_len * m.hidden
+    if m.family == "bert":
+        n += 2 * m.hidden + m.norm_params()
+    return n
+
+
+def head_params_local(m: ModelSpec, tp: int, pp: int) -> float:
+    """Output side on the last stage; a tied output layer on a separate stage keeps its own copy."""
+    h = m.hidden
+    n = m.norm_params()
+    if m.family == "bert":
+        n += h * h + h + m.vocab_size / tp
+    if not m.tie_embeddings or pp > 1:
+        n += m.vocab_size * h / tp
+    return n
+
+
+def bytes_per_param(sharding: str, shard_ranks: int) -> float:
+    d = max(shard_ranks, 1)
+    weight, grad, optim = BF16_BYTES, FP32_BYTES, 3 * FP32_BYTES
+    if sharding == "none":
+        return weight + grad + optim
+    if sharding == "optimizer":
+        return weight + grad + optim / d
+    if sharding == "optimizer+grads":
+        return weight + (grad + optim) / d
+    return (weight + grad + optim) / d  # full
+
+
+def state_bytes(dense_params: float, expert_params: float, lay: Layout) -> float:
+    d = lay.dp * lay.cp
+    return (dense_params * bytes_per_param(lay.sharding, d)
+            + expert_params * bytes_per_param(lay.sharding, d // lay.ep))
+
+
+def fsdp_gather_bytes(m: ModelSpec, lay: Layout) -> float:
+    """ZeRO-3 / FSDP: the bf16 weights of the layer in use and the next one (prefetched), unsharded."""
+    if lay.sharding != "full":
+        return 0.0
+    per_layer = layer_dense_params_local(m, lay.tp) + layer_expert_params_local(m, lay.ep)
+    return 2 * per_layer * BF16_BYTES
+
+
+# -- activations per layer per micro-batch (bytes) -------------------------------------------------------
+@dataclass(frozen=True)
+class LayerActivations:
+    none_bytes: float
+    selective_bytes: float
+    full_bytes: float
+    working_bytes: float
+    """Transient working set while one layer runs backward (its gradients and, under full recompute,
+    its rematerialised activations)."""
+
+
+def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerActivations:
+    t = lay.tp
+    tokens = lay.micro_batch * shape.seq_len / lay.cp  # tokens of one micro-batch on this rank
+    tok_t = tokens / t  # sequence-parallel share
+    h, f = m.hidden, m.ffn_hidden
+    a = BF16_BYTES
+    stats = FP32_BYTES * (2 if m.has_bias else 1)  # LayerNorm keeps mean and rstd, RMSNorm only rstd
+    norms_in = 2 * (a * h + stats) * tok_t
+    gemm_in = 2 * a * h * tok_t  # QKV and FC1 inputs (the norm outputs), sequence-sharded
+    qkv = a * (m.q_width + 2 * m.kv_width) * tok_t
+    attn_out = a * m.q_width * tok_t + FP32_BYTES * lay.micro_batch * (m.num_heads / t) * shape.seq_len / lay.cp
+    if m.is_moe:
+        routed = tok_t * m.top_k  # token copies this rank's experts see, on average
+        router = FP32_BYTES * tok_t * m.num_experts * 2  # logits and probabilities
+        expert_in = a * h * routed
+        act_in = a * 2 * f * routed
+        act_out = a * f * routed
+        mlp = router + expert_in + act_in + act_out
+        act_out_total = act_out
+    elif m.gated_mlp:
+        act_in = a * 2 * f / t * tokens
+        act_out_total = a * f / t * tokens
+        mlp = act_in + act_out_total
+    else:
+        act_in = a * f / t * tokens
+        act_out_total = a * f / t * tokens
+        mlp = act_in + act_out_total
+    none = norms_in + gemm_in + qkv + attn_out + mlp
+    selective = none - gemm_in - act_out_total
+    full = a * h * tok_t
+    widest = max(h, (2 if m.gated_mlp else 1) * f * (m.top_k if m.is_moe else 1), m.q_width + 2 * m.kv_width)
+    working = 3 * a * widest * tokens / t
+    return LayerActivations(none, selective, full, working)
+
+
+def head_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> tuple[float, float]:
+    """(kept per in-flight micro-batch, transient peak) on the stage holding the output layer and loss:
+    final-norm input and output, fp32 softmax of the vocabulary-parallel cross-entropy; transiently the
+    bf16 logits and the fp32 copy being reduced."""
+    tokens = lay.micro_batch * shape.seq_len / lay.cp
+    h, v = m.hidden, m.vocab_size
+    kept = 2 * BF16_BYTES * h * tokens / lay.tp + FP32_BYTES * v / lay.tp * tokens
+    if m.family == "bert":
+        kept += 2 * BF16_BYTES * h * tokens / lay.tp
+    transient = (BF16_BYTES + FP32_BYTES) * v / lay.tp * tokens
+    return kept, transient
+
+
+def embedding_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> float:
+    """Embedding backward needs only the token ids; BERT's embedding LayerNorm keeps its input."""
+    if m.family != "bert":
+        return 0.0
+    tokens = lay.micro_batch * shape.seq_len / lay.cp
+    return BF16_BYTES * m.hidden * tokens / lay.tp
+
+
+def in_flight_micro_batches(rank: int, chunk: int, lay: Layout, num_micro_batches: int) -> int:
+    """Micro-batches whose activations a virtual stage (`chunk` of pipeline `rank`) holds at the peak.
+
+    1F1B: rank r runs pp - r forwards before its first backward. Interleaved (Megatron-Core's order):
+    rank r runs (pp - r - 1) * 2 + (vpp - 1) * pp warm-up forwards then one more, visiting chunks in groups
+    of pp micro-batches: every chunk but the last holds pp, the last holds the rest."""
+    p, v, mb = lay.pp, lay.vpp, num_micro_batches
+    if v == 1:
+        return min(p - rank, mb)
+    if chunk < v - 1:
+        return min(p, mb)
+    return min(2 * (p - rank - 1) + 1, mb)

@@ -1,0 +1,322 @@
+"""Model specs: the catalogue, Hugging Face config.json import, and exact parameter and FLOP counts.
+
+One `ModelSpec` describes every model the planner and the runtime know: GPT (LayerNorm, GELU MLP,
+learned positions), Llama-style (RMSNorm, SwiGLU, rotary, grouped-query attention), Mixtral/Qwen-style
+MoE (the MLP replaced by `num_experts` experts with top-k routing) and the BERT encoder (bidirectional
+attention, masked-LM head). The runtime builds its modules from the same spec, so the counts here are
+the counts of the tensors it allocates (tests check this against `sum(p.numel())`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from planner.errors import PlanError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str
+    """'gpt' (decoder, LayerNorm, GELU, learned positions), 'llama' (decoder, RMSNorm, SwiGLU, rotary)
+    or 'bert' (encoder: bidirectional attention, token types, masked-LM head)."""
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    """Key/value heads; equal to num_heads for multi-head attention, fewer for GQA."""
+    ffn_hidden: int
+    """Inner width of the MLP (of each expert for MoE)."""
+    vocab_size: int
+    max_seq_len: int
+    """Longest sequence the model supports (size of the learned position table for GPT/BERT)."""
+    default_seq_len: int
+    """Training sequence length used when the user gives no --seq-len."""
+    default_global_batch: int
+    """Global batch in sequences used when the user gives no --global-batch."""
+    num_experts: int = 1
+    """1 for a dense MLP; >1 replaces each MLP by that many experts (MoE)."""
+    top_k: int = 1
+    """Experts each token is routed to (MoE only)."""
+    tie_embeddings: bool = False
+    """Output layer shares the input embedding's weight."""
+    head_dim_override: int = 0
+    """Per-head width when it is not hidden // num_heads (0: hidden // num_heads)."""
+
+    # -- derived structure -------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.head_dim_override or self.hidden // self.num_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def causal(self) -> bool:
+        return self.family != "bert"
+
+    @property
+    def gated_mlp(self) -> bool:
+        """SwiGLU (gate and up projections) rather than a plain GELU MLP."""
+        return self.family == "llama"
+
+    @property
+    def has_bias(self) -> bool:
+        """GPT-2/3 and BERT use biases in linear layers and norms; Llama-style models do not."""
+        return self.family in ("gpt", "bert")
+
+    @property
+    def learned_positions(self) -> bool:
+        return self.family in ("gpt", "bert")
+
+    @property
+    def q_width(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    # -- parameter counts (elements) ---------------------------------------
+    def norm_params(self) -> int:
+        return 2 * self.hidden if self.has_bias else self.hidden
+
+    def attention_params(self) -> int:
+        h, b = self.hidden, self.has_bias
+        qkv = h * (self.q_width + 2 * self.kv_width) + (self.q_width + 2 * self.kv_width if b else 0)
+        out = self.q_width * h + (h if b else 0)
+        return qkv + out
+
+    def expert_params(self) -> int:
+        """One MLP (one expert for MoE)."""
+        h, f = self.hidden, self.ffn_hidden
+        if self.gated_mlp:
+            return 3 * h * f
+        return 2 * h * f + (f + h if self.has_bias else 0)
+
+    def router_params(self) -> int:
+        return self.hidden * self.num_experts if self.is_moe else 0
+
+    def mlp_params(self) -> int:
+        return self.num_experts * self.expert_params() + self.router_params()
+
+    def layer_params(self) -> int:
+        return 2 * self.norm_params() + self.attention_params() + self.mlp_params()
+
+    def layer_dense_params(self) -> int:
+        """Parameters of a layer that are not expert weights (replicated across expert-parallel ranks)."""
+        return self.layer_params() - self.num_experts * self.expert_params() if self.is_moe else self.layer_params()
+
+    def embedding_params(self) -> int:
+        """Input side: token embedding, learned positions, BERT token types and embedding norm."""
+        n = self.vocab_size * self.hidden
+        if self.learned_positions:
+            n += self.max_seq_len * self.hidden
+        if self.family == "bert":
+            n += 2 * self.hidden + self.norm_params()
+        return n
+
+    def head_params(self) -> int:
+        """Output side: final norm (decoders), output projection unless tied, BERT's MLM transform."""
+        h = self.hidden
+        if self.family == "bert":
+            # dense h->h + GELU + LayerNorm, then the tied decoder plus its bias
+            n = h * h + h + self.norm_params() + self.vocab_size
+            return n + (0 if self.tie_embeddings else self.vocab_size * h)
+        n = self.norm_params()
+        return n + (0 if self.tie_embeddings else self.vocab_size * h)
+
+    def total_params(self) -> int:
+        return self.num_layers * self.layer_params() + self.embedding_params() + self.head_params()
+
+    def active_params(self) -> int:
+        """Parameters touched by one token (MoE: top_k experts of each layer)."""
+        if not self.is_moe:
+            return self.total_params()
+        per_layer = self.layer_dense_params() + self.top_k * self.expert_params()
+        return self.num_layers * per_layer + self.embedding_params() + self.head_params()
+
+    # -- FLOPs --------------------------------------------------------------
+    def layer_matmul_flops_per_token(self) -> float:
+        """Forward matmul FLOPs of one layer per token (MoE: top_k experts plus the router)."""
+        h = self.hidden
+        attn = 2 * h * (self.q_width + 2 * self.kv_width) + 2 * self.q_width * h
+        mlp = self.top_k * 2 * (3 if self.gated_mlp else 2) * h * self.ffn_hidden + 2 * self.router_params()
+        return attn + mlp
+
+    def attention_core_flops_per_token(self, seq_len: int, causal_halved: bool) -> float:
+        """Forward QK^T and AV FLOPs per token of one layer; halved for causal masks when asked."""
+        f = 4.0 * seq_len * self.q_width
+        return f / 2 if (causal_halved and self.causal) else f
+
+    def head_matmul_flops_per_token(self) -> float:
+        h = self.hidden
+        f = 2 * h * self.vocab_size
+        if self.family == "bert":
+            f += 2 * h * h
+        return f
+
+    def model_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward = 3x forward) in the convention MFU is quoted in
+        by Megatron-LM, PaLM and ../shared/anchors: attention scores counted in full (not halved for causal
+        masks), no recompute counted. Used for MFU and TFLOP/s, never for predicting time."""
+        fwd = self.num_layers * (self.layer_matmul_flops_per_token()
+                                 + self.attention_core_flops_per_token(seq_len, causal_halved=False))
+        fwd += self.head_matmul_flops_per_token()
+        return 3.0 * fwd
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "ModelSpec":
+        names = {f.name for f in fields(ModelSpec)}
+        unknown = set(d) - names
+        if unknown:
+            raise PlanError(f"model spec has unknown fields {sorted(unknown)}")
+        try:
+            spec = ModelSpec(**d)
+        except TypeError as exc:
+            raise PlanError(f"model spec is incomplete: {exc}") from None
+        validate_model(spec)
+        return spec
+
+
+def validate_model(m: ModelSpec) -> None:
+    """Reject specs no runtime could build, with one sentence naming the field."""
+    if m.family not in ("gpt", "llama", "bert"):
+        raise PlanError(f"model family '{m.family}' is not one of gpt, llama, bert")
+    for name in ("num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden", "vocab_size",
+                 "max_seq_len", "default_seq_len", "default_global_batch", "num_experts", "top_k"):
+        v = getattr(m, name)
+        if not isinstance(v, int) or v < 1:
+            raise PlanError(f"model '{m.name}': {name} must be a positive integer, got {v!r}")
+    if m.head_dim_override == 0 and m.hidden % m.num_heads:
+        raise PlanError(f"model '{m.name}': hidden {m.hidden} is not divisible by {m.num_heads} heads")
+    if m.num_heads % m.num_kv_heads:
+        raise PlanError(f"model '{m.name}': {m.num_heads} heads are not divisible by {m.num_kv_heads} KV heads")
+    if m.top_k > m.num_experts:
+        raise PlanError(f"model '{m.name}': top_k {m.top_k} exceeds its {m.num_experts} experts")
+
+
+def _gpt(name, layers, hidden, heads, seq=2048, gb=1024, vocab=50304):
+    return ModelSpec(name=name, family="gpt", num_layers=layers, hidden=hidden, num_heads=heads,
+                     num_kv_heads=heads, ffn_hidden=4 * hidden, vocab_size=vocab, max_seq_len=seq,
+                     default_seq_len=seq, default_global_batch=gb, tie_embeddings=True)
+
+
+def _llama(name, layers, hidden, heads, kv, ffn, vocab, max_seq, seq, gb, experts=1, top_k=1):
+    return ModelSpec(name=name, family="llama", num_layers=layers, hidden=hidden, num_heads=heads,
+                     num_kv_heads=kv, ffn_hidden=ffn, vocab_size=vocab, max_seq_len=max_seq,
+                     default_seq_len=seq, default_global_batch=gb, num_experts=experts, top_k=top_k)
+
+
+def _bert(name, layers, hidden, heads):
+    return ModelSpec(name=name, family="bert", num_layers=layers, hidden=hidden, num_heads=heads,
+                     num_kv_heads=heads, ffn_hidden=4 * hidden, vocab_size=30522, max_seq_len=512,
+                     default_seq_len=512, default_global_batch=256, tie_embeddings=True)
+
+
+# Shapes from the models' papers / released configs. GPT sizes follow GPT-3 (Brown et al. 2020) with
+# Megatron's padded GPT-2 vocabulary (50304); gpt-70b is the GPT-3 recipe at 88 layers x 8192 (70.9B).
+# Default batches: GPT 1024 x 2048 (2M tokens), Llama 3 512 x 8192 (4M; 405B 2048 x 8192 = 16M as
+# Meta trained it), Mixtral 1024 x 4096 (4M), BERT 256 x 512 (Devlin et al.).
+CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
+    _gpt("gpt-1.3b", 24, 2048, 16),
+    _gpt("gpt-6.7b", 32, 4096, 32),
+    _gpt("gpt-13b", 40, 5120, 40),
+    _gpt("gpt-70b", 88, 8192, 64),
+    _gpt("gpt-175b", 96, 12288, 96),
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 8192, 512),
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 8192, 512),
+    _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 8192, 2048),
+    _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, 4096, 1024, experts=8, top_k=2),
+    _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, 4096, 1024, experts=8, top_k=2),
+    _bert("bert-base", 12, 768, 12),
+    _bert("bert-large", 24, 1024, 16),
+]}
+
+
+def _first(cfg: dict, *keys, default=None):
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    return default
+
+
+def from_hf_config(path: Path) -> ModelSpec:
+    """Read a Hugging Face config.json: llama/mistral/mixtral/qwen keys, gpt2 keys or BERT keys."""
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise PlanError(f"model config '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanError(f"model config '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+    if not isinstance(cfg, dict):
+        raise PlanError(f"model config '{path}' is not a JSON object")
+    name = Path(path).parent.name or Path(path).stem
+    model_type = str(cfg.get("model_type", "")).lower()
+    try:
+        if model_type == "bert" or "type_vocab_size" in cfg:
+            hidden = int(cfg["hidden_size"])
+            seq = int(cfg.get("max_position_embeddings", 512))
+            spec = ModelSpec(name=name, family="bert", num_layers=int(cfg["num_hidden_layers"]), hidden=hidden,
+                             num_heads=int(cfg["num_attention_heads"]), num_kv_heads=int(cfg["num_attention_heads"]),
+                             ffn_hidden=int(cfg.get("intermediate_size", 4 * hidden)), vocab_size=int(cfg["vocab_size"]),
+                             max_seq_len=seq, default_seq_len=seq, default_global_batch=256, tie_embeddings=True)
+        elif "n_embd" in cfg or model_type == "gpt2":
+            hidden = int(cfg["n_embd"])
+            seq = int(_first(cfg, "n_positions", "n_ctx", default=1024))
+            spec = ModelSpec(name=name, family="gpt", num_layers=int(cfg["n_layer"]), hidden=hidden,
+                             num_heads=int(cfg["n_head"]), num_kv_heads=int(cfg["n_head"]),
+                             ffn_hidden=int(_first(cfg, "n_inner", default=4 * hidden)),
+                             vocab_size=int(cfg["vocab_size"]), max_seq_len=seq, default_seq_len=seq,
+                             default_global_batch=1024, tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
+        else:
+            heads = int(cfg["num_attention_heads"])
+            experts = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=1))
+            max_seq = int(_first(cfg, "max_position_embeddings", default=4096))
+            hidden = int(cfg["hidden_size"])
+            head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
+            ffn = int(_first(cfg, "moe_intermediate_size", default=0) if experts > 1 else 0) or int(cfg["intermediate_size"])
+            spec = ModelSpec(name=name, family="llama", num_layers=int(cfg["num_hidden_layers"]), hidden=hidden,
+                             num_heads=heads, num_kv_heads=int(_first(cfg, "num_key_value_heads", default=heads)),
+                             ffn_hidden=ffn, vocab_size=int(cfg["vocab_size"]), max_seq_len=max_seq,
+                             default_seq_len=min(max_seq, 4096), default_global_batch=512,
+                             num_experts=experts, top_k=int(_first(cfg, "num_experts_per_tok", default=1)) if experts > 1 else 1,
+                             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                             head_dim_override=head_dim if head_dim * heads != hidden else 0)
+    except KeyError as exc:
+        raise PlanError(f"model config '{path}' lacks the key {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"model config '{path}' has a value of the wrong type ({exc})") from None
+    validate_model(spec)
+    return spec
+
+
+def resolve_model(name_or_path: str) -> ModelSpec:
+    """A catalogue name, or a path to a Hugging Face config.json (or a folder holding one)."""
+    if name_or_path in CATALOGUE:
+        return CATALOGUE[name_or_path]
+    p = Path(name_or_path)
+    if p.is_dir():
+        p = p / "config.json"
+    if p.suffix == ".json" or p.exists():
+        return from_hf_config(p)
+    raise PlanError(f"unknown model '{name_or_path}'; known models: {', '.join(CATALOGUE)} "
+                    "(or give the path of a Hugging Face config.json)")
+
+
+def tiny_model(family: str = "gpt", **over) -> ModelSpec:
+    """A model small enough for CPU tests of every parallel layout (divisible by 2 and 4 everywhere)."""
+    base = dict(name=f"tiny-{family}", family=family, num_layers=4, hidden=64, num_heads=4, num_kv_heads=4,
+                ffn_hidden=128, vocab_size=256, max_seq_len=64, default_seq_len=32, default_global_batch=8,
+                tie_embeddings=family != "llama")
+    if family == "llama":
+        base["num_kv_heads"] = 2
+    base.update(over)
+    spec = ModelSpec(**base)
+    validate_model(spec)
+    return spec

@@ -1,0 +1,212 @@
+"""The plan: one versioned JSON schema shared by the planner (which writes it) and the runtime (which runs it).
+
+A plan holds the model spec, the cluster, the training shape, the layout (parallel degrees, micro-batch,
+sharding level, overlap switches), the per-stage split of layers with recompute, the prediction and its
+provenance. `runtime/` imports this module (and `planner.model`) and nothing else of the planner, so it
+must stay free of heavy imports.
+
+Rank order (the runtime builds its process groups in this order, the planner prices groups by it):
+tensor-parallel ranks are adjacent, then context, then data, then pipeline (Megatron-Core's "tp-cp-dp-pp");
+expert-parallel groups are drawn from the data x context ranks, as Megatron-Core does.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from planner.errors import PlanError
+from planner.model import ModelSpec
+
+PLAN_FORMAT = "parallel-plan/plan"
+PLAN_VERSION = 1
+
+SHARDING_LEVELS = ("none", "optimizer", "optimizer+grads", "full")
+"""Data-parallel sharding: none (plain DDP); optimizer = fp32 master weights and Adam states sharded (the
+distributed optimizer, ZeRO-1); optimizer+grads (ZeRO-2); full = parameters too (FSDP / ZeRO-3)."""
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+"""Per layer: none keeps every activation; selective recomputes norms, the attention core and the MLP
+activation (cheap elementwise work, keeps the GEMM inputs it cannot cheaply rebuild); full keeps only the
+layer's input and reruns the whole layer forward in backward."""
+
+
+@dataclass(frozen=True)
+class TrainingShape:
+    seq_len: int
+    """Tokens per sequence."""
+    global_batch: int
+    """Sequences per optimizer step, summed over all data-parallel replicas."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    """Tensor-parallel degree; with tp > 1 sequence parallelism is always on (norms and dropout-free
+    residual stream sharded over the sequence), as Megatron-Core recommends."""
+    pp: int = 1
+    """Pipeline stages (ranks)."""
+    vpp: int = 1
+    """Virtual stages per pipeline rank (interleaved 1F1B when > 1)."""
+    dp: int = 1
+    """Data-parallel replicas."""
+    cp: int = 1
+    """Context-parallel degree (ring attention; sequence split into 2*cp chunks for causal balance)."""
+    ep: int = 1
+    """Expert-parallel degree (MoE); expert groups come from the dp x cp ranks, so ep divides dp*cp."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel replica."""
+    sharding: str = "optimizer"
+    """One of SHARDING_LEVELS."""
+    overlap_tp: bool = True
+    """Overlap tensor-parallel all-gather / reduce-scatter with the GEMMs next to them."""
+    overlap_dp: bool = True
+    """Overlap gradient reduce-scatter with backward and parameter all-gather with forward."""
+    overlap_pp: bool = True
+    """Post pipeline sends/receives asynchronously so they run beside compute."""
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.pp * self.vpp
+
+    def short(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}" + (f"x{self.vpp}v" if self.vpp > 1 else ""), f"DP{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One virtual pipeline stage: a contiguous run of layers on pipeline rank `index % pp`."""
+
+    layers: int
+    """Transformer layers in this stage."""
+    full_recompute_layers: int = 0
+    """Of those, how many keep only their input and rerun their forward in backward."""
+    selective_recompute_layers: int = 0
+    """Of the remaining layers, how many use selective recompute."""
+
+    def recompute_label(self) -> str:
+        parts = []
+        if self.full_recompute_layers:
+            parts.append(f"full {self.full_recompute_layers}")
+        if self.selective_recompute_layers:
+            parts.append(f"sel {self.selective_recompute_layers}")
+        return ", ".join(parts) or "none"
+
+    def layer_modes(self) -> list[str]:
+        """Recompute mode of each layer of the stage, in order (full ones first, as Megatron's 'block')."""
+        n_none = self.layers - self.full_recompute_layers - self.selective_recompute_layers
+        return ["full"] * self.full_recompute_layers + ["selective"] * self.selective_recompute_layers + ["none"] * n_none
+
+
+@dataclass
+class Prediction:
+    """What the cost model predicts for a plan; times in seconds, memory in GiB (2**30 bytes)."""
+
+    step_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    """Model FLOPs (Megatron / PaLM convention) per second per GPU over the GPU's dense bf16 datasheet peak."""
+    memory_gib_per_rank: list[float]
+    """Predicted peak allocated memory of each pipeline rank."""
+    memory_limit_gib: float
+    """What the planner allows per GPU: capacity less the stated reserve and fragmentation margin."""
+    breakdown_s: dict[str, float] = field(default_factory=dict)
+    """Step time split into compute, recompute, exposed communication per dimension, bubble, optimizer."""
+
+
+@dataclass
+class Plan:
+    model: ModelSpec
+    cluster: dict
+    """ClusterSpec.to_dict() of the cluster planned for."""
+    training: TrainingShape
+    layout: Layout
+    stages: list[StagePlan]
+    """pp * vpp virtual stages in model order; stage j lives on pipeline rank j % pp."""
+    prediction: Prediction | None = None
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.training.global_batch // (self.layout.micro_batch * self.layout.dp)
+
+    def stages_of_rank(self, rank: int) -> list[int]:
+        return [j for j in range(len(self.stages)) if j % self.layout.pp == rank]
+
+    def to_dict(self) -> dict:
+        return {
+            "format": PLAN_FORMAT,
+            "version": PLAN_VERSION,
+            "model": self.model.to_dict(),
+            "cluster": self.cluster,
+            "training": asdict(self.training),
+            "layout": asdict(self.layout),
+            "stages": [asdict(s) for s in self.stages],
+            "prediction": asdict(self.prediction) if self.prediction else None,
+            "provenance": self.provenance,
+        }
+
+    @staticmethod
+    def from_dict(d: dict) -> "Plan":
+        if not isinstance(d, dict) or d.get("format") != PLAN_FORMAT:
+            raise PlanError("this file is not a parallel-plan plan (its 'format' field is missing or foreign)")
+        if d.get("version") != PLAN_VERSION:
+            raise PlanError(f"plan version {d.get('version')!r} is not supported (this build reads version {PLAN_VERSION})")
+        try:
+            plan = Plan(
+                model=ModelSpec.from_dict(d["model"]),
+                cluster=dict(d["cluster"]),
+                training=TrainingShape(**d["training"]),
+                layout=Layout(**d["layout"]),
+                stages=[StagePlan(**s) for s in d["stages"]],
+                prediction=Prediction(**d["prediction"]) if d.get("prediction") else None,
+                provenance=dict(d.get("provenance") or {}),
+            )
+        except KeyError as exc:
+            raise PlanError(f"plan file lacks the field {exc.args[0]!r}") from None
+        except TypeError as exc:
+            raise PlanError(f"plan file has a malformed section ({exc})") from None
+        from planner.legality import check_plan  # late: legality imports this module
+        check_plan(plan)
+        return plan
+
+    def save(self, path: Path, overwrite: bool = False) -> None:
+        path = Path(path)
+        if path.exists() and not overwrite:
+            raise PlanError(f"'{path}' already exists; pass --force to overwrite it")
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @staticmethod
+    def load(path: Path) -> "Plan":
+        try:
+            d = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise PlanError(f"plan file '{path}' does not exist") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PlanError(f"plan file '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+        return Plan.from_dict(d)
+
+
+def even_stages(num_layers: int, num_stages: int, recompute: str = "none") -> list[StagePlan]:
+    """Split layers as evenly as possible (earlier stages take the remainder) with one recompute mode."""
+    base, extra = divmod(num_layers, num_stages)
+    out = []
+    for j in range(num_stages):
+        n = base + (1 if j < extra else 0)
+        out.append(StagePlan(layers=n, full_recompute_layers=n if recompute == "full" else 0,
+                             selective_recompute_layers=n if recompute == "selective" else 0))
+    return out

@@ -1,0 +1,306 @@
+"""The profile: measured kernel and collective times that the cost model reads (JSON, versioned).
+
+`plan profile` (runtime/profiler) writes it; `Profile.load` validates it. The cost model asks it four
+kinds of question, each answered from measured points:
+
+- `gemm_s(m, n, k)`: a bf16 GEMM [m,k] x [k,n]; achieved FLOP rate interpolated in log-shape space from
+  measured shapes (inverse-distance weights on the nearest points), capped by the roofline.
+- `attention_s(...)`: flash/SDPA attention forward and backward; achieved rate interpolated over measured
+  (sequence, head_dim, causal) points.
+- `memory_bound_s(bytes)`: elementwise work at the measured device-copy bandwidth times an efficiency.
+- `collective_s(op, bytes, group_size, link)`: latency + bytes x algorithm factor / bus bandwidth,
+  fitted per op, link kind ('nvlink' inside a node, 'network' across nodes) and group size.
+
+Each section records whether it is measured or modelled, and from what; plans copy that into their
+provenance.
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from planner.errors import PlanError
+
+PROFILE_FORMAT = "parallel-plan/profile"
+PROFILE_VERSION = 1
+
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """Bytes each rank moves over its link per byte of the collective's (full) buffer, nccl-tests' busbw
+    convention: time = latency + size * factor / bus_bandwidth."""
+    if n <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op == "send_recv":
+        return 1.0
+    raise PlanError(f"unknown collective '{op}'")
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    op: str
+    link: str
+    group_size: int
+    latency_s: float
+    bus_bandwidth_bytes_per_s: float
+    measured: bool
+    """True when fitted to points measured at this group size; False when modelled from another."""
+    points: tuple = ()
+    """(bytes, seconds) pairs the fit came from; bytes = the full buffer (all-gather output, reduce-scatter input)."""
+
+    def time_s(self, size_bytes: float) -> float:
+        if size_bytes <= 0 or self.group_size <= 1:
+            return 0.0
+        return self.latency_s + size_bytes * bus_factor(self.op, self.group_size) / self.bus_bandwidth_bytes_per_s
+
+
+@dataclass
+class Profile:
+    gpu: str
+    provenance: dict
+    gemm_points: list[tuple[int, int, int, float]]
+    """(m, n, k, seconds) for bf16 [m,k] x [k,n]."""
+    attention_points: list[dict]
+    """{'seq', 'head_dim', 'causal', 'fwd_tflops', 'bwd_tflops'}: achieved rates counting causal work halved."""
+    copy_bandwidth_bytes_per_s: float
+    elementwise_efficiency: float
+    """Fraction of the copy bandwidth that norms / activations / residual adds reach."""
+    optimizer_s_per_param: float
+    """Fused AdamW step over fp32 master weights, per parameter (one device)."""
+    collectives: list[CollectiveFit]
+    overlap_hidden_fraction: dict[str, float]
+    """Per dimension ('tp', 'dp', 'pp', 'cp', 'ep'): fraction of the communication that an overlapped
+    implementation hides behind the compute beside it (at most that compute's time)."""
+    kernel_launch_s: float = 5e-6
+    source_path: str = ""
+    extras: dict = field(default_factory=dict)
+
+    # -- queries -------------------------------------------------------------
+    @property
+    def peak_gemm_flops(self) -> float:
+        return max(2.0 * m * n * k / t for m, n, k, t in self.gemm_points)
+
+    def gemm_s(self, m: int, n: int, k: int) -> float:
+        if m <= 0 or n <= 0 or k <= 0:
+            return 0.0
+        return _gemm_s_cached(self._gemm_key(), m, n, k)
+
+    def _gemm_key(self):
+        key = getattr(self, "_gk", None)
+        if key is None:
+            key = _GemmTable(tuple(self.gemm_points), self.copy_bandwidth_bytes_per_s)
+            self._gk = key
+        return key
+
+    def attention_s(self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int, causal: bool,
+                    backward: bool) -> float:
+        """Flash attention for `batch` x `heads` over seq_q queries and seq_kv keys; causal halves the work
+        when seq_q == seq_kv (the diagonal block of a ring step or a plain causal layer)."""
+        flops = 4.0 * batch * heads * seq_q * seq_kv * head_dim
+        if causal:
+            flops /= 2
+        if backward:
+            flops *= 2.5
+        rate = self._attention_rate(max(seq_q, seq_kv), head_dim, causal, backward)
+        return flops / rate + self.kernel_launch_s
+
+    def _attention_rate(self, seq: int, head_dim: int, causal: bool, backward: bool) -> float:
+        key = "bwd_tflops" if backward else "fwd_tflops"
+        pts = [p for p in self.attention_points if p["causal"] == causal] or self.attention_points
+        best = None
+        for p in pts:
+            d = abs(math.log2(p["seq"] / seq)) + 2 * abs(math.log2(p["head_dim"] / head_dim))
+            if best is None or d < best[0]:
+                best = (d, p)
+        rate = best[1][key] * 1e12
+        # short sequences run far below the long-sequence rate (tiles not filled): scale linearly below 1k
+        if seq < 1024 and best[1]["seq"] >= 1024:
+            rate *= max(seq / 1024, 0.25)
+        return rate
+
+    def memory_bound_s(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / (self.copy_bandwidth_bytes_per_s * self.elementwise_efficiency) + self.kernel_launch_s
+
+    def collective(self, op: str, group_size: int, link: str) -> CollectiveFit:
+        return _collective_lookup(id(self), tuple(self.collectives), op, group_size, link)
+
+    def collective_s(self, op: str, size_bytes: float, group_size: int, link: str) -> float:
+        if group_size <= 1 or size_bytes <= 0:
+            return 0.0
+        return self.collective(op, group_size, link).time_s(size_bytes)
+
+    # -- persistence -----------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": PROFILE_FORMAT, "version": PROFILE_VERSION, "gpu": self.gpu, "provenance": self.provenance,
+            "gemm": {"points": [list(p) for p in self.gemm_points]},
+            "attention": {"points": self.attention_points},
+            "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s,
+            "elementwise_efficiency": self.elementwise_efficiency,
+            "optimizer_s_per_param": self.optimizer_s_per_param,
+            "kernel_launch_s": self.kernel_launch_s,
+            "collectives": [{"op": c.op, "link": c.link, "group_size": c.group_size, "latency_s": c.latency_s,
+                             "bus_bandwidth_bytes_per_s": c.bus_bandwidth_bytes_per_s, "measured": c.measured,
+                             "points": [list(p) for p in c.points]} for c in self.collectives],
+            "overlap_hidden_fraction": self.overlap_hidden_fraction,
+            "extras": self.extras,
+        }
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @staticmethod
+    def from_dict(d: dict, source: str = "") -> "Profile":
+        where = f"profile '{source}'" if source else "profile"
+        if not isinstance(d, dict) or d.get("format") != PROFILE_FORMAT:
+            raise PlanError(f"{where} is not a parallel-plan profile (its 'format' field is missing or foreign)")
+        if d.get("version") != PROFILE_VERSION:
+            raise PlanError(f"{where} has version {d.get('version')!r}; this build reads version {PROFILE_VERSION}")
+        try:
+            gemm = [tuple(p) for p in d["gemm"]["points"]]
+            prof = Profile(
+                gpu=str(d["gpu"]), provenance=dict(d["provenance"]),
+                gemm_points=[(int(m), int(n), int(k), float(t)) for m, n, k, t in gemm],
+                attention_points=[dict(seq=int(p["seq"]), head_dim=int(p["head_dim"]), causal=bool(p["causal"]),
+                                       fwd_tflops=float(p["fwd_tflops"]), bwd_tflops=float(p["bwd_tflops"]))
+                                  for p in d["attention"]["points"]],
+                copy_bandwidth_bytes_per_s=float(d["copy_bandwidth_bytes_per_s"]),
+                elementwise_efficiency=float(d["elementwise_efficiency"]),
+                optimizer_s_per_param=float(d["optimizer_s_per_param"]),
+                kernel_launch_s=float(d.get("kernel_launch_s", 5e-6)),
+                collectives=[CollectiveFit(op=str(c["op"]), link=str(c["link"]), group_size=int(c["group_size"]),
+                                           latency_s=float(c["latency_s"]),
+                                           bus_bandwidth_bytes_per_s=float(c["bus_bandwidth_bytes_per_s"]),
+                                           measured=bool(c["measured"]),
+                                           points=tuple(tuple(p) for p in c.get("points", ())))
+                             for c in d["collectives"]],
+                overlap_hidden_fraction={str(k): float(v) for k, v in d["overlap_hidden_fraction"].items()},
+                source_path=source, extras=dict(d.get("extras") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"{where} is corrupted ({exc.__class__.__name__}: {exc})") from None
+        _validate(prof, where)
+        return prof
+
+    @staticmethod
+    def load(path: Path) -> "Profile":
+        try:
+            d = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise PlanError(f"profile '{path}' does not exist") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PlanError(f"profile '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+        return Profile.from_dict(d, str(path))
+
+
+def _validate(p: Profile, where: str) -> None:
+    if not p.gemm_points or any(t <= 0 or min(m, n, k) <= 0 for m, n, k, t in p.gemm_points):
+        raise PlanError(f"{where} is corrupted: its GEMM table is empty or holds non-positive entries")
+    if not p.attention_points or any(a["fwd_tflops"] <= 0 or a["bwd_tflops"] <= 0 for a in p.attention_points):
+        raise PlanError(f"{where} is corrupted: its attention table is empty or holds non-positive rates")
+    if p.copy_bandwidth_bytes_per_s <= 0 or not 0 < p.elementwise_efficiency <= 1 or p.optimizer_s_per_param <= 0:
+        raise PlanError(f"{where} is corrupted: bandwidth, efficiency or optimizer time out of range")
+    for c in p.collectives:
+        if c.op not in COLLECTIVE_OPS or c.latency_s < 0 or c.bus_bandwidth_bytes_per_s <= 0:
+            raise PlanError(f"{where} is corrupted: collective entry {c.op}/{c.link}/{c.group_size} is invalid")
+    for k, v in p.overlap_hidden_fraction.items():
+        if not 0 <= v <= 1:
+            raise PlanError(f"{where} is corrupted: overlap fraction for '{k}' is {v}, not within [0, 1]")
+
+
+@dataclass(frozen=True)
+class _GemmTable:
+    points: tuple
+    copy_bw: float
+
+
+@lru_cache(maxsize=200_000)
+def _gemm_s_cached(table: _GemmTable, m: int, n: int, k: int) -> float:
+    flops = 2.0 * m * n * k
+    # inverse-distance weighting of log achieved rate over the 4 nearest measured shapes (log2 space)
+    lm, ln_, lk = math.log2(m), math.log2(n), math.log2(k)
+    dists = []
+    for pm, pn, pk, t in table.points:
+        d = (lm - math.log2(pm)) ** 2 + (ln_ - math.log2(pn)) ** 2 + (lk - math.log2(pk)) ** 2
+        dists.append((d, math.log(2.0 * pm * pn * pk / t)))
+    dists.sort()
+    if dists[0][0] < 1e-12:
+        log_rate = dists[0][1]
+    else:
+        near = dists[:4]
+        wsum = sum(1.0 / d for d, _ in near)
+        log_rate = sum(r / d for d, r in near) / wsum
+    rate = math.exp(log_rate)
+    # memory roofline: a GEMM cannot beat reading its operands and writing its output once (bf16)
+    t_mem = 2.0 * (m * k + k * n + m * n) / table.copy_bw
+    return max(flops / rate, t_mem) + 5e-6
+
+
+@lru_cache(maxsize=4096)
+def _collective_lookup(pid: int, fits: tuple, op: str, group_size: int, link: str) -> CollectiveFit:
+    exact = [c for c in fits if c.op == op and c.link == link and c.group_size == group_size]
+    if exact:
+        return exact[0]
+    same = [c for c in fits if c.op == op and c.link == link]
+    if not same:
+        same = [c for c in fits if c.op == op]
+    if not same:
+        raise PlanError(f"the profile has no figure for {op} over {link}")
+    # model another group size from the nearest measured one: same bus bandwidth (ring / NVSwitch: each GPU
+    # drives its own links), latency growing with the ring's (n-1) steps
+    base = min(same, key=lambda c: abs(math.log2(c.group_size / group_size)))
+    steps = max(group_size - 1, 1) / max(base.group_size - 1, 1)
+    return CollectiveFit(op=op, link=link, group_size=group_size, latency_s=base.latency_s * steps,
+                         bus_bandwidth_bytes_per_s=base.bus_bandwidth_bytes_per_s, measured=False)
+
+
+def fit_collective(points: list[tuple[float, float]], op: str, group_size: int, link: str,
+                   measured: bool = True) -> CollectiveFit:
+    """Least-squares fit of time = latency + bytes * factor / busbw, weighted by 1/time so that small and
+    large messages count alike (relative error). Needs at least two sizes."""
+    f = bus_factor(op, group_size)
+    xs = [b * f for b, _ in points]
+    ts = [t for _, t in points]
+    # weighted least squares on t = a + c*x with weights 1/t^2
+    w = [1.0 / (t * t) for t in ts]
+    sw = sum(w); swx = sum(wi * x for wi, x in zip(w, xs)); swt = sum(wi * t for wi, t in zip(w, ts))
+    swxx = sum(wi * x * x for wi, x in zip(w, xs)); swxt = sum(wi * x * t for wi, x, t in zip(w, xs, ts))
+    det = sw * swxx - swx * swx
+    if det <= 0:
+        raise PlanError(f"cannot fit {op}: need at least two distinct message sizes")
+    c = (sw * swxt - swx * swt) / det
+    a = (swt - c * swx) / sw
+    a = max(a, 0.0)
+    c = max(c, 1e-15)
+    return CollectiveFit(op=op, link=link, group_size=group_size, latency_s=a, bus_bandwidth_bytes_per_s=1.0 / c,
+                         measured=measured, points=tuple((float(b), float(t)) for b, t in points))
+
+
+def shipped_profile_path(gpu: str) -> Path:
+    return Path(str(resources.files("profiles"))) / f"{gpu}.json"
+
+
+def load_profile(path: str | None, gpu: str) -> Profile:
+    """The profile at `path`, or the one shipped for `gpu`; warns when it was measured on another GPU."""
+    if path is None:
+        p = shipped_profile_path(gpu)
+        if not p.exists():
+            raise PlanError(f"no profile ships for GPU '{gpu}'; run `plan profile` on one and pass --profile")
+        prof = Profile.load(p)
+    else:
+        prof = Profile.load(Path(path))
+        if prof.gpu != gpu:
+            warnings.warn(f"profile '{path}' was measured on {prof.gpu}, but the plan is for {gpu}", stacklevel=2)
+    return prof

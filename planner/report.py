@@ -1,0 +1,109 @@
+"""Terminal and JSON output of a search: the best plan, why it wins, and the runners-up (rich tables)."""
+from __future__ import annotations
+
+import json
+
+from planner.plan import Plan
+from planner.search import SearchResult
+
+BREAKDOWN_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
+BREAKDOWN_LABEL = {"compute": "compute", "recompute": "recompute", "tp_comm": "exposed TP comm",
+                   "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm", "pp_comm": "exposed PP comm",
+                   "bubble": "pipeline bubble", "dp_comm": "exposed DP comm", "optimizer": "optimizer step"}
+
+
+def _stage_summary(plan: Plan) -> str:
+    lay = plan.layout
+    per_rank = []
+    for r in range(lay.pp):
+        js = plan.stages_of_rank(r)
+        layers = sum(plan.stages[j].layers for j in js)
+        full = sum(plan.stages[j].full_recompute_layers for j in js)
+        sel = sum(plan.stages[j].selective_recompute_layers for j in js)
+        rc = "/".join(x for x in (f"F{full}" if full else "", f"S{sel}" if sel else "") if x)
+        per_rank.append(f"{layers}" + (f"({rc})" if rc else ""))
+    if len(per_rank) > 8:
+        return " ".join(per_rank[:4]) + " ... " + " ".join(per_rank[-2:])
+    return " ".join(per_rank)
+
+
+def _recompute_summary(plan: Plan) -> str:
+    full = sum(s.full_recompute_layers for s in plan.stages)
+    sel = sum(s.selective_recompute_layers for s in plan.stages)
+    n = plan.model.num_layers
+    if not full and not sel:
+        return "none"
+    parts = []
+    if sel:
+        parts.append(f"selective {sel}/{n}")
+    if full:
+        parts.append(f"full {full}/{n}")
+    return ", ".join(parts)
+
+
+def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = console or Console()
+    best = result.plans[0]
+    p, lay, shape = best.prediction, best.layout, best.training
+    con.print(f"[bold]{best.model.name}[/] ({best.model.total_params() / 1e9:.1f}B params) on "
+              f"{best.cluster['num_gpus']} x {best.cluster['gpu']} ({best.cluster['gpus_per_node']} per node), "
+              f"seq {shape.seq_len}, global batch {shape.global_batch} sequences "
+              f"({shape.seq_len * shape.global_batch / 1e6:.2f}M tokens)")
+    t = Table(title="Recommended layout", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("layout", f"{lay.short()}  (world {lay.world_size})")
+    t.add_row("micro-batch", f"{lay.micro_batch} x {best.num_micro_batches} micro-batches per step"
+              + (f", interleaved 1F1B with {lay.vpp} virtual stages" if lay.vpp > 1 else
+                 (", 1F1B" if lay.pp > 1 else "")))
+    t.add_row("data parallel", f"sharding: {lay.sharding}" + (", sequence parallel on" if lay.sequence_parallel else ""))
+    t.add_row("layers per pipeline rank", _stage_summary(best))
+    t.add_row("recompute", _recompute_summary(best))
+    t.add_row("overlap", ", ".join(k for k, on in (("TP", lay.overlap_tp), ("DP", lay.overlap_dp), ("PP", lay.overlap_pp)) if on) or "off")
+    t.add_row("step time", f"{p.step_s:.3f} s")
+    t.add_row("throughput", f"{p.tokens_per_s:,.0f} tokens/s, {p.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {p.mfu:.1%}")
+    mems = p.memory_gib_per_rank
+    t.add_row("memory per GPU", f"max {max(mems):.1f} GiB of {p.memory_limit_gib:.1f} GiB allowed"
+              + (f" (ranks {min(mems):.1f}-{max(mems):.1f})" if len(mems) > 1 else ""))
+    con.print(t)
+
+    b = Table(title="Where the step goes (slowest pipeline rank)", title_justify="left")
+    b.add_column("part")
+    b.add_column("seconds", justify="right")
+    b.add_column("share", justify="right")
+    for k in BREAKDOWN_ORDER:
+        v = p.breakdown_s.get(k, 0.0)
+        if v > 0:
+            b.add_row(BREAKDOWN_LABEL[k], f"{v:.3f}", f"{v / p.step_s:.1%}")
+    con.print(b)
+
+    r = Table(title="Best plans", title_justify="left")
+    for col in ("#", "layout", "mb", "sharding", "recompute", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB", "vs best"):
+        r.add_column(col, justify="right" if col not in ("layout", "sharding", "recompute") else "left")
+    for i, plan in enumerate(result.plans):
+        q = plan.prediction
+        r.add_row(str(i + 1), plan.layout.short(), str(plan.layout.micro_batch), plan.layout.sharding,
+                  _recompute_summary(plan), f"{q.step_s:.3f}", f"{q.tokens_per_s:,.0f}", f"{q.tflops_per_gpu:.0f}",
+                  f"{q.mfu:.1%}", f"{max(q.memory_gib_per_rank):.1f}", f"+{q.step_s / p.step_s - 1:.1%}" if i else "")
+    con.print(r)
+    st = result.stats
+    con.print(f"searched {st.layouts_enumerated} layouts ({st.layouts_fit_bound} within the memory bound), "
+              f"{st.layouts_greedy} split greedily, {st.layouts_solved} by CP-SAT ({st.proven_optimal} proven optimal); "
+              f"{elapsed_s:.2f} s")
+    prov = best.provenance
+    con.print(f"times from profile {prov.get('profile')} ({prov.get('profile_kind')}); modelled: "
+              + "; ".join(prov.get("modelled", [])), style="dim")
+
+
+def result_json(result: SearchResult, elapsed_s: float) -> str:
+    st = result.stats
+    return json.dumps({
+        "plans": [p.to_dict() for p in result.plans],
+        "search": {"layouts_enumerated": st.layouts_enumerated, "layouts_legal": st.layouts_legal,
+                   "layouts_within_memory_bound": st.layouts_fit_bound, "layouts_greedy": st.layouts_greedy,
+                   "layouts_cpsat": st.layouts_solved, "cpsat_proven_optimal": st.proven_optimal,
+                   "phase_s": st.phase_s, "elapsed_s": elapsed_s},
+    }, indent=2)

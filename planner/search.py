@@ -1,0 +1,414 @@
+"""The search: enumerate legal parallel degrees, prune by a lower bound, and let OR-Tools CP-SAT decide
+the integer inside of each surviving layout: how many layers each (virtual) pipeline stage holds and how
+many of them recompute fully or selectively, minimising the pipeline's step time within every rank's memory.
+
+Outer loop (branch and bound): every legal (tp, cp, pp, vpp, dp, ep, micro-batch, sharding) is given a
+lower bound on its step time (perfect balance, no recompute) and a lower bound on its memory (full
+recompute everywhere, perfect balance). Layouts whose memory bound exceeds the limit are dropped; the
+rest are taken in order of their time bound, and the search stops once the next bound is no better than
+the k-th best plan found. With pins, the user fixes any of the degrees and the search does the rest.
+
+Inner problem (exact, CP-SAT): integer variables per virtual stage j: layers n_j >= 1, full-recompute
+layers f_j and selective layers s_j with f_j + s_j <= n_j; rank time
+T_r = sum_{j on r} (n_j * t_layer + f_j * t_full + s_j * t_sel) + ends_r; rank memory linear in the same
+variables with each chunk's in-flight micro-batch count; objective (m*v - 1) * max_r T_r + sum_r T_r,
+which is v times the schedule's step time. Times are integers in microseconds, memory in KiB rounded
+up (so rounding never lets a plan past the limit).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from planner import memory as mem
+from planner.cluster import ClusterSpec
+from planner.cost import CostModel
+from planner.errors import NoFitError, PlanError
+from planner.legality import layout_violation
+from planner.model import ModelSpec
+from planner.plan import SHARDING_LEVELS, Layout, Plan, StagePlan, TrainingShape
+from planner.profile import Profile
+
+MAX_VPP = 8
+MAX_MICRO_BATCH = 16
+SOLVER_WORKERS = 8
+"""CP-SAT's portfolio of workers: several strategies proving optimality beat one even on two cores."""
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Dimensions the user fixed; None leaves them to the search."""
+
+    tp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    micro_batch: int | None = None
+    sharding: str | None = None
+    recompute: str | None = None
+    """none / selective / full for every layer, or None to let the search choose per stage."""
+
+
+@dataclass
+class SearchStats:
+    layouts_enumerated: int = 0
+    layouts_legal: int = 0
+    layouts_fit_bound: int = 0
+    layouts_greedy: int = 0
+    layouts_solved: int = 0
+    proven_optimal: int = 0
+    cpsat_variables: int = 0
+    gap_to_bound: float = 0.0
+    """How far the first plan may be above the best plan of the layouts not settled by CP-SAT."""
+    phase_s: dict = field(default_factory=dict)
+
+
+@dataclass
+class SearchResult:
+    plans: list[Plan]
+    stats: SearchStats
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, x = [], 1
+    while x <= n:
+        out.append(x)
+        x *= 2
+    return out
+
+
+def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, pins: Pins):
+    """All layouts the rules allow (overlap switches on: in this cost model overlap never costs time)."""
+    n = cluster.num_gpus
+    tps = [pins.tp] if pins.tp else _pow2_upto(min(cluster.gpus_per_node, n))
+    for tp in tps:
+        cps = [pins.cp] if pins.cp else _pow2_upto(n // tp)
+        for cp in cps:
+            if n % (tp * cp):
+                continue
+            rest = n // (tp * cp)
+            pps = [pins.pp] if pins.pp else [p for p in _divisors(rest) if p <= model.num_layers]
+            for pp in pps:
+                if rest % pp:
+                    continue
+                dp = rest // pp
+                if pins.dp and pins.dp != dp:
+                    continue
+                vpps = [pins.vpp] if pins.vpp else ([1] if pp == 1 else
+                                                    [v for v in range(1, MAX_VPP + 1) if pp * v <= model.num_layers])
+                eps = [pins.ep] if pins.ep else [e for e in _divisors(model.num_experts) if (dp * cp) % e == 0]
+                if shape.global_batch % dp:
+                    mbs = [pins.micro_batch] if pins.micro_batch else []
+                else:
+                    per_replica = shape.global_batch // dp
+                    mbs = [pins.micro_batch] if pins.micro_batch else \
+                        [b for b in _divisors(per_replica) if b <= MAX_MICRO_BATCH]
+                shards = [pins.sharding] if pins.sharding else \
+                    (["none"] if dp * cp == 1 else list(SHARDING_LEVELS))
+                for vpp in vpps:
+                    for ep in eps:
+                        for mb in mbs:
+                            for sh in shards:
+                                yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, micro_batch=mb, sharding=sh)
+
+
+@dataclass
+class _Candidate:
+    layout: Layout
+    cost: CostModel
+    time_bound_s: float
+    memory_bound_bytes: float
+
+
+def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins) -> tuple[float, float]:
+    """(time lower bound, memory lower bound) over every split and recompute choice of this layout."""
+    lay, m = cm.lay, cm.m
+    L = cm.layer
+    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+    stages = lay.pp * lay.vpp
+    extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(pins.recompute or "", 0.0)
+    total = m.num_layers * (L.fwd_bwd_s + extra) + cm.ends.embedding_s + cm.ends.head_s + cm.ends.head_comm_s \
+        + 2 * stages * cm.p2p_s
+    avg = total / lay.pp
+    pipe = (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * avg
+    # data-parallel traffic and optimizer at the average rank
+    dense, expert = cm.params_of(max(m.num_layers // stages, 1) * lay.vpp, True, lay.pp == 1)
+    layers = m.num_layers / lay.pp
+    dp = cm.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro)
+    time_lb = pipe + dp + cm.optimizer_s(dense, expert)
+    # memory: the busiest rank holds at least the mean over ranks; every layer keeps at least its
+    # recompute mode's activations for at least one micro-batch in flight
+    acts = cm.activations
+    per_layer_act = {"none": acts.none_bytes, "selective": acts.selective_bytes}.get(pins.recompute or "",
+                                                                                   acts.full_bytes)
+    total_dense, total_expert = cm.params_of(m.num_layers, True, True)
+    mem_lb = (mem.state_bytes(total_dense, total_expert, lay) + m.num_layers * per_layer_act) / lay.pp \
+        + mem.fsdp_gather_bytes(m, lay)
+    return time_lb, mem_lb
+
+
+def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
+                  recompute_pin: str | None = None) -> list[StagePlan] | None:
+    """A fast feasible split (the CP-SAT hint and upper bound): layers go one at a time to the rank that
+    stays fastest (optimal for identical layers without memory limits); inside a rank, extra layers go to
+    the chunks with the fewest micro-batches in flight; then each rank that is over its memory recomputes
+    the layers with the most micro-batches in flight, selectively first, fully if that is not enough."""
+    import heapq
+
+    lay, m = cm.lay, cm.m
+    P, V, S = lay.pp, lay.vpp, lay.pp * lay.vpp
+    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+    L = cm.layer
+    per_layer = L.fwd_bwd_s + {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute_pin or "", 0.0)
+    ends = [sum(cm.stage_time_s(j, StagePlan(0)) for j in range(r, S, P)) for r in range(P)]
+    n_rank = [V] * P
+    heap = [(ends[r] + V * per_layer, r) for r in range(P)]
+    heapq.heapify(heap)
+    for _ in range(m.num_layers - S):
+        t, r = heapq.heappop(heap)
+        n_rank[r] += 1
+        heapq.heappush(heap, (t + per_layer, r))
+    stages: list[StagePlan | None] = [None] * S
+    for r in range(P):
+        js = list(range(r, S, P))
+        terms = cm.memory_terms(r, num_micro)
+        inflight = terms.in_flight
+        counts = [n_rank[r] // V] * V
+        for c in sorted(range(V), key=lambda c: (inflight[c], -c))[: n_rank[r] % V]:
+            counts[c] += 1
+        full = counts[:] if recompute_pin == "full" else [0] * V
+        sel = counts[:] if recompute_pin == "selective" else [0] * V
+        if recompute_pin is None:
+            # selective first on the chunks holding the most micro-batches, then full where that is not enough
+            for c in sorted(range(V), key=lambda c: -inflight[c]):
+                over = terms.bytes(counts, full, sel) - limit_bytes
+                if over <= 0:
+                    break
+                sel[c] = min(counts[c], math.ceil(over / (inflight[c] * terms.sel_saving_bytes)))
+            for c in sorted(range(V), key=lambda c: -inflight[c]):
+                over = terms.bytes(counts, full, sel) - limit_bytes
+                if over <= 0:
+                    break
+                extra = terms.full_saving_bytes - terms.sel_saving_bytes  # selective -> full
+                add = min(counts[c] - full[c], math.ceil((over + (0 if any(full) else terms.none_bytes))
+                                                         / (inflight[c] * max(extra, 1.0))))
+                full[c] += add
+                sel[c] = min(sel[c], counts[c] - full[c])
+        if terms.bytes(counts, full, sel) > limit_bytes:
+            return None
+        for c, j in enumerate(js):
+            stages[j] = StagePlan(counts[c], full[c], sel[c])
+    return stages  # type: ignore[return-value]
+
+
+@dataclass
+class SolveResult:
+    stages: list[StagePlan] | None
+    proven_optimal: bool
+    bound_s: float
+    """The solver's proven lower bound on the pipeline part of the step (seconds)."""
+
+
+def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recompute_pin: str | None = None,
+                 time_limit_s: float = 10.0, hint: list[StagePlan] | None = None) -> SolveResult:
+    """CP-SAT: the layer split and recompute per stage that minimise the schedule's step time within
+    memory; stages None when no split fits (or none was found in the time limit)."""
+    from ortools.sat.python import cp_model
+
+    lay, m = cm.lay, cm.m
+    S, P, V = lay.pp * lay.vpp, lay.pp, lay.vpp
+    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+    L = cm.layer
+    us = lambda s: int(round(s * 1e6))  # noqa: E731
+    kib = lambda b: int(math.ceil(b / 1024))  # noqa: E731
+    t_layer, t_full, t_sel = us(L.fwd_bwd_s), us(L.full_recompute_s), us(L.selective_recompute_s)
+    limit = int(limit_bytes // 1024)
+
+    mdl = cp_model.CpModel()
+    n = [mdl.NewIntVar(1, m.num_layers, f"n{j}") for j in range(S)]
+    f = [mdl.NewIntVar(0, m.num_layers, f"f{j}") for j in range(S)]
+    s = [mdl.NewIntVar(0, m.num_layers, f"s{j}") for j in range(S)]
+    mdl.Add(sum(n) == m.num_layers)
+    for j in range(S):
+        mdl.Add(f[j] + s[j] <= n[j])
+        # virtual stages of one rank differ by at most one layer: the split across ranks stays free, and
+        # the solver is spared the many equivalent ways of shuffling layers between a rank's chunks
+        if j + P < S:
+            mdl.Add(n[j] - n[j + P] <= 1)
+            mdl.Add(n[j + P] - n[j] <= 1)
+        if recompute_pin == "full":
+            mdl.Add(f[j] == n[j])
+        elif recompute_pin == "selective":
+            mdl.Add(s[j] == n[j])
+        elif recompute_pin == "none":
+            mdl.Add(f[j] == 0)
+            mdl.Add(s[j] == 0)
+    horizon = (t_layer + t_full) * m.num_layers + sum(us(cm.stage_time_s(j, StagePlan(0))) for j in range(S)) + 1
+    T = []
+    for r in range(P):
+        js = [j for j in range(S) if j % P == r]
+        const_t = sum(us(cm.stage_time_s(j, StagePlan(0))) for j in js)
+        tr = mdl.NewIntVar(0, horizon, f"T{r}")
+        mdl.Add(tr == sum(t_layer * n[j] + t_full * f[j] + t_sel * s[j] for j in js) + const_t)
+        T.append(tr)
+        # memory of rank r: the same linear terms as the greedy split, in KiB rounded against the plan
+        terms = cm.memory_terms(r, num_micro)
+        st_kib, none_kib = kib(terms.state_per_layer_bytes), kib(terms.none_bytes)
+        dsel, dfull = int(terms.sel_saving_bytes // 1024), int(terms.full_saving_bytes // 1024)
+        expr = [(st_kib + k * none_kib) * n[j] - k * dfull * f[j] - k * dsel * s[j]
+                for k, j in zip(terms.in_flight, js)]
+        any_full = mdl.NewBoolVar(f"anyfull{r}")
+        for j in js:
+            mdl.Add(f[j] <= m.num_layers * any_full)
+        mdl.Add(sum(expr) + kib(terms.base_bytes) + none_kib * any_full <= limit)
+    tmax = mdl.NewIntVar(0, horizon, "tmax")
+    mdl.AddMaxEquality(tmax, T)
+    mdl.Minimize((num_micro * V - 1) * tmax + sum(T))
+    if hint:
+        for j in range(S):
+            mdl.AddHint(n[j], hint[j].layers)
+            mdl.AddHint(f[j], hint[j].full_recompute_layers)
+            mdl.AddHint(s[j], hint[j].selective_recompute_layers)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = SOLVER_WORKERS
+    solver.parameters.max_time_in_seconds = time_limit_s
+    status = solver.Solve(mdl)
+    bound_s = solver.BestObjectiveBound() / V / 1e6 if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else 0.0
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(None, status == cp_model.INFEASIBLE, bound_s)
+    stages = [StagePlan(layers=solver.Value(n[j]), full_recompute_layers=solver.Value(f[j]),
+                        selective_recompute_layers=solver.Value(s[j])) for j in range(S)]
+    return SolveResult(stages, status == cp_model.OPTIMAL, bound_s)
+
+
+def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
+           pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_time_s: float = 0.08,
+           progress=None) -> SearchResult:
+    """Best plans first. Phases: enumerate and bound every legal layout; a greedy split for each layout
+    whose bound could still beat the k-th best; CP-SAT on the `top_k + refine` best of those (hinted with
+    the greedy split, `solve_time_s` each). The stats say how close the result is proven to be: the first
+    plan's step over the lowest bound of every layout that CP-SAT did not settle."""
+    stats = SearchStats()
+    t0 = time.perf_counter()
+    limit = mem.memory_limit_bytes(cluster.kind.memory_gib)
+    candidates: list[_Candidate] = []
+    shared: dict = {}
+    first_violation = None
+    min_mem: tuple[float, Layout] | None = None
+    for lay in enumerate_layouts(model, shape, cluster, pins):
+        stats.layouts_enumerated += 1
+        why = layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node)
+        if why:
+            first_violation = first_violation or (lay, why)
+            continue
+        stats.layouts_legal += 1
+        cm = CostModel(model, shape, lay, cluster, profile, shared)
+        t_lb, m_lb = _bounds(cm, shape, pins)
+        if min_mem is None or m_lb < min_mem[0]:
+            min_mem = (m_lb, lay)
+        if m_lb > limit:
+            continue
+        candidates.append(_Candidate(lay, cm, t_lb, m_lb))
+    stats.layouts_fit_bound = len(candidates)
+    stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    candidates.sort(key=lambda c: c.time_bound_s)
+    scored: list[tuple[float, _Candidate, list[StagePlan]]] = []
+    kth = math.inf
+    unsettled_bound = math.inf
+    for i, c in enumerate(candidates):
+        if c.time_bound_s >= kth:
+            unsettled_bound = c.time_bound_s
+            break
+        stages = greedy_stages(c.cost, shape, limit, pins.recompute)
+        stats.layouts_greedy += 1
+        if stages is None and len(scored) < top_k:
+            stages_res = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s)
+            stats.layouts_solved += 1
+            stages = stages_res.stages
+        if stages is None:
+            continue
+        step = c.cost.predict(stages).step_s
+        scored.append((step, c, stages))
+        scored.sort(key=lambda x: x[0])
+        if len(scored) >= top_k:
+            kth = scored[top_k - 1][0]
+    stats.phase_s["greedy"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    refined: list[tuple[float, _Candidate, list[StagePlan], bool]] = []
+    for step, c, stages in scored[: top_k + refine]:
+        res = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s, hint=stages)
+        stats.layouts_solved += 1
+        stats.cpsat_variables += 3 * c.layout.num_virtual_stages
+        proven = res.proven_optimal
+        if res.stages is not None:
+            s2 = c.cost.predict(res.stages).step_s
+            if s2 < step:
+                step, stages = s2, res.stages
+        stats.proven_optimal += int(proven)
+        refined.append((step, c, stages, proven))
+    for step, c, stages in scored[top_k + refine:]:
+        unsettled_bound = min(unsettled_bound, c.time_bound_s)
+    refined.sort(key=lambda x: x[0])
+    stats.phase_s["cpsat"] = time.perf_counter() - t2
+    if not refined:
+        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit)
+    plans = []
+    for step, c, stages, proven in refined[:top_k]:
+        pred = c.cost.predict(stages)
+        if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
+            continue  # the solver rounds memory up and never allows this; kept as a guard
+        plans.append(Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
+                          prediction=pred, provenance=plan_provenance(profile)))
+    best = plans[0].prediction.step_s
+    stats.gap_to_bound = max(0.0, best / unsettled_bound - 1) if unsettled_bound < math.inf and best > unsettled_bound else 0.0
+    return SearchResult(plans=plans, stats=stats)
+
+
+def plan_provenance(profile: Profile) -> dict:
+    return {"profile": profile.source_path or profile.gpu, "profile_gpu": profile.gpu,
+            "profile_kind": profile.provenance.get("kind", "measured"),
+            "measured": profile.provenance.get("measured", []),
+            "modelled": profile.provenance.get("modelled", []) + [
+                "memory allowance: " f"{mem.RESERVED_GIB} GiB outside the allocator, {mem.FRAGMENTATION:.0%} fragmentation"]}
+
+
+def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit) -> PlanError:
+    if stats.layouts_legal == 0:
+        if first_violation:
+            lay, why = first_violation
+            return PlanError(f"no legal layout of {model.name} on {cluster.num_gpus} GPUs"
+                             f"{' with the given pins' if pins != Pins() else ''}: {why}")
+        return PlanError(f"no layout of {model.name} exists on {cluster.num_gpus} GPUs with the given pins")
+    need_gib = min_mem[0] / mem.GIB if min_mem else float("nan")
+    fewest = _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit)
+    where = f"; it would fit on {fewest} GPUs" if fewest else ""
+    return NoFitError(
+        f"no layout of {model.name} fits in memory on {cluster.num_gpus} {cluster.gpu} GPUs: the binding "
+        f"constraint is per-GPU memory, the smallest peak any layout reaches is {need_gib:.1f} GiB "
+        f"({min_mem[1].short()}, full recompute) against the {limit / mem.GIB:.1f} GiB allowed{where}")
+
+
+def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit) -> int | None:
+    from dataclasses import replace
+
+    n = cluster.num_gpus
+    for _ in range(12):
+        n *= 2
+        c2 = replace(cluster, num_gpus=n)
+        for lay in enumerate_layouts(model, shape, c2, Pins(**{**pins.__dict__, "dp": None})):
+            if layout_violation(model, shape, lay, n, c2.gpus_per_node):
+                continue
+            _, m_lb = _bounds(CostModel(model, shape, lay, c2, profile), shape, pins)
+            if m_lb <= limit:
+                return n
+    return None

@@ -1,0 +1,115 @@
+"""`plan launch plan.json ...`: check everything that can be checked on this machine, then start torchrun.
+
+Checks (each failure is one sentence and a non-zero exit, before any GPU work): the plan loads and is
+legal; its world size equals nproc-per-node x nnodes; CUDA and enough GPUs are present for --device cuda;
+the data source opens and is long enough; the results CSV does not already exist (unless resuming).
+Then runs `python -m torch.distributed.run ... -m runtime.train ...` (single node by default; several
+nodes with --nnodes, --node-rank and --rdzv-endpoint) and returns its exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from planner.errors import PlanError
+from planner.plan import Plan
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="plan launch", description="Train from a plan (torchrun underneath).")
+    ap.add_argument("plan", help="plan.json written by `plan -o`")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    ap.add_argument("--data", default="synthetic",
+                    help="synthetic, a token file, a Megatron .bin/.idx prefix, or W1:SRC1,W2:SRC2 blends")
+    ap.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None)
+    ap.add_argument("--ckpt-dir", default=None)
+    ap.add_argument("--save-every", type=int, default=0)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--results", default=None, help="CSV of per-step results (default: beside the plan)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak used for MFU")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
+    ap.add_argument("--nproc-per-node", type=int, default=None)
+    ap.add_argument("--nnodes", type=int, default=1)
+    ap.add_argument("--node-rank", type=int, default=0)
+    ap.add_argument("--rdzv-endpoint", default=None, help="host:port of the rendezvous (several nodes)")
+    ap.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
+    return ap
+
+
+def check(args) -> tuple[Plan, int, Path]:
+    plan = Plan.load(Path(args.plan))
+    world = plan.layout.world_size
+    if args.nnodes < 1:
+        raise PlanError(f"--nnodes must be at least 1, got {args.nnodes}")
+    nproc = args.nproc_per_node if args.nproc_per_node is not None else world // args.nnodes
+    if nproc < 1 or nproc * args.nnodes != world:
+        raise PlanError(f"the plan needs {world} processes ({plan.layout.short()}) but the launch would start "
+                        f"{max(nproc, 0) * args.nnodes} ({args.nnodes} node(s) x {max(nproc, 0)} per node)")
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise PlanError("--device cuda was asked for but this machine has no usable CUDA GPU "
+                            "(use --device cpu for a CPU run)")
+        if torch.cuda.device_count() < nproc:
+            raise PlanError(f"the plan puts {nproc} processes on this node but it has "
+                            f"{torch.cuda.device_count()} GPU(s)")
+    from runtime.data import open_source
+    open_source(args.data, plan.model.vocab_size, plan.training.seq_len, args.data_dtype)
+    results = Path(args.results) if args.results else Path(args.plan).with_suffix(".results.csv")
+    if results.exists() and not args.resume:
+        raise PlanError(f"results file '{results}' already exists; move it away or pass --results")
+    if args.resume and not args.ckpt_dir:
+        raise PlanError("--resume needs --ckpt-dir")
+    if args.save_every and not args.ckpt_dir:
+        raise PlanError("--save-every needs --ckpt-dir")
+    return plan, nproc, results
+
+
+def torchrun_command(args, nproc: int, results: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={args.nnodes}"]
+    if args.nnodes > 1:
+        if not args.rdzv_endpoint:
+            raise PlanError("a launch on several nodes needs --rdzv-endpoint host:port")
+        cmd += [f"--node-rank={args.node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
+    else:
+        cmd += ["--standalone"]
+    cmd += ["-m", "runtime.train", "--plan", str(args.plan), "--steps", str(args.steps), "--device", args.device,
+            "--data", args.data, "--results", str(results), "--peak-tflops", str(args.peak_tflops),
+            "--lr", str(args.lr)]
+    if args.data_dtype:
+        cmd += ["--data-dtype", args.data_dtype]
+    if args.ckpt_dir:
+        cmd += ["--ckpt-dir", args.ckpt_dir, "--save-every", str(args.save_every)]
+    if args.resume:
+        cmd += ["--resume"]
+    if args.compile:
+        cmd += ["--compile"]
+    return cmd
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        plan, nproc, results = check(args)
+        cmd = torchrun_command(args, nproc, results)
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if args.dry_run:
+        print(" ".join(cmd))
+        return 0
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if args.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.call(cmd, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

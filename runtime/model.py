@@ -1,0 +1,322 @@
+"""GPT, Llama-style and BERT models from a planner ModelSpec, built from the tensor-parallel layers.
+
+A model is a sequence of pieces so that a pipeline stage is simply (optional embedding, a contiguous
+range of layers, optional head):  `build_stage(spec, groups, start, end, has_embedding, has_head, modes)`.
+The residual stream is [seq, batch, hidden] (sequence first, so the sequence-parallel collectives move
+contiguous memory), sharded over the sequence when TP > 1.
+
+Activations each layer keeps for backward, per token, with TP t (sequence parallel), in the compute
+dtype (bf16 on GPU). "h/t" = sequence-sharded, "x/t" otherwise = head/feature-sharded over the full sequence:
+  recompute 'none':
+    attention norm input h/t          (the residual; LayerNorm/RMSNorm also keep fp32 mean/rstd: 1-2 floats/t)
+    qkv GEMM input (norm output) h/t  (sequence-sharded; re-gathered in backward)
+    q, k, v after rotary (q_width + 2 kv_width)/t   (SDPA's saved inputs)
+    attention output (proj GEMM input) q_width/t    (+ fp32 log-sum-exp heads/t on GPU flash/efficient;
+                                                     the CPU math kernel keeps the [s, s] probabilities)
+    MLP norm input h/t, fc1 GEMM input (norm output) h/t
+    activation input f/t (SwiGLU: gate and up, 2f/t), activation output (fc2 GEMM input) f/t
+    nothing else: residual adds, biases, rotary (cos/sin are shared tables) and the row-parallel outputs
+    keep nothing; there is no dropout.
+  recompute 'selective': as 'none' without the two norm outputs (recomputed from the norm inputs inside
+    the column-parallel backward), without the activation output (recomputed from its input inside the
+    row-parallel backward), and the attention core (rotary + SDPA) is checkpointed: its input, the qkv GEMM
+    output (q_width + 2 kv_width)/t, is kept instead of q, k, v and the log-sum-exp.
+    BERT is post-norm: its norm outputs are the residual stream itself, so there is nothing to drop there.
+  recompute 'full': only the layer input h/t (torch.utils.checkpoint of the whole layer).
+Head stage: the final norm input h/t, its output h/t (sequence-sharded), and the fp32 softmax of the
+logits over the full sequence, V/t floats per token (vocab-parallel cross-entropy), plus int64 targets.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from planner.model import ModelSpec
+from runtime.attention import apply_rotary, attention, rotary_tables
+from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
+                                     group_rank, group_size, local_shard, vocab_parallel_cross_entropy)
+
+IGNORE_INDEX = -100
+
+
+class Norm(nn.Module):
+    """LayerNorm with bias (GPT, BERT) or RMSNorm (Llama). Replicated over TP, applied to sequence shards."""
+
+    def __init__(self, spec: ModelSpec, eps: float | None = None):
+        super().__init__()
+        self.rms = not spec.has_bias
+        self.eps = eps if eps is not None else (1e-5 if spec.family != "bert" else 1e-12)
+        self.weight = _tp_param((spec.hidden,), None, init=("ones",), sequence_parallel=True)
+        self.bias = None if self.rms else _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)
+
+    def forward(self, x):
+        if self.rms:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class Embedding(nn.Module):
+    """Token embedding (vocab-parallel), learned positions (GPT, BERT), token types and norm (BERT)."""
+
+    def __init__(self, spec: ModelSpec, groups):
+        super().__init__()
+        self.spec, self.tp = spec, groups.tp
+        self.word = VocabParallelEmbedding(spec.vocab_size, spec.hidden, groups.tp)
+        self.position = _tp_param((spec.max_seq_len, spec.hidden), None, sequence_parallel=True) \
+            if spec.learned_positions else None
+        self.token_type = _tp_param((2, spec.hidden), None, sequence_parallel=True) if spec.family == "bert" else None
+        self.norm = Norm(spec) if spec.family == "bert" else None
+
+    def forward(self, tokens, positions, token_types=None):
+        """tokens, token_types [s, b]; positions [s] -> [s/t, b, h]."""
+        x = self.word(tokens)
+        t, r = group_size(self.tp), group_rank(self.tp)
+        if self.position is not None:
+            x = x + self.position[positions.chunk(t)[r]].unsqueeze(1)
+        if self.token_type is not None and token_types is not None:
+            x = x + self.token_type[token_types.chunk(t)[r]]
+        return self.norm(x) if self.norm is not None else x
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, groups, overlap: bool):
+        super().__init__()
+        t = group_size(groups.tp)
+        self.spec, self.groups = spec, groups
+        self.heads, self.kv_heads, self.d = spec.num_heads // t, spec.num_kv_heads // t, spec.head_dim
+        self.qkv = ColumnParallelLinear(spec.hidden, [spec.q_width, spec.kv_width, spec.kv_width], spec.has_bias,
+                                        groups.tp, overlap)
+        self.proj = RowParallelLinear(spec.q_width, spec.hidden, spec.has_bias, groups.tp,
+                                      std=0.02 / math.sqrt(2 * spec.num_layers))
+
+    def core(self, qkv, cos, sin):
+        """qkv [s, b, (heads + 2 kv_heads) d] -> attention output [s, b, heads d] (rotary + SDPA)."""
+        s, b, _ = qkv.shape
+        q, k, v = qkv.split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], dim=-1)
+        q = q.view(s, b, self.heads, self.d).permute(1, 2, 0, 3)
+        k = k.view(s, b, self.kv_heads, self.d).permute(1, 2, 0, 3)
+        v = v.view(s, b, self.kv_heads, self.d).permute(1, 2, 0, 3)
+        if cos is not None:  # q, k become new tensors; copy v too so the qkv GEMM output is not kept alive
+            q, k, v = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.contiguous()
+        o = attention(q, k, v, self.spec.causal, self.groups)
+        return o.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.d)
+
+    def forward(self, x, norm, rope, selective: bool):
+        """x: [s/t, b, h] (the norm input for pre-norm models; norm is None for BERT's post-norm)."""
+        cos, sin = rope if rope is not None else (None, None)
+        if norm is None:
+            qkv = self.qkv(x)
+        elif selective:
+            qkv = self.qkv(norm(x), recompute=(norm, x))
+        else:
+            qkv = self.qkv(norm(x))
+        if selective:
+            o = checkpoint(self.core, qkv, cos, sin, use_reentrant=False)
+        else:
+            o = self.core(qkv, cos, sin)
+        return self.proj(o)
+
+
+def swiglu(x):
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    """silu(gate) * up keeping only its input (autograd's composite would also keep silu(gate) and up)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return swiglu(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        gate, up = x.float().chunk(2, dim=-1)
+        g = g.float()
+        sig = torch.sigmoid(gate)
+        d_gate = g * up * sig * (1 + gate * (1 - sig))
+        d_up = g * gate * sig
+        return torch.cat([d_gate, d_up], dim=-1).to(x.dtype)
+
+
+def gelu(x):
+    return F.gelu(x, approximate="tanh")
+
+
+class MLP(nn.Module):
+    """GELU (tanh) MLP or SwiGLU. Interface shared with MoE: forward(x, norm, selective) -> [s/t, b, h]."""
+
+    def __init__(self, spec: ModelSpec, groups, overlap: bool):
+        super().__init__()
+        f = spec.ffn_hidden
+        self.act = _SwiGLUFn.apply if spec.gated_mlp else gelu
+        self.fc1 = ColumnParallelLinear(spec.hidden, [f, f] if spec.gated_mlp else [f], spec.has_bias, groups.tp,
+                                        overlap)
+        self.fc2 = RowParallelLinear(f, spec.hidden, spec.has_bias, groups.tp, std=0.02 / math.sqrt(2 * spec.num_layers))
+
+    def forward(self, x, norm, selective: bool):
+        if norm is None:
+            a = self.fc1(x)
+        else:
+            a = self.fc1(norm(x), recompute=(norm, x) if selective else None)
+        y = self.act(a)
+        return self.fc2(y, recompute=(self.act, a) if selective else None)
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, groups, recompute: str, overlap: bool = True):
+        super().__init__()
+        assert recompute in ("none", "selective", "full")
+        self.recompute, self.post_norm = recompute, spec.family == "bert"
+        self.attn_norm = Norm(spec)
+        self.attn = Attention(spec, groups, overlap)
+        self.mlp_norm = Norm(spec)
+        if spec.is_moe:
+            from runtime.parallel.expert import MoEMLP  # written with expert parallelism
+            self.mlp = MoEMLP(spec, groups)
+        else:
+            self.mlp = MLP(spec, groups, overlap)
+
+    def _forward(self, x, rope):
+        sel = self.recompute == "selective"
+        if self.post_norm:  # BERT: x = LN(x + attn(x)); x = LN(x + mlp(x))
+            x = self.attn_norm(x + self.attn(x, None, rope, sel))
+            return self.mlp_norm(x + self.mlp(x, None, sel))
+        x = x + self.attn(x, self.attn_norm, rope, sel)
+        return x + self.mlp(x, self.mlp_norm, sel)
+
+    def forward(self, x, rope=None):
+        if self.recompute == "full":
+            return checkpoint(self._forward, x, rope, use_reentrant=False)
+        return self._forward(x, rope)
+
+
+class Head(nn.Module):
+    """Decoders: final norm + output projection (vocab-parallel, tied or not) + vocab-parallel CE.
+    BERT: dense + GELU + LayerNorm + tied decoder with its own bias, CE on masked positions only."""
+
+    def __init__(self, spec: ModelSpec, groups, overlap: bool, own_tied_copy: bool):
+        super().__init__()
+        self.spec, self.tp = spec, groups.tp
+        t = group_size(groups.tp)
+        v = spec.vocab_size
+        if spec.family == "bert":
+            self.dense = _tp_param((spec.hidden, spec.hidden), None, sequence_parallel=True)
+            self.dense_bias = _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)
+            self.decoder_bias = _tp_param((v // t,), 0, [v], init=("zeros",))
+        self.norm = Norm(spec)
+        # the output layer; tied models use the embedding's weight (passed in), or a copy on a later
+        # pipeline stage (the pipeline all-reduces its gradient with the first stage's).
+        self.output = ColumnParallelLinear(spec.hidden, [v], False, groups.tp, overlap)
+        if spec.tie_embeddings:
+            del self.output.weight
+            self.output.weight = None
+            if own_tied_copy:
+                self.word_weight = _tp_param((v // t, spec.hidden), 0, [v])
+                self.word_weight.logical_name = "embedding.word.weight"
+                self.word_weight.tied_copy = True
+
+    def forward(self, x, labels, tied_weight=None):
+        """x [s/t, b, h], labels [s, b] -> (sum of per-token losses (fp32), number of labelled tokens)."""
+        if self.spec.family == "bert":
+            x = self.norm(gelu(F.linear(x, self.dense, self.dense_bias)))
+        else:
+            x = self.norm(x)
+        w = self.output.weight
+        if w is None:
+            w = tied_weight if tied_weight is not None else self.word_weight
+        logits = self.output(x, weight=w)
+        if self.spec.family == "bert":
+            logits = logits + self.decoder_bias
+        s, b, vl = logits.shape
+        losses = vocab_parallel_cross_entropy(logits.reshape(s * b, vl), labels.reshape(-1), self.tp, IGNORE_INDEX)
+        return losses.sum(), (labels != IGNORE_INDEX).sum()
+
+
+class Stage(nn.Module):
+    """(optional embedding) + layers[start:end] + (optional head). Layers are keyed by their global
+    index, so parameter names are the same under every pipeline split (checkpoints rely on it)."""
+
+    def __init__(self, spec: ModelSpec, groups, layer_start: int, layer_end: int, has_embedding: bool,
+                 has_head: bool, layer_modes: list[str], overlap: bool = True):
+        super().__init__()
+        assert len(layer_modes) == layer_end - layer_start, "one recompute mode per layer"
+        self.spec, self.groups = spec, groups
+        self.layer_start, self.layer_end = layer_start, layer_end
+        self.embedding = Embedding(spec, groups) if has_embedding else None
+        self.layers = nn.ModuleDict({str(i): TransformerLayer(spec, groups, m, overlap)
+                                     for i, m in zip(range(layer_start, layer_end), layer_modes)})
+        own_copy = spec.tie_embeddings and has_head and not has_embedding
+        self.head = Head(spec, groups, overlap, own_copy) if has_head else None
+
+    def forward(self, inputs, positions=None, token_types=None, labels=None):
+        """inputs: tokens [b, s] on the first stage, else hidden [s/t, b, h] from the previous stage.
+        positions [s] (global positions of this rank's tokens; context parallelism reorders them).
+        Returns hidden [s/t, b, h], or on the last stage (loss sum fp32, labelled-token count)."""
+        if self.embedding is not None:
+            tokens = inputs.t()
+            s = tokens.shape[0]
+            if positions is None:
+                positions = torch.arange(s, device=tokens.device)
+            x = self.embedding(tokens, positions, token_types.t() if token_types is not None else None)
+        else:
+            x = inputs
+            if positions is None:
+                positions = torch.arange(x.shape[0] * group_size(self.groups.tp), device=x.device)
+        rope = rotary_tables(positions, self.spec.head_dim) if not self.spec.learned_positions else None
+        for layer in self.layers.values():
+            x = layer(x, rope)
+        if self.head is None:
+            return x
+        tied = self.embedding.word.weight if (self.spec.tie_embeddings and self.embedding is not None) else None
+        return self.head(x, labels.t(), tied)
+
+
+def build_stage(spec: ModelSpec, groups, layer_start: int, layer_end: int, has_embedding: bool, has_head: bool,
+                layer_modes: list[str] | None = None, overlap: bool = True, device="cpu", seed: int = 1234,
+                compile: bool = False) -> Stage:
+    """Build a stage on `device` in fp32 and initialise it exactly as the TP1 model would be (every logical
+    tensor is drawn from a generator seeded by its name, then sliced to this rank's shard).
+    compile=True compiles each layer in place with torch.compile (names unchanged; opt-in, as torchtitan)."""
+    modes = layer_modes or ["none"] * (layer_end - layer_start)
+    with torch.device(device):  # uninitialised storage; init_weights fills every tensor
+        stage = Stage(spec, groups, layer_start, layer_end, has_embedding, has_head, modes, overlap)
+    if torch.device(device).type != "meta":  # meta: shapes only (parameter counts, memory estimates)
+        init_weights(stage, groups, seed)
+    if compile:
+        for layer in stage.layers.values():
+            layer.compile()
+    return stage
+
+
+def build_model(spec: ModelSpec, groups, layer_modes=None, **kw) -> Stage:
+    return build_stage(spec, groups, 0, spec.num_layers, True, True, layer_modes, **kw)
+
+
+def logical_name(name: str, p) -> str:
+    return getattr(p, "logical_name", name)
+
+
+@torch.no_grad()
+def init_weights(stage: nn.Module, groups, seed: int = 1234):
+    t, r = group_size(groups.tp), group_rank(groups.tp)
+    for name, p in stage.named_parameters():
+        kind = p.init
+        full_shape = list(p.shape)
+        if p.tp_dim is not None:
+            full_shape[p.tp_dim] *= t
+        if kind[0] == "ones":
+            p.fill_(1.0)
+        elif kind[0] == "zeros":
+            p.zero_()
+        else:
+            g = torch.Generator(device=p.device).manual_seed(seed + zlib.crc32(logical_name(name, p).encode()))
+            full = torch.empty(full_shape, device=p.device).normal_(0.0, kind[1], generator=g)
+            p.copy_(local_shard(full, p.tp_dim, p.tp_parts, r, t))

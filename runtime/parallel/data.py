@@ -1,0 +1,516 @@
+"""Data parallelism over the dp*cp group, at the planner's four sharding levels, with AdamW.
+
+  none             every rank keeps fp32 master weights, Adam m and v; gradients all-reduced (DDP)
+  optimizer        the distributed optimizer (ZeRO-1): master, m, v sharded over dp*cp; gradients
+                   reduce-scattered; updated parameters all-gathered after the step
+  optimizer+grads  ZeRO-2: also the accumulated fp32 gradient is sharded; each bucket's full-size fp32
+                   gradient lives only until its reduce-scatter is done (so it reduce-scatters after every
+                   micro-batch, as DeepSpeed ZeRO-2 does: there is no full gradient to accumulate into)
+  full             FSDP2 (`torch.distributed.fsdp.fully_shard`, PyTorch's): parameters too, gathered per
+                   layer ahead of use and freed after
+
+Ours for the first three (as Megatron-Core's DistributedDataParallel + DistributedOptimizer): the model's
+parameters (bf16 on GPU) are views into one flat buffer per reduction group, split into buckets in
+backward order. A post-accumulate-grad hook adds each parameter's gradient into an fp32 main-grad buffer
+(fp32 accumulation over micro-batches) and frees the low-precision one; when the last micro-batch has
+filled a bucket, its reduction is launched asynchronously while backward continues. After the step,
+parameter all-gathers are launched for every bucket and each module's forward pre-hook waits only for the
+buckets of its own parameters, so the gather overlaps the next forward.
+
+Memory per parameter (what the planner counts): compute-dtype weight (2 B bf16) + fp32 grad (4 B; /n for
+optimizer+grads, plus the in-flight buckets) + fp32 master (4 B, /n when sharded) + Adam m, v (8 B, /n).
+Loss convention: each micro-batch loss is a sum divided by the labelled tokens of the global batch, so
+gradients are SUMMED (not averaged) over dp*cp.
+Sequence-parallel parameters (p.sequence_parallel) get their partial gradients all-reduced over TP first.
+Expert parameters (p.expert, MoE) reduce over the expert-data-parallel group in a buffer of their own.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from runtime.parallel.tensor import group_rank, group_size, param_meta, restore_param_meta
+
+_ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class AdamConfig:
+    def __init__(self, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, grad_clip=1.0):
+        self.lr, self.betas, self.eps, self.weight_decay, self.grad_clip = lr, betas, eps, weight_decay, grad_clip
+
+
+def _adam_(master, grad, m, v, step, lr, cfg: AdamConfig, decay_segments):
+    """AdamW (decoupled weight decay on the given [a, z) segments), in place on flat fp32 shards."""
+    b1, b2 = cfg.betas
+    m.lerp_(grad, 1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    denom = (v.sqrt() / math.sqrt(1 - b2 ** step)).add_(cfg.eps)
+    if cfg.weight_decay:
+        for a, z in decay_segments:
+            master[a:z].mul_(1 - lr * cfg.weight_decay)
+    master.addcdiv_(m, denom, value=-lr / (1 - b1 ** step))
+
+
+def _add_segment(segs: list, a: int, z: int) -> None:
+    if segs and segs[-1][1] == a:
+        segs[-1] = (segs[-1][0], z)
+    else:
+        segs.append((a, z))
+
+
+class _Bucket:
+    def __init__(self, index, start, end, params):
+        self.index, self.start, self.end, self.params = index, start, end, params
+        self.pending = len(params)
+        self.work = None
+        self.full = None  # ZeRO-2: this micro-batch's full fp32 gradient of the bucket
+        self.out = None   # reduce-scatter output
+
+    @property
+    def size(self):
+        return self.end - self.start
+
+
+class _Buffer:
+    """One reduction group's flat parameter / gradient / optimizer storage."""
+
+    def __init__(self, named, group, sharding, tp_group, device, bucket_elems, compute_dtype):
+        self.group, self.sharding, self.tp_group = group, sharding, tp_group
+        n = group_size(group)
+        self.n = n if sharding != "none" else 1  # shards of master / Adam state
+        self.r = group_rank(group) if sharding != "none" else 0
+        self.params = [p for _, p in reversed(named)]  # backward order, roughly
+        self.offset, self.bucket_of, self.buckets = {}, {}, []
+        start = pos = 0
+        current = []
+        align = max(n, 1) * 64
+        for i, p in enumerate(self.params):
+            self.offset[p] = pos
+            pos += p.numel()
+            current.append(p)
+            if pos - start >= bucket_elems or i == len(self.params) - 1:
+                end = start + math.ceil((pos - start) / align) * align
+                b = _Bucket(len(self.buckets), start, end, current)
+                self.buckets.append(b)
+                for q in current:
+                    self.bucket_of[q] = b
+                start = pos = end
+                current = []
+        self.total = pos
+        fp32 = torch.zeros(self.total, dtype=torch.float32, device=device)  # initial master values
+        for p in self.params:
+            fp32[self.offset[p]:self.offset[p] + p.numel()].copy_(p.data.reshape(-1))
+        self.param_data = fp32.to(compute_dtype)
+        for p in self.params:
+            o = self.offset[p]
+            p.data = self.param_data[o:o + p.numel()].view_as(p)
+        zero2 = sharding == "optimizer+grads"
+        self.main_grad = None if zero2 else torch.zeros(self.total, dtype=torch.float32, device=device)
+        # per bucket: this rank's shard [lo, hi) in buffer coordinates, and its optimizer tensors
+        tp_rank = group_rank(tp_group)
+        self.shard, self.master, self.m, self.v, self.grad_shard, self.decay, self.counted = [], [], [], [], [], [], []
+        for b in self.buckets:
+            size = b.size // self.n
+            lo = b.start + self.r * size
+            self.shard.append((lo, lo + size))
+            self.master.append(fp32[lo:lo + size].clone())
+            self.m.append(torch.zeros(size, device=device))
+            self.v.append(torch.zeros(size, device=device))
+            self.grad_shard.append(torch.zeros(size, device=device) if zero2 else None)
+            # segments [a, z) of the shard (no per-element masks: they would cost memory per parameter)
+            decay, counted = [], []
+            for p in b.params:
+                a, z = max(self.offset[p], lo), min(self.offset[p] + p.numel(), lo + size)
+                if a < z:
+                    if p.dim() >= 2:
+                        _add_segment(decay, a - lo, z - lo)
+                    # replicated-over-TP parameters count once in the gradient norm
+                    # (a tied embedding copy on the last pipeline stage counts on the first stage only)
+                    if (p.tp_dim is not None or tp_rank == 0) and not getattr(p, "tied_copy", False):
+                        _add_segment(counted, a - lo, z - lo)
+            self.decay.append(decay)
+            self.counted.append(counted)
+
+    def grad_view(self, p):
+        o = self.offset[p]
+        if self.main_grad is not None:
+            return self.main_grad[o:o + p.numel()]
+        b = self.bucket_of[p]
+        if b.full is None:
+            b.full = torch.zeros(b.size, dtype=torch.float32, device=self.param_data.device)
+        return b.full[o - b.start:o - b.start + p.numel()]
+
+    def shard_grad(self, i):
+        if self.grad_shard[i] is not None:
+            return self.grad_shard[i]
+        lo, hi = self.shard[i]
+        return self.main_grad[lo:hi]
+
+
+class DistributedOptimizer:
+    """AdamW over flat buffers with sharding 'none', 'optimizer' or 'optimizer+grads' (see module doc).
+
+    Per step:  zero_grad(); for each micro-batch: begin_micro_batch(last); loss.backward();
+               finish_grads(); norm = clip_grad_norm(); step(lr)."""
+
+    def __init__(self, modules: list[nn.Module], groups, sharding: str, cfg: AdamConfig | None = None,
+                 compute_dtype=torch.float32, bucket_elems: int = 40_000_000, overlap: bool = True):
+        assert sharding in ("none", "optimizer", "optimizer+grads")
+        self.groups, self.sharding, self.cfg, self.overlap = groups, sharding, cfg or AdamConfig(), overlap
+        self.compute_dtype = compute_dtype
+        self.modules = modules
+        named, seen = [], set()
+        for mod in modules:
+            for name, p in mod.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    named.append((name, p))
+        self.names = {p: n for n, p in named}
+        device = named[0][1].device
+        dense = [(n, p) for n, p in named if not getattr(p, "expert", False)]
+        expert = [(n, p) for n, p in named if getattr(p, "expert", False)]
+        self.buffers = [_Buffer(dense, groups.dp_cp, sharding, groups.tp, device, bucket_elems, compute_dtype)]
+        if expert:
+            self.buffers.append(_Buffer(expert, groups.expert_dp, sharding, groups.tp, device, bucket_elems, compute_dtype))
+        self.buffer_of = {p: buf for buf in self.buffers for p in buf.params}
+        self.sync = True
+        self.inflight: list[tuple[_Buffer, _Bucket]] = []
+        self.pending_gathers: dict[int, tuple] = {}
+        self.step_count = 0
+        for buf in self.buffers:
+            for p in buf.params:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+        self._hooks = [m.register_forward_pre_hook(self._wait_params_of) for mod in modules for m in mod.modules()
+                       if any(True for _ in m.parameters(recurse=False))]
+
+    # -- gradients ---------------------------------------------------------------------------------
+    def zero_grad(self):
+        for buf in self.buffers:
+            if buf.main_grad is not None:
+                buf.main_grad.zero_()
+            for g in buf.grad_shard:
+                if g is not None:
+                    g.zero_()
+
+    def begin_micro_batch(self, last: bool):
+        """Gradients of non-last micro-batches only accumulate (ZeRO-2 reduces every micro-batch)."""
+        self.sync = last or self.sharding == "optimizer+grads"
+        while self.inflight:  # ZeRO-2: the previous micro-batch's last buckets are reused from here on
+            self._complete_oldest()
+        for buf in self.buffers:
+            for b in buf.buckets:
+                b.pending = len(b.params)
+
+    def _on_grad(self, p):
+        buf = self.buffer_of[p]
+        dst = buf.grad_view(p)
+        dst.add_(p.grad.reshape(-1))
+        p.grad = None
+        if not self.sync:
+            return
+        if getattr(p, "sequence_parallel", False) and group_size(self.groups.tp) > 1:
+            dist.all_reduce(dst, group=self.groups.tp)
+        b = buf.bucket_of[p]
+        b.pending -= 1
+        if b.pending == 0:
+            self._launch(buf, b)
+
+    def _launch(self, buf: _Buffer, b: _Bucket):
+        b.pending = -1  # launched
+        n = group_size(buf.group)
+        if n > 1:
+            if self.sharding == "none":
+                b.work = dist.all_reduce(buf.main_grad[b.start:b.end], group=buf.group, async_op=True)
+            else:
+                src = b.full if b.full is not None else buf.main_grad[b.start:b.end]
+                b.out = torch.empty(b.size // n, dtype=torch.float32, device=src.device)
+                b.work = _rs(b.out, src, group=buf.group, async_op=True)
+        self.inflight.append((buf, b))
+        if not self.overlap:
+            self._complete_oldest()
+        elif buf.main_grad is None:  # ZeRO-2: bound the full-size buckets alive at once
+            while len(self.inflight) > 2:
+                self._complete_oldest()
+
+    def _complete_oldest(self):
+        buf, b = self.inflight.pop(0)
+        if b.work is not None:
+            b.work.wait()
+        b.work = None
+        i = b.index
+        if b.full is not None:   # ZeRO-2: accumulate the reduced shard, free the full bucket
+            buf.grad_shard[i].add_(b.out if b.out is not None else b.full)
+            b.full = None
+        elif b.out is not None:  # ZeRO-1: the reduced shard goes back into the main-grad buffer
+            lo, hi = buf.shard[i]
+            buf.main_grad[lo:hi].copy_(b.out)
+        b.out = None
+
+    def finish_grads(self):
+        """After backward: launch buckets whose parameters got no gradient, wait for every reduction."""
+        if self.sync:
+            for buf in self.buffers:
+                for b in buf.buckets:
+                    if b.pending > 0:
+                        for p in b.params:
+                            if getattr(p, "sequence_parallel", False) and group_size(self.groups.tp) > 1 \
+                                    and p.grad is None and b.pending > 0:
+                                dist.all_reduce(buf.grad_view(p), group=self.groups.tp)
+                        self._launch(buf, b)
+        while self.inflight:
+            self._complete_oldest()
+
+    # -- optimizer step ------------------------------------------------------------------------------
+    def clip_grad_norm(self, max_norm: float | None = None) -> float:
+        """Global gradient norm over all ranks (TP-replicated parameters counted once); scale if above."""
+        max_norm = self.cfg.grad_clip if max_norm is None else max_norm
+        dev = self.buffers[0].param_data.device
+        total = torch.zeros((), dtype=torch.float32, device=dev)
+        for k, buf in enumerate(self.buffers):
+            sq = torch.zeros((), dtype=torch.float32, device=dev)
+            for i in range(len(buf.buckets)):
+                g = buf.shard_grad(i)
+                for a, z in buf.counted[i]:
+                    sq += torch.linalg.vector_norm(g[a:z], dtype=torch.float32) ** 2
+            if buf.n > 1:
+                dist.all_reduce(sq, group=buf.group)
+            if k > 0 and group_size(self.groups.ep) > 1:
+                dist.all_reduce(sq, group=self.groups.ep)
+            total += sq
+        for g in (self.groups.tp, self.groups.pp):
+            if group_size(g) > 1:
+                dist.all_reduce(total, group=g)
+        norm = float(total.sqrt())
+        if max_norm and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for buf in self.buffers:
+                for i in range(len(buf.buckets)):
+                    buf.shard_grad(i).mul_(scale)
+        return norm
+
+    @torch.no_grad()
+    def step(self, lr: float | None = None):
+        lr = self.cfg.lr if lr is None else lr
+        self.step_count += 1
+        for buf in self.buffers:
+            for i, b in enumerate(buf.buckets):
+                _adam_(buf.master[i], buf.shard_grad(i), buf.m[i], buf.v[i], self.step_count, lr, self.cfg,
+                       buf.decay[i])
+                lo, hi = buf.shard[i]
+                buf.param_data[lo:hi].copy_(buf.master[i])
+        self._gather_params()
+
+    def _gather_params(self):
+        """ZeRO-1/2: all-gather updated parameters, forward-order, waited for by module pre-hooks."""
+        for buf in self.buffers:
+            if buf.n == 1 or group_size(buf.group) == 1:
+                continue
+            for i in reversed(range(len(buf.buckets))):
+                b = buf.buckets[i]
+                lo, hi = buf.shard[i]
+                work = _ag(buf.param_data[b.start:b.end], buf.param_data[lo:hi].clone(), group=buf.group,
+                           async_op=True)
+                if self.overlap:
+                    self.pending_gathers[id(b)] = work
+                else:
+                    work.wait()
+
+    def _wait_params_of(self, module, args):
+        if not self.pending_gathers:
+            return
+        for p in module.parameters(recurse=False):
+            buf = self.buffer_of.get(p)
+            if buf is not None:
+                work = self.pending_gathers.pop(id(buf.bucket_of[p]), None)
+                if work is not None:
+                    work.wait()
+
+    def wait_params(self):
+        for work in self.pending_gathers.values():
+            work.wait()
+        self.pending_gathers.clear()
+
+    def named_params(self):
+        return [(self.names[p], p) for buf in self.buffers for p in buf.params]
+
+    @torch.no_grad()
+    def full_local_grads(self) -> dict:
+        """name -> TP-local fp32 gradient summed over dp*cp (after finish_grads; tests, debugging)."""
+        out = {}
+        for buf in self.buffers:
+            for i, b in enumerate(buf.buckets):
+                g = buf.shard_grad(i)
+                if buf.n > 1:
+                    full = torch.empty(b.size, dtype=torch.float32, device=g.device)
+                    _ag(full, g.contiguous(), group=buf.group)
+                else:
+                    full = g
+                for p in b.params:
+                    o = buf.offset[p] - b.start
+                    out[self.names[p]] = full[o:o + p.numel()].view(p.shape).clone()
+        return out
+
+    # -- logical state for checkpoints ---------------------------------------------------------------
+    @torch.no_grad()
+    def full_local_state(self):
+        """Yield (name, param, {'master','exp_avg','exp_avg_sq'}) with TP-local, dp-unsharded fp32 tensors."""
+        self.wait_params()
+        for buf in self.buffers:
+            for i, b in enumerate(buf.buckets):
+                full = {}
+                for key, shards in (("master", buf.master), ("exp_avg", buf.m), ("exp_avg_sq", buf.v)):
+                    if buf.n > 1:
+                        t = torch.empty(b.size, dtype=torch.float32, device=shards[i].device)
+                        _ag(t, shards[i].contiguous(), group=buf.group)
+                    else:
+                        t = shards[i]
+                    full[key] = t
+                for p in b.params:
+                    o = buf.offset[p] - b.start
+                    yield self.names[p], p, {k: t[o:o + p.numel()].view(p.shape) for k, t in full.items()}
+
+    @torch.no_grad()
+    def load_full_local_state(self, states: dict, step_count: int):
+        """states: name -> {'master','exp_avg','exp_avg_sq'} TP-local fp32 tensors (dp-unsharded)."""
+        self.wait_params()
+        self.step_count = step_count
+        for buf in self.buffers:
+            for i, b in enumerate(buf.buckets):
+                lo, hi = buf.shard[i]
+                for p in b.params:
+                    st = states[self.names[p]]
+                    o = buf.offset[p]
+                    p.data.copy_(st["master"])
+                    a, z = max(o, lo), min(o + p.numel(), hi)
+                    if a < z:
+                        for key, shards in (("master", buf.master), ("exp_avg", buf.m), ("exp_avg_sq", buf.v)):
+                            shards[i][a - lo:z - lo].copy_(st[key].reshape(-1)[a - o:z - o])
+
+
+class FullyShardedOptimizer:
+    """sharding 'full': FSDP2 over dp*cp (each layer its own unit, embedding + head in the root unit) and
+    torch's AdamW on the sharded fp32 parameters (which are the master weights). Same interface as
+    DistributedOptimizer. TP shards are plain local tensors to FSDP, so it shards each TP shard further."""
+
+    def __init__(self, modules: list[nn.Module], groups, cfg: AdamConfig | None = None,
+                 compute_dtype=torch.float32, overlap: bool = True):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        self.groups, self.cfg = groups, cfg or AdamConfig()
+        self.compute_dtype = compute_dtype
+        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        self.modules = modules
+        metas = [param_meta(mod) for mod in modules]
+        for mod in modules:
+            for layer in getattr(mod, "layers", {}).values():
+                fully_shard(layer, mesh=groups.dp_cp_mesh, mp_policy=mp, reshard_after_forward=True)
+            fully_shard(mod, mesh=groups.dp_cp_mesh, mp_policy=mp, reshard_after_forward=True)
+        for m in [mm for mod in modules for mm in mod.modules() if hasattr(mm, "set_gradient_divide_factor")]:
+            m.set_gradient_divide_factor(1.0)  # our losses are already global means: sum, don't average
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
+        for mod, meta in zip(modules, metas):
+            restore_param_meta(mod, meta)
+        named, seen = [], set()
+        for mod in modules:
+            for n, p in mod.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    named.append((n, p))
+        self.named = named
+        decay = [p for _, p in named if p.dim() >= 2]
+        no_decay = [p for _, p in named if p.dim() < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": self.cfg.weight_decay},
+                                      {"params": no_decay, "weight_decay": 0.0}], lr=self.cfg.lr,
+                                     betas=self.cfg.betas, eps=self.cfg.eps)
+        self.step_count = 0
+
+    def zero_grad(self):
+        self.opt.zero_grad(set_to_none=True)
+
+    def begin_micro_batch(self, last: bool):
+        for mod in self.modules:
+            mod.set_requires_gradient_sync(last)
+
+    def finish_grads(self):
+        if group_size(self.groups.tp) > 1:
+            for _, p in self.named:
+                if getattr(p, "sequence_parallel", False) and p.grad is not None:
+                    dist.all_reduce(p.grad.to_local(), group=self.groups.tp)
+
+    def clip_grad_norm(self, max_norm: float | None = None) -> float:
+        max_norm = self.cfg.grad_clip if max_norm is None else max_norm
+        tp_rank = group_rank(self.groups.tp)
+        sq = None
+        for _, p in self.named:
+            if p.grad is None or (p.tp_dim is None and tp_rank != 0) or getattr(p, "tied_copy", False):
+                continue
+            s = p.grad.to_local().float().pow(2).sum()
+            sq = s if sq is None else sq + s
+        dev = self.named[0][1].to_local().device
+        sq = sq if sq is not None else torch.zeros((), device=dev)
+        for g in (self.groups.dp_cp, self.groups.tp, self.groups.pp):
+            if group_size(g) > 1:
+                dist.all_reduce(sq, group=g)
+        norm = float(sq.sqrt())
+        if max_norm and norm > max_norm:
+            for _, p in self.named:
+                if p.grad is not None:
+                    p.grad.to_local().mul_(max_norm / (norm + 1e-6))
+        return norm
+
+    def step(self, lr: float | None = None):
+        for g in self.opt.param_groups:
+            g["lr"] = self.cfg.lr if lr is None else lr
+        self.step_count += 1
+        self.opt.step()
+
+    def wait_params(self):
+        pass
+
+    def named_params(self):
+        return list(self.named)
+
+    @torch.no_grad()
+    def full_local_grads(self) -> dict:
+        return {n: p.grad.full_tensor().float().clone() for n, p in self.named if p.grad is not None}
+
+    @torch.no_grad()
+    def full_local_state(self):
+        for name, p in self.named:
+            st = self.opt.state.get(p, {})
+            out = {"master": p.full_tensor()}
+            for k in ("exp_avg", "exp_avg_sq"):
+                out[k] = st[k].full_tensor() if k in st else torch.zeros_like(out["master"])
+            yield name, p, out
+
+    @torch.no_grad()
+    def load_full_local_state(self, states: dict, step_count: int):
+        n, r = group_size(self.groups.dp_cp), group_rank(self.groups.dp_cp)
+        self.step_count = step_count
+
+        def shard_of(full, like):
+            piece = full.chunk(n, dim=0)[r] if r < len(full.chunk(n, dim=0)) else full[:0]
+            local = like.to_local()
+            out = torch.zeros_like(local)
+            out[:piece.shape[0]].copy_(piece)
+            return out
+
+        for name, p in self.named:
+            st = states[name]
+            p.to_local().copy_(shard_of(st["master"], p))
+            s = self.opt.state[p]
+            s["step"] = torch.tensor(float(step_count))
+            for k in ("exp_avg", "exp_avg_sq"):
+                t = torch.zeros_like(p)
+                t.to_local().copy_(shard_of(st[k], p))
+                s[k] = t
+
+
+def build_optimizer(modules, groups, sharding, cfg=None, compute_dtype=torch.float32, overlap=True,
+                    bucket_elems=40_000_000):
+    if sharding == "full":
+        return FullyShardedOptimizer(modules, groups, cfg, compute_dtype, overlap)
+    return DistributedOptimizer(modules, groups, sharding, cfg, compute_dtype, bucket_elems, overlap)

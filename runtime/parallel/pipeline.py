@@ -1,0 +1,450 @@
+"""Pipeline parallelism: 1F1B and interleaved 1F1B over the plan's (non-uniform) virtual stages.
+
+Stages: virtual stage j (of V = pp * vpp, in model order) lives on pipeline rank j % pp as that rank's
+chunk j // pp; it holds the plan's `StagePlan.layers` consecutive layers with the plan's per-layer
+recompute modes (`StagePlan.layer_modes()`), the embedding when j == 0 and the head + loss when j == V-1
+(`build_pipeline_stages`, on top of runtime.model.build_stage).
+
+Schedule (per pipeline rank, Megatron-LM's order; v = vpp, m micro-batches, m % pp == 0 when v > 1):
+  * v == 1 (1F1B): warm-up of min(pp - r - 1, m) forwards, then steady one-forward-one-backward, then the
+    remaining backwards.
+  * v > 1 (interleaved): the k-th forward runs chunk (k mod pp*v) // pp on micro-batch
+    (k // (pp*v)) * pp + k mod pp, the k-th backward the chunks in reverse order; warm-up of
+    min(2 (pp - r - 1) + (v - 1) pp, m v) forwards (all of them when m == pp), then 1F1B, then cool-down.
+Why our own schedule rather than torch.distributed.pipelining (Schedule1F1B / ScheduleInterleaved1F1B):
+its stages take one tensor in and one out with a loss_fn on the last stage, while ours take tokens on the
+first stage, labels on the last and positions on every stage, and the step needs control it does not give:
+per-stage MoE auxiliary losses backpropagated on their own stage, the tied-embedding gradient summed
+between the first and last stage, and the data-parallel optimizer told, per chunk, which backward is its
+last (so gradient reduction starts while the pipeline still drains), plus the per-action timeline below.
+
+Communication: every activation and gradient moves by point-to-point ops on the pipeline group. The whole
+step is first simulated in unit time (each rank runs its action list in order; an action starts one tick
+after its input was produced), which gives every message a tick. At each tick a rank posts, as one
+`batch_isend_irecv`, the sends of what it produced in that tick and the receives of what its neighbours
+produced in it. Every pair of ranks therefore posts matching batches in the same order (NCCL-safe: no
+send/recv order deadlock even for pp = 2, where both directions share one pair), receives are posted long
+before they are needed and sends right after the producing compute, and a rank waits only on the receive
+an action consumes, so transfers overlap compute on both sides.
+
+Analytic step time (the planner's model, what `analytic_step_time` returns): with t_r the fwd+bwd time of
+one micro-batch on pipeline rank r (all its chunks together), m micro-batches and v virtual stages per rank,
+
+    step = m * max_r t_r + (sum_r t_r - max_r t_r) / v
+
+and bubble fraction = 1 - m * max_r t_r / step. Where the real timeline differs: (1) the model takes
+point-to-point transfers as free and fully hidden; (2) with v > 1 and m == pp every forward is warm-up
+(GPipe order), so peak activation memory is m * v chunks but the time is still the formula's; (3) with
+non-uniform stages the fill and drain are paced by the actual neighbours, not by the mean, so the bubble
+can be up to (pp - 1) * (max_r t_r - mean) / v longer or shorter; (4) forward and backward are not of
+equal length, which the 1F1B order absorbs exactly for v == 1 and up to one chunk's forward for v > 1.
+`measured_bubble_fraction(timelines)` measures the same quantity from the recorded action start/end
+times: 1 - (busy time of the busiest rank) / (span of the step from its first action to its last).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from runtime.parallel.tensor import group_rank, group_size
+
+__all__ = ["build_pipeline_stages", "stage_layer_ranges", "rank_schedule", "simulate", "train_step",
+           "pipeline_train_step", "measured_bubble_fraction", "gather_timeline", "analytic_step_time", "analytic_bubble_fraction",
+           "last_timeline"]
+
+
+# ------------------------------------------------------------------------------------------------
+# stages
+
+def stage_layer_ranges(stage_plans) -> list[tuple[int, int]]:
+    """[start, end) layer range of each virtual stage, in model order."""
+    out, start = [], 0
+    for s in stage_plans:
+        out.append((start, start + s.layers))
+        start += s.layers
+    return out
+
+
+def build_pipeline_stages(spec, groups, stage_plans, overlap: bool = True, device="cpu", seed: int = 1234):
+    """This pipeline rank's Stage modules, one per chunk, in chunk order (virtual stage j = c * pp + rank)."""
+    from runtime.model import build_stage
+    pp, r = groups.layout.pp, groups.pp_rank
+    V = len(stage_plans)
+    if V % pp:
+        raise ValueError(f"{V} virtual stages do not divide over {pp} pipeline ranks")
+    ranges = stage_layer_ranges(stage_plans)
+    stages = []
+    for j in range(r, V, pp):
+        lo, hi = ranges[j]
+        st = build_stage(spec, groups, lo, hi, has_embedding=j == 0, has_head=j == V - 1,
+                         layer_modes=stage_plans[j].layer_modes(), overlap=overlap, device=device, seed=seed)
+        st.virtual_stage = j
+        stages.append(st)
+    return stages
+
+
+# ------------------------------------------------------------------------------------------------
+# the schedule
+
+@dataclass(frozen=True)
+class Action:
+    kind: str   # "F" or "B"
+    chunk: int
+    mb: int
+
+
+def rank_schedule(pp: int, v: int, m: int, rank: int) -> list[Action]:
+    """The ordered forward/backward actions of one pipeline rank (see module docstring)."""
+    if v > 1 and m % pp:
+        raise ValueError(f"interleaved 1F1B needs micro-batches ({m}) divisible by PP {pp}")
+    total = m * v
+
+    def f(k):
+        return Action("F", (k % (pp * v)) // pp, (k // (pp * v)) * pp + k % pp)
+
+    def b(k):
+        return Action("B", v - 1 - (k % (pp * v)) // pp, (k // (pp * v)) * pp + k % pp)
+
+    if v == 1:
+        warm = min(pp - rank - 1, m)
+    elif m == pp:
+        warm = total
+    else:
+        warm = min(2 * (pp - rank - 1) + (v - 1) * pp, total)
+    acts = [f(k) for k in range(warm)]
+    for i in range(total - warm):
+        acts += [f(warm + i), b(i)]
+    acts += [b(k) for k in range(total - warm, total)]
+    return acts
+
+
+def simulate(pp: int, v: int, m: int):
+    """Unit-time execution of every rank's schedule. Returns (ticks, messages):
+    ticks[r] = list of (tick, Action); messages = list of
+    (tick, kind, src_rank, src_chunk, dst_rank, dst_chunk, mb) where
+    kind 'act' carries virtual stage j's output to j+1 and 'grad' carries j's input gradient to j-1."""
+    V = pp * v
+    scheds = [rank_schedule(pp, v, m, r) for r in range(pp)]
+    pos = [0] * pp
+    done = {}  # (kind, j, mb) -> tick
+    ticks = [[] for _ in range(pp)]
+    msgs = []
+    t = 0
+    while any(pos[r] < len(scheds[r]) for r in range(pp)):
+        ran = []
+        for r in range(pp):
+            if pos[r] >= len(scheds[r]):
+                continue
+            a = scheds[r][pos[r]]
+            j = a.chunk * pp + r
+            if a.kind == "F":
+                ready = j == 0 or done.get(("F", j - 1, a.mb), t) < t
+            else:
+                ready = done.get(("F", j, a.mb), t) < t and (j == V - 1 or done.get(("B", j + 1, a.mb), t) < t)
+            if ready:
+                ran.append((r, a, j))
+        if not ran and t > 4 * (len(scheds[0]) + V):
+            raise RuntimeError("pipeline schedule cannot make progress (deadlock in the action order)")
+        for r, a, j in ran:
+            done[(a.kind, j, a.mb)] = t
+            ticks[r].append((t, a))
+            pos[r] += 1
+            if a.kind == "F" and j < V - 1:
+                msgs.append((t, "act", r, a.chunk, (j + 1) % pp, (j + 1) // pp, a.mb))
+            if a.kind == "B" and j > 0:
+                msgs.append((t, "grad", r, a.chunk, (j - 1) % pp, (j - 1) // pp, a.mb))
+        t += 1
+    return ticks, msgs
+
+
+def analytic_step_time(t_r: list[float], m: int, v: int) -> float:
+    """The planner's pipeline model: m * max t_r + (sum t_r - max t_r) / v."""
+    return m * max(t_r) + (sum(t_r) - max(t_r)) / v
+
+
+def analytic_bubble_fraction(t_r: list[float], m: int, v: int) -> float:
+    return 1.0 - m * max(t_r) / analytic_step_time(t_r, m, v)
+
+
+def measured_bubble_fraction(timelines) -> float:
+    """timelines: one list per pipeline rank (or a flat list with a 'rank' field) of records with 'start'
+    and 'end' (seconds on a clock common to the ranks, e.g. relative to a barrier). Returns
+    1 - busiest rank's busy time / (last end - first start over all ranks)."""
+    if timelines and isinstance(timelines[0], dict):
+        per = {}
+        for rec in timelines:
+            per.setdefault(rec["rank"], []).append(rec)
+        timelines = list(per.values())
+    start = min(rec["start"] for tl in timelines for rec in tl)
+    end = max(rec["end"] for tl in timelines for rec in tl)
+    busy = max(sum(rec["end"] - rec["start"] for rec in tl) for tl in timelines)
+    return 1.0 - busy / (end - start)
+
+
+def gather_timeline(groups) -> list[list[dict]]:
+    """Every pipeline rank's `last_timeline` (collective over the pipeline group), ready for
+    `measured_bubble_fraction`. Times share the origin of the barrier at the step's start (on CUDA each
+    rank's clock starts at its own event after that barrier, so cross-rank offsets are within the barrier's skew)."""
+    out = [None] * group_size(groups.pp)
+    dist.all_gather_object(out, list(last_timeline), group=groups.pp)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the step
+
+last_timeline: list[dict] = []
+"""The calling rank's action records of the latest `train_step` (kind, chunk, virtual stage, mb, start,
+end; seconds from the step's start, after a barrier over the pipeline group)."""
+
+_EMB_GROUPS: dict = {}
+
+
+def _embedding_group(groups):
+    """Process group of the two ranks holding the tied word embedding (first and last pipeline rank with
+    the same dp/cp/tp coordinates). Every rank must call this the first time (new_group is collective)."""
+    key = id(groups)
+    if key not in _EMB_GROUPS:
+        lay = groups.layout
+        n = lay.tp * lay.cp * lay.dp
+        mine = None
+        for i in range(n):
+            g = dist.new_group([i, i + (lay.pp - 1) * n])
+            if groups.rank % n == i:
+                mine = g
+        _EMB_GROUPS[key] = mine
+    return _EMB_GROUPS[key]
+
+
+def _tied_params(stages):
+    out = []
+    for st in stages:
+        emb = getattr(st, "embedding", None)
+        if emb is not None and st.spec.tie_embeddings:
+            out.append(emb.word.weight)
+        head = getattr(st, "head", None)
+        if head is not None and getattr(head, "word_weight", None) is not None:
+            out.append(head.word_weight)
+    return out
+
+
+class _Batch:
+    """The requests of one batch_isend_irecv, waited at most once (waiting twice on a completed gloo
+    point-to-point request blocks forever)."""
+
+    def __init__(self, reqs):
+        self.reqs, self.done = reqs, False
+
+    def wait(self):
+        if not self.done:
+            for q in self.reqs:
+                q.wait()
+            self.done = True
+
+
+def _act_dtype(stages, opt):
+    dt = getattr(opt, "compute_dtype", None)
+    if dt is not None:
+        return dt
+    bufs = getattr(opt, "buffers", None)
+    if bufs:
+        return bufs[0].param_data.dtype
+    return next(stages[0].parameters()).dtype
+
+
+class _Clock:
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.t0 = torch.cuda.Event(enable_timing=True)
+            self.t0.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter() - self.t0
+
+    def seconds(self, mark):
+        return self.t0.elapsed_time(mark) / 1e3 if self.cuda else mark
+
+
+def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, record_timeline: bool = True):
+    """One optimizer step with the pipeline schedule (the runtime.step.train_step signature, for pp > 1).
+
+    stages: this rank's chunks in order (build_pipeline_stages); micro_batches: all m micro-batches of
+    this rank (dicts with tokens/labels [b, s], optional positions [s], token_types [b, s]); every
+    pipeline rank gets the same list (only the first stage reads tokens, only the last labels).
+    Returns (global-batch mean loss, same on every rank; gradient norm)."""
+    from runtime.model import IGNORE_INDEX
+    from runtime.parallel.expert import collect_aux_loss
+    from runtime.step import global_label_count
+
+    lay = groups.layout
+    pp, r, v, m = lay.pp, groups.pp_rank, len(stages), len(micro_batches)
+    V = pp * v
+    pg = groups.pp
+    device = micro_batches[0]["tokens"].device
+    dtype = _act_dtype(stages, opt)
+    tp = group_size(groups.tp)
+    dp_cp = group_size(groups.dp_cp)
+    count = global_label_count(micro_batches, groups)
+    ticks, msgs = _schedule_cache(pp, v, m)
+
+    # per tick: the ops this rank posts
+    tick_ops: dict[int, list] = {}
+    for (t, kind, src, schunk, dst, dchunk, mb) in msgs:
+        if src == r:
+            tick_ops.setdefault(t, []).append(("send", kind, dst, schunk, mb))
+        if dst == r:
+            tick_ops.setdefault(t, []).append(("recv", kind, src, dchunk, mb))
+    my_actions = dict(ticks[r])
+    events = sorted(set(my_actions) | set(tick_ops))
+
+    tied = _tied_params(stages) if (pp > 1 and stages[0].spec.tie_embeddings) else []
+    emb_group = _embedding_group(groups) if (pp > 1 and stages[0].spec.tie_embeddings) else None
+    dist_opt = hasattr(opt, "sync")
+    hold_sync = dist_opt and bool(tied)  # reduce tied grads before the DP reduction launches
+    opt.zero_grad()
+    opt.begin_micro_batch(last=True)     # reset bucket counters once; `sync` is then set per backward
+    last_b = {}                          # chunk -> micro-batch of its last backward on this rank
+    for (_, a) in ticks[r]:
+        if a.kind == "B":
+            last_b[a.chunk] = a.mb
+
+    def peer(pp_rank):
+        return dist.get_global_rank(pg, pp_rank)
+
+    seq = micro_batches[0]["tokens"].shape[1]
+    bsz = micro_batches[0]["tokens"].shape[0]
+    act_shape = (seq // tp, bsz, stages[0].spec.hidden)
+
+    recvs = {}        # (kind, chunk, mb) -> (buffer, reqs)
+    outgoing = {}     # (kind, chunk, mb) -> tensor to send (produced by this rank's action)
+    sends = []        # sent tensors, kept alive until their batch completed
+    batches = []
+    saved = {}        # (chunk, mb) -> (input, output, aux)
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    timeline = []
+    if record_timeline:
+        dist.barrier(group=pg)
+    clock = _Clock(device)
+
+    def wait_recv(key):
+        buf, batch = recvs.pop(key)
+        batch.wait()
+        return buf
+
+    for t in events:
+        a = my_actions.get(t)
+        if a is not None:
+            st = stages[a.chunk]
+            j = a.chunk * pp + r
+            mb = micro_batches[a.mb]
+            t0 = clock.mark()
+            if a.kind == "F":
+                if j == 0:
+                    x = mb["tokens"]
+                else:
+                    x = wait_recv(("act", a.chunk, a.mb)).requires_grad_()
+                out = st(x, mb.get("positions"), mb.get("token_types") if j == 0 else None,
+                         mb["labels"] if j == V - 1 else None)
+                aux = collect_aux_loss(st)
+                if j == V - 1:
+                    loss_sum, _ = out
+                    out = loss_sum / count
+                    total += out.detach()
+                else:
+                    outgoing[("act", a.chunk, a.mb)] = out.detach()
+                saved[(a.chunk, a.mb)] = (x if j > 0 else None, out, aux)
+            else:
+                x, out, aux = saved.pop((a.chunk, a.mb))
+                if dist_opt:
+                    opt.sync = (not hold_sync) and last_b[a.chunk] == a.mb
+                elif hasattr(st, "set_requires_gradient_sync"):   # FSDP2
+                    st.set_requires_gradient_sync(last_b[a.chunk] == a.mb)
+                # MoE load-balancing losses of this stage: a mean over micro-batches and dp*cp ranks
+                aux = aux / (m * dp_cp) if aux is not None else None
+                if j == V - 1:
+                    torch.autograd.backward(out + aux if aux is not None else out)
+                else:
+                    g = wait_recv(("grad", a.chunk, a.mb))
+                    if aux is not None:
+                        torch.autograd.backward([out, aux], [g, torch.ones_like(aux)])
+                    else:
+                        torch.autograd.backward(out, g)
+                if j > 0:
+                    outgoing[("grad", a.chunk, a.mb)] = x.grad
+                del x, out, aux
+            if record_timeline:
+                timeline.append(dict(rank=r, kind=a.kind, chunk=a.chunk, stage=j, mb=a.mb, start=t0, end=clock.mark()))
+        ops, new_recvs = [], []
+        for (what, kind, other, chunk, mbi) in tick_ops.get(t, ()):
+            if what == "send":
+                tensor = outgoing.pop((kind, chunk, mbi)).contiguous()
+                ops.append(dist.P2POp(dist.isend, tensor, peer(other), pg))
+                sends.append(tensor)
+            else:
+                buf = torch.empty(act_shape, dtype=dtype, device=device)
+                ops.append(dist.P2POp(dist.irecv, buf, peer(other), pg))
+                new_recvs.append(((kind, chunk, mbi), buf))
+        if ops:
+            batch = _Batch(dist.batch_isend_irecv(ops))
+            for key, buf in new_recvs:
+                recvs[key] = (buf, batch)
+            batches.append(batch)
+    for batch in batches:
+        batch.wait()
+    del sends
+    assert not recvs and not outgoing and not saved, "pipeline schedule left work behind"
+
+    if tied:
+        if hold_sync:
+            for p in tied:
+                dist.all_reduce(opt.buffer_of[p].grad_view(p), group=emb_group)
+            opt.sync = True
+        opt.finish_grads()
+        if not hold_sync:   # FSDP2: the reduced shards of both copies line up (same shape, same dp_cp rank)
+            for p in tied:
+                if p.grad is not None:
+                    g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    dist.all_reduce(g, group=emb_group)
+    else:
+        if dist_opt:
+            opt.sync = True
+        opt.finish_grads()
+
+    if r == pp - 1 and dp_cp > 1:
+        dist.all_reduce(total, group=groups.dp_cp)
+    if r != pp - 1:
+        total.zero_()
+    dist.all_reduce(total, group=pg)
+    if record_timeline:
+        if clock.cuda:
+            torch.cuda.synchronize()
+        for rec in timeline:
+            rec["start"], rec["end"] = clock.seconds(rec["start"]), clock.seconds(rec["end"])
+        last_timeline[:] = timeline
+    if before_step is not None:
+        before_step()
+    norm = opt.clip_grad_norm()
+    opt.step(lr)
+    return float(total), norm
+
+
+pipeline_train_step = train_step
+
+_SCHED: dict = {}
+
+
+def _schedule_cache(pp, v, m):
+    key = (pp, v, m)
+    if key not in _SCHED:
+        _SCHED[key] = simulate(pp, v, m)
+    return _SCHED[key]

@@ -1,0 +1,299 @@
+"""Tensor parallelism with sequence parallelism (Megatron-LM style), written as autograd functions.
+
+Activations between layers are [seq, batch, hidden] and, with TP t > 1, sharded over the sequence
+(each rank holds seq/t rows: sequence parallelism). A column-parallel linear all-gathers the sequence
+before its GEMM; a row-parallel linear reduce-scatters its partial sums back to sequence shards. Backward
+does the mirror collective. With t == 1 every collective is a no-op and the same code runs.
+
+Overlap (Megatron's "async grad all-reduce"/"sequence-parallel overlap"): in the column-parallel backward
+the re-gather of the input (kept sequence-sharded in forward) runs while the input-gradient GEMM runs, and
+the reduce-scatter of the input gradient runs while the weight-gradient GEMM runs (async work handles,
+placed next to the GEMM they overlap). The row-parallel backward's all-gather of the output gradient is
+needed by both of its GEMMs and stays exposed (as in Megatron without Transformer Engine userbuffers).
+
+Parameters carry metadata that checkpoints and tests use to map local shards to logical tensors:
+  p.tp_dim       dimension split over TP ranks (None: replicated)
+  p.tp_parts     logical sizes along tp_dim of the tensors fused into p (qkv, gate/up), each split over TP
+  p.sequence_parallel  replicated parameter applied to sequence-sharded activations: its gradient is a
+                 partial sum per TP rank and must be all-reduced over TP (norms, row-parallel biases,
+                 position / token-type embeddings, BERT's head transform)
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+_ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class _Done:
+    def wait(self):
+        return None
+
+
+def group_size(group) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group) -> int:
+    return 0 if group is None else dist.get_rank(group)
+
+
+def gather_seq(x: torch.Tensor, group, async_op: bool = False):
+    """All-gather along dim 0 (the sequence). Returns (tensor, work)."""
+    t = group_size(group)
+    if t == 1:
+        return x, _Done()
+    out = torch.empty((x.shape[0] * t,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    work = _ag(out, x.contiguous(), group=group, async_op=async_op)
+    return out, (work if async_op else _Done())
+
+
+def reduce_scatter_seq(x: torch.Tensor, group, async_op: bool = False):
+    """Reduce-scatter (sum) along dim 0. Returns (tensor, work)."""
+    t = group_size(group)
+    if t == 1:
+        return x, _Done()
+    assert x.shape[0] % t == 0, f"sequence {x.shape[0]} not divisible by TP {t}"
+    out = torch.empty((x.shape[0] // t,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    work = _rs(out, x.contiguous(), group=group, async_op=async_op)
+    return out, (work if async_op else _Done())
+
+
+class GatherFromSequence(torch.autograd.Function):
+    """Forward all-gather of the sequence, backward reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return gather_seq(x, group)[0]
+
+    @staticmethod
+    def backward(ctx, g):
+        return reduce_scatter_seq(g, ctx.group)[0], None
+
+
+class ReduceScatterToSequence(torch.autograd.Function):
+    """Forward reduce-scatter to sequence shards, backward all-gather."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return reduce_scatter_seq(x, group)[0]
+
+    @staticmethod
+    def backward(ctx, g):
+        return gather_seq(g, ctx.group)[0], None
+
+
+def _recompute(fn, saved):
+    with torch.no_grad():
+        return fn(saved)
+
+
+class _ColumnParallelFn(torch.autograd.Function):
+    """y[s, b, out/t] = gather_seq(x[s/t, b, in]) @ W_local^T (+ b_local).
+
+    Saves the sequence-sharded input (or, for selective recompute, the tensor it is cheaply recomputed
+    from: the norm input), never the gathered one; backward re-gathers it."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, overlap, recompute_fn, recompute_input):
+        x_full, _ = gather_seq(x, group)
+        y = F.linear(x_full, weight, bias)
+        ctx.group, ctx.overlap, ctx.recompute_fn = group, overlap, recompute_fn
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        saved, weight = ctx.saved_tensors
+        x = _recompute(ctx.recompute_fn, saved) if ctx.recompute_fn is not None else saved
+        # (1) re-gather the input while the input-gradient GEMM runs
+        x_full, gather = gather_seq(x, ctx.group, async_op=ctx.overlap)
+        grad_x_full = grad_y.matmul(weight)
+        gather.wait()
+        # (2) reduce-scatter the input gradient while the weight-gradient GEMM runs
+        grad_x, scatter = reduce_scatter_seq(grad_x_full, ctx.group, async_op=ctx.overlap)
+        g2 = grad_y.reshape(-1, grad_y.shape[-1])
+        grad_w = g2.t().matmul(x_full.reshape(-1, x_full.shape[-1]))
+        grad_b = g2.sum(0) if ctx.has_bias else None
+        scatter.wait()
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+class _RowParallelFn(torch.autograd.Function):
+    """y[s/t, b, out] = reduce_scatter_seq(x[s, b, in/t] @ W_local^T). Saves x (or its recompute source)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, group, recompute_fn, recompute_input):
+        y, _ = reduce_scatter_seq(F.linear(x, weight), group)
+        ctx.group, ctx.recompute_fn = group, recompute_fn
+        ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        saved, weight = ctx.saved_tensors
+        x = _recompute(ctx.recompute_fn, saved) if ctx.recompute_fn is not None else saved
+        grad_full, _ = gather_seq(grad_y, ctx.group)  # needed by both GEMMs: exposed
+        grad_x = grad_full.matmul(weight)
+        grad_w = grad_full.reshape(-1, grad_full.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
+        return grad_x, grad_w, None, None, None
+
+
+PARAM_ATTRS = ("tp_dim", "tp_parts", "init", "sequence_parallel", "logical_name", "tied_copy", "expert")
+"""Metadata our parameters carry; wrappers that replace parameters (FSDP2) must copy it over."""
+
+
+def param_meta(module: nn.Module) -> dict:
+    return {n: {a: getattr(p, a) for a in PARAM_ATTRS if hasattr(p, a)} for n, p in module.named_parameters()}
+
+
+def restore_param_meta(module: nn.Module, meta: dict) -> None:
+    for n, p in module.named_parameters():
+        for a, v in meta.get(n, {}).items():
+            setattr(p, a, v)
+
+
+def _tp_param(shape, tp_dim, parts=None, init=("normal", 0.02), sequence_parallel=False):
+    p = nn.Parameter(torch.empty(shape))
+    p.tp_dim, p.tp_parts, p.init, p.sequence_parallel = tp_dim, parts, init, sequence_parallel
+    return p
+
+
+class ColumnParallelLinear(nn.Module):
+    """Output features split over TP. `out_parts` lists fused logical outputs (e.g. q, k, v), each split."""
+
+    def __init__(self, in_features: int, out_parts: list[int], bias: bool, group, overlap: bool = True,
+                 std: float = 0.02):
+        super().__init__()
+        t = group_size(group)
+        assert all(o % t == 0 for o in out_parts), f"outputs {out_parts} not divisible by TP {t}"
+        self.group, self.overlap = group, overlap
+        self.out_local = sum(out_parts) // t
+        self.weight = _tp_param((self.out_local, in_features), 0, list(out_parts), ("normal", std))
+        self.bias = _tp_param((self.out_local,), 0, list(out_parts), ("zeros",)) if bias else None
+
+    def forward(self, x, recompute=None, weight=None):
+        """x: [s/t, b, in]. recompute=(fn, src): x == fn(src); keep src instead of x (selective recompute)."""
+        fn, src = recompute if recompute is not None else (None, None)
+        w = self.weight if weight is None else weight
+        return _ColumnParallelFn.apply(x, w, self.bias, self.group, self.overlap, fn, src)
+
+
+class RowParallelLinear(nn.Module):
+    """Input features split over TP; output reduce-scattered to sequence shards; bias added after."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, group, std: float = 0.02):
+        super().__init__()
+        t = group_size(group)
+        assert in_features % t == 0
+        self.group = group
+        self.weight = _tp_param((out_features, in_features // t), 1, None, ("normal", std))
+        self.bias = _tp_param((out_features,), None, None, ("zeros",), sequence_parallel=True) if bias else None
+
+    def forward(self, x, recompute=None):
+        fn, src = recompute if recompute is not None else (None, None)
+        y = _RowParallelFn.apply(x, self.weight, self.group, fn, src)
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows of the vocabulary split over TP; the lookup of the full sequence gives partial sums that are
+    reduce-scattered to sequence shards (one collective, as Megatron with sequence parallelism)."""
+
+    def __init__(self, vocab: int, hidden: int, group):
+        super().__init__()
+        t = group_size(group)
+        assert vocab % t == 0
+        self.group, self.vocab_local = group, vocab // t
+        self.start = group_rank(group) * self.vocab_local
+        self.weight = _tp_param((self.vocab_local, hidden), 0, [vocab], ("normal", 0.02))
+
+    def forward(self, tokens):  # tokens [s, b] -> [s/t, b, h]
+        if group_size(self.group) == 1:
+            return F.embedding(tokens, self.weight)
+        local = tokens - self.start
+        outside = (local < 0) | (local >= self.vocab_local)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return ReduceScatterToSequence.apply(out, self.group)
+
+
+class _VocabParallelCE(torch.autograd.Function):
+    """Cross-entropy over logits split on the vocabulary, in fp32, numerically stable (global max).
+    Saves the fp32 softmax [N, V/t] (what Megatron saves) plus the target indices."""
+
+    @staticmethod
+    def forward(ctx, logits, target, group, ignore_index):
+        v_local = logits.shape[-1]
+        start = group_rank(group) * v_local
+        m = logits.max(dim=-1).values.float()
+        if group_size(group) > 1:
+            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        # one fp32 [N, V/t] buffer: shifted logits -> exp -> softmax (kept for backward), all in place
+        x = logits.float() - m.unsqueeze(-1)
+        local_t = target - start
+        outside = (local_t < 0) | (local_t >= v_local)
+        local_t = local_t.masked_fill(outside, 0)
+        picked = x.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        exp = x.exp_()
+        sum_exp = exp.sum(-1)
+        if group_size(group) > 1:
+            both = torch.stack([picked, sum_exp])
+            dist.all_reduce(both, group=group)
+            picked, sum_exp = both[0], both[1]
+        valid = target != ignore_index
+        loss = (sum_exp.log() - picked).masked_fill(~valid, 0.0)
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local_t, outside, valid)
+        ctx.in_dtype = logits.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, local_t, outside, valid = ctx.saved_tensors
+        grad = softmax  # reuse the saved buffer (backward runs once)
+        grad.scatter_add_(-1, local_t.unsqueeze(-1), -(~outside).to(grad.dtype).unsqueeze(-1))
+        grad.mul_((grad_loss * valid).unsqueeze(-1))
+        return grad.to(ctx.in_dtype), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits, target, group, ignore_index: int = -100):
+    """Per-token loss (fp32, 0 at ignored targets). logits [N, V/t], target [N] (global vocabulary ids)."""
+    return _VocabParallelCE.apply(logits, target, group, ignore_index)
+
+
+# -- logical <-> local views (checkpoints, tests) --------------------------------------------------
+
+def local_shard(full: torch.Tensor, tp_dim, parts, rank: int, t: int) -> torch.Tensor:
+    """The TP-local piece of a logical tensor."""
+    if tp_dim is None or t == 1:
+        return full
+    parts = parts or [full.shape[tp_dim]]
+    pieces = [p.chunk(t, dim=tp_dim)[rank] for p in full.split(parts, dim=tp_dim)]
+    return torch.cat(pieces, dim=tp_dim)
+
+
+def logical_parts(local: torch.Tensor, tp_dim, parts, t: int) -> list[torch.Tensor]:
+    """Split a TP-local tensor into the local pieces of each fused logical part."""
+    if tp_dim is None:
+        return [local]
+    parts = parts or [local.shape[tp_dim] * t]
+    return list(local.split([p // t for p in parts], dim=tp_dim))
+
+
+def gather_logical(local: torch.Tensor, tp_dim, parts, group) -> torch.Tensor:
+    """All-gather a TP-local tensor into its logical (TP1) form."""
+    t = group_size(group)
+    if tp_dim is None or t == 1:
+        return local
+    pieces = [torch.empty_like(local) for _ in range(t)]
+    dist.all_gather(pieces, local.contiguous(), group=group)
+    per_rank = [logical_parts(p, tp_dim, parts, t) for p in pieces]
+    return torch.cat([torch.cat([r[i] for r in per_rank], dim=tp_dim) for i in range(len(per_rank[0]))], dim=tp_dim)

@@ -1,0 +1,232 @@
+"""Assembles a planner.profile.Profile from the measurements, with full provenance.
+
+Order: collectives first (spawned processes, GPU otherwise idle), then attention, memory-bound kernels,
+optimizer, launch overhead, and last the GEMM grid, which gets whatever remains of the time budget (its
+shapes are ordered coarse to fine, so a cut thins the grid evenly; the cut is recorded).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from planner.errors import PlanError
+from planner.profile import Profile
+from runtime.profiler import collectives as coll
+from runtime.profiler import environment, kernels, modelled, shapes
+
+
+@dataclass
+class Options:
+    device: str = "cuda"
+    gpus: int | None = None
+    """Processes for the collectives (GPUs on CUDA; default all visible GPUs, 2 on CPU)."""
+    quick: bool = False
+    gpu_kind: str | None = None
+    """Planner GPU kind to record (default: from the device name; 'cpu' on CPU)."""
+    budget_s: float | None = None
+    """Wall-clock budget for the whole profile (default 270 s full, 50 s quick on GPU)."""
+    nic_gb_per_s: float = modelled.NIC_GB_PER_S
+    nic_latency_us: float = modelled.NIC_LATENCY_US
+    max_nvlink_group: int = 8
+
+
+class Reporter:
+    """Progress sink; the CLI's rich progress bar implements it. Stages report steps as they finish."""
+
+    def stage(self, name: str, total: int) -> None:  # noqa: D401
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+
+def resolve_device(opts: Options) -> tuple[torch.device, int, str]:
+    """(device for the kernels, processes for the collectives, GPU kind), or a PlanError in one sentence."""
+    if opts.device not in ("cuda", "cpu"):
+        raise PlanError(f"--device must be 'cuda' or 'cpu', not '{opts.device}'")
+    if opts.device == "cuda":
+        if not torch.cuda.is_available():
+            raise PlanError("no CUDA device is visible; run on a GPU machine or pass --device cpu")
+        visible = torch.cuda.device_count()
+        n = visible if opts.gpus is None else opts.gpus
+        if not 1 <= n <= visible:
+            raise PlanError(f"--gpus {n} is not possible: {visible} GPU(s) are visible")
+        kind = opts.gpu_kind or environment.gpu_kind(torch.cuda.get_device_name(0))
+        return torch.device("cuda", 0), n, kind
+    n = 2 if opts.gpus is None else opts.gpus
+    if not 1 <= n <= 16:
+        raise PlanError(f"--gpus {n} is not possible on CPU: use 1 to 16 processes")
+    return torch.device("cpu"), n, opts.gpu_kind or "cpu"
+
+
+def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
+    rep = reporter or Reporter()
+    modelled_ = modelled
+    device, world, kind = resolve_device(opts)
+    cuda = device.type == "cuda"
+    coll.force_env()
+    if not cuda:
+        torch.set_num_threads(1)   # one thread per process: oversubscribed OpenMP stalls for ~10 ms at a time
+    else:
+        torch.cuda.set_device(device)
+    budget = opts.budget_s or ((50.0 if opts.quick else 270.0) if cuda else (40.0 if opts.quick else 120.0))
+    t_start = time.monotonic()
+    deadline = t_start + budget
+    prov = environment.describe(device, world)
+    prov.update({"tool": "plan profile (runtime/profiler)", "mode": "quick" if opts.quick else "full",
+                 "compute_dtype": str(kernels.compute_dtype(device)).replace("torch.", ""),
+                 "environment_forced": dict(coll.FORCED_ENV), "budget_s": budget})
+    parts: list[dict] = []
+    extras: dict = {"stage_seconds": {}}
+    stage_t = time.monotonic()
+
+    def done(name):
+        nonlocal stage_t
+        extras["stage_seconds"][name] = round(time.monotonic() - stage_t, 2)
+        stage_t = time.monotonic()
+
+    # -- collectives --------------------------------------------------------------------------------------
+    link = "nvlink" if cuda else "loopback"
+    fits = []
+    if world >= 2:
+        rep.stage(f"collectives ({world} {'GPUs' if cuda else 'processes'}, {'NCCL' if cuda else 'gloo'})",
+                  coll.steps(world, device.type, opts.quick))
+        raw = coll.measure(device.type, world, opts.quick, progress=rep.advance)
+        fits, fit_errors = coll.fit_points(raw, link)
+        extras["collective_fit_errors"] = fit_errors
+        parts.append({"part": f"collectives/{link}", "status": "measured",
+                      "group_sizes": coll.group_sizes(world), "ops": list(coll.OPS),
+                      "sizes_bytes": [coll.message_sizes(device.type, opts.quick)[0],
+                                      coll.message_sizes(device.type, opts.quick)[-1]],
+                      "how": "torch.distributed in spawned processes; median of repeats of back-to-back batches, "
+                             "slowest rank; bytes = full buffer (nccl-tests busbw convention); fit = "
+                             f"planner.profile.fit_collective over sizes >= {coll.FIT_MIN_BYTES} bytes"})
+        more = modelled_.nvswitch_groups(fits, opts.max_nvlink_group, link)
+        if more:
+            parts.append({"part": f"collectives/{link} groups " + ",".join(sorted({str(f.group_size) for f in more},
+                                                                                 key=int)),
+                          "status": "modelled",
+                          "model": f"bus bandwidth of the largest measured group ({max(f.group_size for f in fits)}),"
+                                   " latency x (n-1)/(n0-1); send_recv copies the measured pair",
+                          "source": "NVSwitch: each GPU drives its own NVLinks, so per-GPU bus bandwidth holds"})
+        fits += more
+        done("collectives")
+    elif cuda:
+        from planner.cluster import GPU_KINDS
+        nv = GPU_KINDS[kind].nvlink_gb_per_s if kind in GPU_KINDS else 450.0
+        fits = modelled_.single_gpu_nvlink(nv, opts.max_nvlink_group)
+        parts.append({"part": "collectives/nvlink", "status": "modelled",
+                      "model": f"datasheet NVLink {nv} GB/s x efficiency {modelled_.NVLINK_EFFICIENCY:.3f}, "
+                               f"latency {modelled_.NVLINK_LATENCY_S * 1e6:.0f} us x (n-1)",
+                      "source": "only one GPU was available; efficiency from ../shared/reference/h200x2-ceilings.jsonl"})
+    if cuda:
+        net = modelled_.network_links(opts.nic_gb_per_s, opts.nic_latency_us)
+        fits += net
+        parts.append({"part": "collectives/network", "status": "modelled",
+                      "model": f"NIC {opts.nic_gb_per_s} GB/s per GPU, {opts.nic_latency_us} us per hop",
+                      "source": modelled_.NIC_SOURCE})
+        extras["network_model"] = {"nic_gb_per_s": opts.nic_gb_per_s, "latency_us": opts.nic_latency_us}
+
+    # -- attention ----------------------------------------------------------------------------------------------
+    att_grid = shapes.attention_grid(device.type, opts.quick)
+    gqa_grid = []
+    if cuda:
+        gqa_grid = [dict(batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128, causal=True)]
+        if not opts.quick:
+            gqa_grid.append(dict(batch=2, heads=32, kv_heads=8, seq=8192, head_dim=128, causal=True))
+    else:
+        gqa_grid = [dict(batch=2, heads=4, kv_heads=2, seq=64, head_dim=16, causal=True)]
+    rep.stage("attention (SDPA fwd+bwd)", len(att_grid) + len(gqa_grid))
+    reps = dict(warmup=2, repeats=5) if cuda else dict(warmup=1, repeats=3)
+    att_points = []
+    for p in att_grid:
+        att_points.append(kernels.time_attention(**p, device=device, **reps))
+        rep.advance()
+    gqa = []
+    for p in gqa_grid:
+        r = kernels.time_attention(**p, device=device, **reps)
+        mha = kernels.time_attention(**{**p, "kv_heads": 0}, device=device, **reps)
+        r["fwd_vs_mha"] = r["fwd_tflops"] / mha["fwd_tflops"]
+        r["bwd_vs_mha"] = r["bwd_tflops"] / mha["bwd_tflops"]
+        gqa.append(r)
+        rep.advance()
+    extras["attention_gqa"] = gqa
+    parts.append({"part": "attention", "status": "measured",
+                  "how": "F.scaled_dot_product_attention fwd and bwd (autograd.grad, graph kept), bf16 on GPU; "
+                         "TFLOP/s count causal work halved and backward as 2.5x forward; GQA (enable_gqa) checked "
+                         "against MHA in extras.attention_gqa"})
+    if cuda:
+        torch.cuda.empty_cache()
+    done("attention")
+
+    # -- memory-bound -------------------------------------------------------------------------------------------
+    rep.stage("memory-bound kernels, optimizer, launch", 5)
+    copy_numel = (256 << 20) if cuda else (1 << 20)
+    copy_bw, copy_t = kernels.copy_bandwidth(device, copy_numel)
+    rep.advance()
+    tokens, hidden = ((8192 if opts.quick else 32768), 4096) if cuda else (256, 256)
+    elem = kernels.time_elementwise(device, tokens, hidden, copy_bw)
+    eff = kernels.elementwise_efficiency(elem, copy_bw)
+    rep.advance()
+    extras["elementwise"] = {"tokens": tokens, "hidden": hidden, "kernels": elem,
+                             "efficiency_rule": "sum(bytes) / sum(seconds) / copy bandwidth over these kernels"}
+    extras["embedding_and_loss"] = kernels.time_embedding_and_loss(
+        device, 8192 if cuda else 256, 4096 if cuda else 64, 32000 if cuda else 512, copy_bw)
+    rep.advance()
+    if cuda:
+        torch.cuda.empty_cache()
+    opt_s, opt_impl = kernels.optimizer_step_s_per_param(device, (64 << 20) if cuda else (1 << 18))
+    rep.advance()
+    launch = kernels.launch_overhead_s(device)
+    rep.advance()
+    parts += [
+        {"part": "copy_bandwidth", "status": "measured",
+         "how": f"y.copy_(x) over {copy_numel * 4} bytes fp32, read + write counted"},
+        {"part": "elementwise_efficiency", "status": "measured",
+         "how": "LayerNorm, RMSNorm, GELU, SwiGLU, rotary, residual add, forward and backward; "
+                "minimum bytes moved / time / copy bandwidth (per kernel in extras.elementwise)"},
+        {"part": "optimizer_s_per_param", "status": "measured",
+         "how": f"torch.optim.AdamW({opt_impl}) step over fp32 parameters and gradients, per parameter"},
+        {"part": "kernel_launch_s", "status": "measured", "how": "host time per small eager op"},
+    ]
+    done("memory_bound")
+
+    # -- GEMMs (last: they take what remains of the budget) -------------------------------------------------
+    grid_spec = shapes.gpu_grid_spec(opts.quick) if cuda else shapes.cpu_grid_spec(opts.quick)
+    grid = shapes.gemm_grid(grid_spec)
+    rep.stage(f"GEMMs ({len(grid)} shapes from the catalogue)", len(grid))
+    greps = (dict(warmup=2, repeats=5) if opts.quick else dict(warmup=2, repeats=7)) if cuda else \
+        dict(warmup=1, repeats=3)
+    points, spreads, skipped = kernels.time_gemms(grid, device, deadline=deadline, progress=rep.advance, **greps)
+    if not points:
+        raise PlanError("the time budget ran out before any GEMM was timed; give a larger --budget")
+    extras["gemm_spread"] = spreads
+    extras["gemm_grid"] = {
+        "models": [m.name for m in grid_spec.models], "tp": list(grid_spec.tp_degrees),
+        "tokens": [min(grid_spec.tokens), max(grid_spec.tokens)], "flops_cap": grid_spec.flops_cap,
+        "shapes": len(grid), "timed": len(points), "skipped_by_budget": skipped,
+        "convention": "as runtime/parallel/tensor.py: forward (m=tokens, n=n_out, k=k_in) = F.linear(x, W); "
+                      "dgrad (tokens, k_in, n_out) = dY @ W; wgrad (n_out, k_in, tokens) = dY^T @ X",
+    }
+    parts.append({"part": "gemm", "status": "measured",
+                  "how": f"{len(points)} of {len(grid)} catalogue shapes (TP {list(grid_spec.tp_degrees)}, fwd/dgrad/"
+                         "wgrad), median of repeats after warm-up, device time (host launch excluded), inputs "
+                         "rotated over > 2x L2" + (f"; {skipped} shapes skipped (time budget, or operands beyond the memory pool)"
+                                                   if skipped else "")})
+    done("gemm")
+
+    # -- overlap --------------------------------------------------------------------------------------------------
+    overlap = dict(modelled_.OVERLAP)
+    parts.append({"part": "overlap_hidden_fraction", "status": "tp: reference measurement; dp/pp/cp/ep: modelled",
+                  "detail": modelled_.OVERLAP_PROVENANCE})
+
+    prov["parts"] = parts
+    prov["wall_s"] = round(time.monotonic() - t_start, 1)
+    att_for_profile = [{k: p[k] for k in ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads",
+                                          "fwd_s", "bwd_s", "fwd_spread", "bwd_spread")} for p in att_points]
+    prof = Profile(gpu=kind, provenance=prov, gemm_points=points, attention_points=att_for_profile,
+                   copy_bandwidth_bytes_per_s=copy_bw, elementwise_efficiency=eff, optimizer_s_per_param=opt_s,
+                   collectives=fits, overlap_hidden_fraction=overlap, kernel_launch_s=launch, extras=extras)
+    return prof

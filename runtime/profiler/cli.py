@@ -1,0 +1,137 @@
+"""`plan profile [--out FILE] [--quick] [--gpus N] [--device cpu|cuda]`: measure this machine, write a profile.
+
+`main(argv)` returns the exit code; bad input gets one sentence on stderr and a non-zero code.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from planner.errors import PlanError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="plan profile", description="Time this machine's kernels and collectives "
+                                "(the ones the runtime runs) and write a profile the planner reads.")
+    p.add_argument("--out", "-o", help="profile file to write (default: profile-<gpu kind>.json)")
+    p.add_argument("--quick", action="store_true", help="coarser grids: under a minute on one GPU node")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs (processes on CPU) for the collectives; default all visible (2 on CPU)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="cuda (default when a GPU is visible) or cpu (gloo, tiny sizes, for tests)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--gpu-kind", help="GPU kind to record (default: from the device name)")
+    p.add_argument("--budget", type=float, default=None, help="wall-clock budget in seconds (default 270, quick 50)")
+    p.add_argument("--nic-gbps", type=float, default=None,
+                   help="modelled network bandwidth per GPU in GB/s (default 50: 400 Gb/s NDR InfiniBand)")
+    p.add_argument("--nic-latency-us", type=float, default=None, help="modelled network latency per hop (default 10)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+class _RichReporter:
+    def __init__(self, progress):
+        self.progress = progress
+        self.task = None
+        self.total = 0
+
+    def stage(self, name, total):
+        if self.task is not None:   # a stage may finish early (time budget): show it complete
+            self.progress.update(self.task, completed=self.total)
+        self.total = max(total, 1)
+        self.task = self.progress.add_task(name, total=self.total)
+
+    def advance(self, n=1):
+        if self.task is not None:
+            self.progress.advance(self.task, n)
+
+
+def run(args: argparse.Namespace) -> Path:
+    """Measures and writes the profile; raises PlanError for bad input."""
+    from runtime.profiler.build import Options, build_profile, resolve_device
+
+    device = args.device
+    if device is None:
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    opts = Options(device=device, gpus=args.gpus, quick=args.quick, gpu_kind=args.gpu_kind, budget_s=args.budget)
+    if args.nic_gbps is not None:
+        if args.nic_gbps <= 0:
+            raise PlanError(f"--nic-gbps must be positive, got {args.nic_gbps}")
+        opts.nic_gb_per_s = args.nic_gbps
+    if args.nic_latency_us is not None:
+        if args.nic_latency_us < 0:
+            raise PlanError(f"--nic-latency-us must not be negative, got {args.nic_latency_us}")
+        opts.nic_latency_us = args.nic_latency_us
+    if args.budget is not None and args.budget <= 0:
+        raise PlanError(f"--budget must be positive, got {args.budget}")
+    _, _, kind = resolve_device(opts)   # validates device and --gpus before anything is measured
+    out = Path(args.out) if args.out else Path(f"profile-{kind}.json")
+    if out.exists() and not args.force:
+        raise PlanError(f"'{out}' exists; pass --force to overwrite it")
+    if out.exists() and out.is_dir():
+        raise PlanError(f"'{out}' is a directory; give a file name")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    if args.no_progress:
+        prof = build_profile(opts)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), transient=False) as progress:
+            prof = build_profile(opts, _RichReporter(progress))
+
+    # write atomically, then check that what was written loads
+    fd, tmp = tempfile.mkstemp(prefix=".profile-", suffix=".json", dir=str(out.parent))
+    os.close(fd)
+    try:
+        prof.save(Path(tmp))
+        from planner.profile import Profile
+        Profile.load(Path(tmp))
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _summary(prof, out)
+    return out
+
+
+def _summary(prof, out: Path) -> None:
+    pv = prof.provenance
+    lines = [f"wrote {out}: {prof.gpu} ({pv.get('gpu_name')}, {pv.get('gpus_used')} used) in {pv.get('wall_s')} s",
+             f"  GEMM: {len(prof.gemm_points)} shapes, best {prof.peak_gemm_flops / 1e12:.1f} TFLOP/s",
+             f"  attention: {len(prof.attention_points)} points, best fwd "
+             f"{max(p['fwd_tflops'] for p in prof.attention_points):.1f} / bwd "
+             f"{max(p['bwd_tflops'] for p in prof.attention_points):.1f} TFLOP/s",
+             f"  copy {prof.copy_bandwidth_bytes_per_s / 1e9:.1f} GB/s, elementwise efficiency "
+             f"{prof.elementwise_efficiency:.2f}, AdamW {prof.optimizer_s_per_param * 1e12:.2f} ps/param, "
+             f"launch {prof.kernel_launch_s * 1e6:.1f} us"]
+    for c in prof.collectives:
+        if c.measured:
+            lines.append(f"  {c.op:<15} {c.link}/{c.group_size}: {c.latency_s * 1e6:7.1f} us + "
+                         f"busbw {c.bus_bandwidth_bytes_per_s / 1e9:7.1f} GB/s")
+    modelled = sorted({f"{c.link}/{c.group_size}" for c in prof.collectives if not c.measured},
+                      key=lambda s: (s.split("/")[0], int(s.split("/")[1])))
+    if modelled:
+        lines.append(f"  modelled collective groups: {', '.join(modelled[:6])}{' ...' if len(modelled) > 6 else ''}")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        run(args)
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted; no profile written", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

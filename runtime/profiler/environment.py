@@ -1,0 +1,72 @@
+"""Provenance of a profile: the machine, its software, its topology, the code that measured it."""
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=cwd)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def gpu_kind(name: str) -> str:
+    """The planner's GPU kind (planner.cluster.GPU_KINDS) for a CUDA device name."""
+    n = name.upper()
+    if "H200" in n:
+        return "h200-nvl" if "NVL" in n else "h200-sxm"
+    if "H100" in n:
+        return "h100-pcie" if "PCIE" in n else ("h100-nvl" if "NVL" in n else "h100-sxm")
+    if "A100" in n and "80GB" in n:
+        return "a100-80gb"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "unknown-gpu"
+
+
+def git_commit() -> dict:
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
+    return {"git_commit": commit or "unavailable (no commit or no git)",
+            "git_dirty": bool(status) if status is not None else None}
+
+
+def describe(device: torch.device, gpus_used: int) -> dict:
+    """Everything a reader needs to know where the numbers came from."""
+    prov = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host_cpu": platform.processor() or platform.machine(),
+        **git_commit(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        prov.update({
+            "gpu_name": props.name,
+            "gpu_count_visible": torch.cuda.device_count(),
+            "gpus_used": gpus_used,
+            "sm_count": props.multi_processor_count,
+            "gpu_memory_bytes": props.total_memory,
+            "l2_cache_bytes": getattr(props, "L2_cache_size", None),
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
+            "driver": _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+            "topology": _run(["nvidia-smi", "topo", "-m"]) or "unavailable (nvidia-smi topo -m failed)",
+        })
+        if prov["driver"]:
+            prov["driver"] = prov["driver"].splitlines()[0]
+    else:
+        prov.update({"gpu_name": "cpu", "gpu_count_visible": 0, "gpus_used": gpus_used,
+                     "cpu_threads_per_process": 1, "topology": "processes on one host (gloo over loopback)"})
+    return prov

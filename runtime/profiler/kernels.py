@@ -1,0 +1,334 @@
+"""Kernel timings on one device: GEMMs, attention, memory-bound kernels, the optimizer step, launch overhead.
+
+Every kernel is called the way the runtime calls it (F.linear / matmul with autograd's operand layouts,
+F.scaled_dot_product_attention, F.layer_norm / F.rms_norm, fused AdamW) on random inputs (never zeros),
+rotating through enough input copies that the L2 cache does not flatter the result (see timing.Rotation;
+GEMM inputs are views at staggered offsets of one random pool, so rotating costs no set-up time).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from runtime.profiler.shapes import GemmShape
+from runtime.profiler.timing import Timing, synchronize, time_fn
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPUs (what training runs); fp32 on CPU (the CPU loop checks plumbing, not speed)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def _randn(numel: int, device, dtype) -> torch.Tensor:
+    return torch.randn(numel, device=device, dtype=dtype)
+
+
+class RandomPool:
+    """One flat random tensor; operands are views at staggered offsets so that consecutive calls read
+    different memory (2x L2 apart at least) without generating new random data per shape."""
+
+    def __init__(self, numel: int, device, dtype):
+        self.data = torch.empty(numel, device=device, dtype=dtype)
+        for lo in range(0, numel, 1 << 28):   # fill in chunks: no huge fp32 temporaries
+            self.data[lo:lo + (1 << 28)].normal_()
+        self.numel = numel
+        self.cursor = 0
+        self.stride = 0
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
+            self.stride = 2 * l2 // self.data.element_size()
+
+    def take(self, numel: int) -> torch.Tensor:
+        if numel > self.numel:
+            raise ValueError(f"pool of {self.numel} elements cannot hold {numel}")
+        if self.cursor + numel > self.numel:
+            self.cursor = 0
+        v = self.data[self.cursor:self.cursor + numel]
+        # next view starts past this one, and at least 2x L2 further, aligned to 256 elements
+        self.cursor = (self.cursor + max(numel, self.stride) + 255) // 256 * 256
+        if self.cursor >= self.numel:
+            self.cursor = 0
+        return v
+
+
+def gemm_pool_numel(shapes: list[GemmShape], device) -> int:
+    """Pool big enough for two copies of the largest operand pair (and 4x L2 on GPU)."""
+    biggest = max((s.m * s.k + s.k * s.n) for s in shapes) if shapes else 1
+    dev = torch.device(device)
+    floor = 512 << 20 if dev.type == "cuda" else 1 << 20
+    want = int(2.2 * biggest) + floor
+    if dev.type == "cuda":   # leave room for outputs and cuBLAS workspaces: at most 40% of free memory
+        free, _ = torch.cuda.mem_get_info(dev)
+        want = min(want, int(0.4 * free) // 2)
+    return want
+
+
+def gemm_call(shape: GemmShape, pool: RandomPool, device, sets: int):
+    """fn(i) running the GEMM with autograd's layouts, rotating over `sets` operand pairs."""
+    m, n, k = shape.m, shape.n, shape.k
+    pairs = []
+    for _ in range(sets):
+        if shape.kind == "fwd":        # x[m,k] @ w[n,k]^T  (F.linear)
+            a = pool.take(m * k).view(m, k)
+            b = pool.take(n * k).view(n, k)
+            pairs.append((a, b))
+        elif shape.kind == "dgrad":    # dy[m,k] @ w[k,n]
+            a = pool.take(m * k).view(m, k)
+            b = pool.take(k * n).view(k, n)
+            pairs.append((a, b))
+        else:                          # wgrad: dy[k,m]^T @ x[k,n]  (tokens are the reduction dimension)
+            a = pool.take(k * m).view(k, m)
+            b = pool.take(k * n).view(k, n)
+            pairs.append((a, b))
+    if shape.kind == "fwd":
+        return lambda i: F.linear(*pairs[i % sets])
+    if shape.kind == "dgrad":
+        return lambda i: torch.matmul(*pairs[i % sets])
+    return lambda i: torch.matmul(pairs[i % sets][0].t(), pairs[i % sets][1])
+
+
+def rotation_sets(set_bytes: int, device) -> int:
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return 2
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
+    return max(2, min(16, math.ceil(2 * l2 / max(set_bytes, 1))))
+
+
+def time_gemms(shapes: list[GemmShape], device, *, warmup: int, repeats: int, deadline: float | None = None,
+               progress=None) -> tuple[list[tuple[int, int, int, float]], list[float], int]:
+    """Times each shape; returns ((m, n, k, seconds) points, relative spreads, shapes skipped by the deadline)."""
+    device = torch.device(device)
+    dtype = compute_dtype(device)
+    pool = RandomPool(gemm_pool_numel(shapes, device), device, dtype)
+    points, spreads = [], []
+    esize = torch.tensor([], dtype=dtype).element_size()
+    skipped = 0
+    for i, s in enumerate(shapes):
+        if deadline is not None and time.monotonic() > deadline:
+            return points, spreads, skipped + len(shapes) - i
+        if 2 * (s.m * s.k + s.k * s.n) > pool.numel:
+            skipped += 1   # operands larger than the pool allows on this device
+            if progress:
+                progress(1)
+            continue
+        sets = rotation_sets((s.m * s.k + s.k * s.n) * esize, device)
+        fn = gemm_call(s, pool, device, sets)
+        t = time_fn(fn, device, warmup=warmup, repeats=repeats)
+        points.append((s.m, s.n, s.k, t.median_s))
+        spreads.append(round(t.spread, 4))
+        if progress:
+            progress(1)
+    return points, spreads, skipped
+
+
+# -- attention ---------------------------------------------------------------------------------------------
+
+def attention_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool) -> float:
+    """Forward FLOPs of QK^T and PV, causal work halved (planner.profile.Profile.attention_s's convention)."""
+    f = 4.0 * batch * heads * seq * seq * head_dim
+    return f / 2 if causal else f
+
+
+def time_attention(batch: int, heads: int, seq: int, head_dim: int, causal: bool, device, *, kv_heads: int = 0,
+                   warmup: int = 2, repeats: int = 5) -> dict:
+    """Forward and backward SDPA (the runtime's path), reported as achieved TFLOP/s with backward counted as
+    2.5x the forward FLOPs. GQA (kv_heads < heads) goes through SDPA's enable_gqa."""
+    device = torch.device(device)
+    dtype = compute_dtype(device)
+    kvh = kv_heads or heads
+    sets = []
+    for _ in range(2):
+        q = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+        k = torch.randn(batch, kvh, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+        v = torch.randn(batch, kvh, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+        sets.append((q, k, v))
+    gqa = kvh != heads
+
+    def fwd(i):
+        q, k, v = sets[i % 2]
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    tf = time_fn(fwd, device, warmup=warmup, repeats=repeats)
+    outs = []
+    for q, k, v in sets:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        outs.append((o, torch.randn_like(o), (q, k, v)))
+
+    def bwd(i):
+        o, g, inputs = outs[i % 2]
+        return torch.autograd.grad(o, inputs, g, retain_graph=True)
+
+    tb = time_fn(bwd, device, warmup=warmup, repeats=repeats)
+    flops = attention_flops(batch, heads, seq, head_dim, causal)
+    del outs, sets
+    return {"batch": batch, "heads": heads, "kv_heads": kvh, "seq": seq, "head_dim": head_dim, "causal": causal,
+            "fwd_s": tf.median_s, "bwd_s": tb.median_s, "fwd_spread": round(tf.spread, 4),
+            "bwd_spread": round(tb.spread, 4),
+            "fwd_tflops": flops / tf.median_s / 1e12, "bwd_tflops": 2.5 * flops / tb.median_s / 1e12}
+
+
+# -- memory-bound --------------------------------------------------------------------------------------------
+
+def copy_bandwidth(device, numel: int) -> tuple[float, Timing]:
+    """Device-to-device copy: bytes read + bytes written per second."""
+    device = torch.device(device)
+    x = [_randn(numel, device, torch.float32) for _ in range(2)]
+    y = torch.empty_like(x[0])
+    t = time_fn(lambda i: y.copy_(x[i % 2]), device, warmup=3, repeats=10)
+    return 2.0 * numel * 4 / t.median_s, t
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _runtime_kernels():
+    """The runtime's own SwiGLU (custom autograd: keeps only its input, fp32 backward) and rotary, when the
+    runtime is importable; plain equivalents otherwise (recorded in the result)."""
+    try:
+        from runtime.attention import apply_rotary
+        from runtime.model import _SwiGLUFn
+        return (lambda a: _SwiGLUFn.apply(a)), apply_rotary, "runtime.model._SwiGLUFn, runtime.attention.apply_rotary"
+    except Exception:  # noqa: BLE001 - the runtime may be mid-change; the stand-ins move the same bytes
+        def swiglu(a):
+            gate, up = a.chunk(2, dim=-1)
+            return F.silu(gate) * up
+
+        def rotary(x, cos, sin):
+            return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
+        return swiglu, rotary, "stand-ins (runtime not importable)"
+
+
+def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tuple], str]:
+    """(name -> (fn(i), bytes the kernel must move at least), which implementation): the runtime's norms,
+    activations (tanh GELU, SwiGLU), rotary and residual add, forward and backward, on [tokens, hidden]
+    activations in the compute dtype (SwiGLU on [tokens, 2 hidden] -> [tokens, hidden])."""
+    device = torch.device(device)
+    dtype = compute_dtype(device)
+    es = torch.tensor([], dtype=dtype).element_size()
+    N = tokens * hidden
+    hd = 128 if hidden % 128 == 0 and hidden >= 128 else hidden
+    swiglu, apply_rotary, impl = _runtime_kernels()
+    mk = lambda cols=hidden: torch.randn(tokens, cols, device=device, dtype=dtype)  # noqa: E731
+    x = [mk(), mk()]
+    y = [mk(), mk()]
+    xx = [mk(2 * hidden), mk(2 * hidden)]
+    w = torch.randn(hidden, device=device, dtype=dtype)
+    b = torch.randn(hidden, device=device, dtype=dtype)
+    # rotary as the runtime applies it: x [batch=1, heads, seq, head_dim], fp32 tables [seq, head_dim]
+    cos = torch.randn(tokens, hd, device=device)
+    sin = torch.randn(tokens, hd, device=device)
+    as_heads = lambda t: t.view(tokens, hidden // hd, hd).permute(1, 0, 2).unsqueeze(0)  # noqa: E731
+
+    out: dict[str, tuple] = {
+        "residual_add": (lambda i: x[i % 2] + y[i % 2], 3 * N * es),
+        "layernorm_fwd": (lambda i: F.layer_norm(x[i % 2], (hidden,), w, b), 2 * N * es),
+        "rmsnorm_fwd": (lambda i: F.rms_norm(x[i % 2], (hidden,), w), 2 * N * es),
+        "gelu_fwd": (lambda i: F.gelu(x[i % 2], approximate="tanh"), 2 * N * es),
+        "swiglu_fwd": (lambda i: swiglu(xx[i % 2]), 3 * N * es),
+        "rotary_fwd": (lambda i: apply_rotary(as_heads(x[i % 2]), cos, sin), 2 * N * es),
+    }
+    # backward: autograd through the same functions, graphs kept
+    xs = [t.detach().clone().requires_grad_(True) for t in x]
+    xxs = [t.detach().clone().requires_grad_(True) for t in xx]
+    graphs = {
+        "layernorm_bwd": ([F.layer_norm(xs[j], (hidden,), w, b) for j in range(2)], 3 * N * es, lambda j: (xs[j],)),
+        "rmsnorm_bwd": ([F.rms_norm(xs[j], (hidden,), w) for j in range(2)], 3 * N * es, lambda j: (xs[j],)),
+        "gelu_bwd": ([F.gelu(xs[j], approximate="tanh") for j in range(2)], 3 * N * es, lambda j: (xs[j],)),
+        "swiglu_bwd": ([swiglu(xxs[j]) for j in range(2)], 5 * N * es, lambda j: (xxs[j],)),
+        "rotary_bwd": ([apply_rotary(as_heads(xs[j]), cos, sin) for j in range(2)], 2 * N * es, lambda j: (xs[j],)),
+    }
+    for name, (outs, nbytes, inputs) in graphs.items():
+        grads = [torch.randn_like(o) for o in outs]
+
+        def fn(i, outs=outs, inputs=inputs, grads=grads):
+            j = i % 2
+            return torch.autograd.grad(outs[j], inputs(j), grads[j], retain_graph=True)
+        out[name] = (fn, nbytes)
+    return out, impl
+
+
+def time_elementwise(device, tokens: int, hidden: int, copy_bw: float) -> dict[str, dict]:
+    res = {}
+    kernels, impl = elementwise_kernels(device, tokens, hidden)
+    for name, (fn, nbytes) in kernels.items():
+        t = time_fn(fn, device, warmup=3, repeats=7)
+        res[name] = {"seconds": t.median_s, "bytes": nbytes, "fraction_of_copy": nbytes / t.median_s / copy_bw,
+                     "spread": round(t.spread, 4), "implementation": impl}
+    return res
+
+
+def elementwise_efficiency(results: dict[str, dict], copy_bw: float) -> float:
+    """One fraction for the cost model: total bytes over total time, relative to the copy bandwidth (so that
+    summing predicted times over this mix reproduces the measured sum)."""
+    total_b = sum(r["bytes"] for r in results.values())
+    total_t = sum(r["seconds"] for r in results.values())
+    return max(1e-3, min(1.0, total_b / total_t / copy_bw))
+
+
+def time_embedding_and_loss(device, tokens: int, hidden: int, vocab: int, copy_bw: float) -> dict[str, dict]:
+    """Embedding lookup (forward) and cross-entropy over [tokens, vocab] logits (forward + backward), as
+    fractions of the copy bandwidth (recorded in extras; the cost model prices them as memory-bound)."""
+    device = torch.device(device)
+    dtype = compute_dtype(device)
+    es = torch.tensor([], dtype=dtype).element_size()
+    table = torch.randn(vocab, hidden, device=device, dtype=dtype)
+    ids = [torch.randint(0, vocab, (tokens,), device=device) for _ in range(2)]
+    logits = [torch.randn(tokens, vocab, device=device, dtype=dtype, requires_grad=True) for _ in range(2)]
+    labels = [torch.randint(0, vocab, (tokens,), device=device) for _ in range(2)]
+    res = {}
+    t = time_fn(lambda i: F.embedding(ids[i % 2], table), device, warmup=3, repeats=7)
+    nb = 2 * tokens * hidden * es
+    res["embedding_fwd"] = {"seconds": t.median_s, "bytes": nb, "fraction_of_copy": nb / t.median_s / copy_bw}
+
+    def ce(i):
+        lg = logits[i % 2]
+        loss = F.cross_entropy(lg.float(), labels[i % 2])
+        return torch.autograd.grad(loss, (lg,))
+
+    t = time_fn(ce, device, warmup=2, repeats=5)
+    nb = 2 * tokens * vocab * es   # read logits, write their gradient
+    res["cross_entropy_fwd_bwd"] = {"seconds": t.median_s, "bytes": nb, "fraction_of_copy": nb / t.median_s / copy_bw}
+    return res
+
+
+# -- optimizer, launch overhead --------------------------------------------------------------------------------
+
+def optimizer_step_s_per_param(device, numel: int, tensors: int = 32) -> tuple[float, str]:
+    """Fused AdamW over fp32 parameters (master weights) with fp32 gradients, per parameter."""
+    device = torch.device(device)
+    per = max(1, numel // tensors)
+    params = [torch.nn.Parameter(torch.randn(per, device=device)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    impl = "fused"
+    try:
+        opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+        opt.step()
+    except (RuntimeError, TypeError):
+        impl = "foreach"
+        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        opt.step()
+    t = time_fn(lambda i: opt.step(), device, warmup=3, repeats=7, max_inner=4)
+    return t.median_s / (per * tensors), impl
+
+
+def launch_overhead_s(device, calls: int = 300) -> float:
+    """Host time per small eager op (dispatch + launch), when the GPU is not the bottleneck."""
+    device = torch.device(device)
+    x = torch.randn(16, device=device)
+    for _ in range(20):
+        x.add_(1e-3)
+    synchronize(device)
+    t = time.perf_counter()
+    for _ in range(calls):
+        x.add_(1e-3)
+    synchronize(device)
+    return (time.perf_counter() - t) / calls

@@ -1,0 +1,146 @@
+"""The grids the profiler measures, derived from the models' real shapes (not a blind cube).
+
+GEMMs: for every catalogue model and every tensor-parallel degree it allows (1, 2, 4, 8), the layer's
+linear layers as the runtime shards them (column-parallel QKV and fc1 / gate-up split over TP, row-parallel
+out-projection and fc2, vocabulary-parallel output layer, the MoE router, BERT's MLM transform), each as
+three GEMMs as runtime/parallel/tensor.py runs them: forward Y[m,n] = X[m,k] W^T (F.linear, W stored
+[n,k]), dgrad dX = dY W (m, n=k_in, k=n_out) and wgrad dW = dY^T X (m=n_out, n=k_in, k=tokens).
+Tokens m = micro-batch x sequence / CP over micro-batch 1-16, sequence 1k-128k,
+CP 1-8 are powers of two; MoE experts see tokens x top_k / experts. Shapes are deduplicated, those above
+a FLOP cap dropped (their achieved rate equals that of the largest measured shapes beside them), and the
+list is ordered coarse-to-fine so that a time budget cuts evenly.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.model import CATALOGUE, ModelSpec, tiny_model
+
+TP_DEGREES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    m: int
+    n: int
+    k: int
+    kind: str
+    """'fwd' (F.linear(x, w)), 'dgrad' (dy @ w) or 'wgrad' (dy.T @ x, tokens the reduction): the runtime's layouts."""
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.m, self.n, self.k)
+
+
+def linear_layers(spec: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
+    """(name, out_features per rank, in_features per rank) of the model's linear layers at TP `tp`."""
+    h = spec.hidden
+    q = spec.num_heads // tp * spec.head_dim
+    kv = max(spec.num_kv_heads // tp, 1) * spec.head_dim
+    f = spec.ffn_hidden // tp
+    vocab = math.ceil(spec.vocab_size / tp / 128) * 128   # vocabulary padded to a multiple of 128 per rank
+    layers = [("qkv", q + 2 * kv, h), ("out_proj", h, q), ("fc2", h, f), ("output", vocab, h)]
+    if spec.gated_mlp:
+        layers += [("gate_up", 2 * f, h), ("gate_or_up", f, h)]
+    else:
+        layers += [("fc1", f, h)]
+    if spec.is_moe:
+        layers += [("router", spec.num_experts, h)]
+    if spec.family == "bert":
+        layers += [("mlm_dense", h, h)]
+    return layers
+
+
+def allowed_tp(spec: ModelSpec, degrees=TP_DEGREES) -> list[int]:
+    return [t for t in degrees if spec.num_heads % t == 0 and spec.ffn_hidden % t == 0 and spec.hidden % t == 0]
+
+
+def pow2_range(lo: int, hi: int, step: int = 1) -> list[int]:
+    out, e = [], int(math.log2(lo))
+    while 2 ** e <= hi:
+        out.append(2 ** e)
+        e += step
+    return out
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    models: tuple
+    tokens: tuple
+    """Token counts m (powers of two) for dense layers."""
+    flops_cap: float
+    max_shapes: int
+    tp_degrees: tuple = TP_DEGREES
+
+
+def gpu_grid_spec(quick: bool) -> GridSpec:
+    models = tuple(CATALOGUE.values())
+    if quick:
+        return GridSpec(models=models, tokens=tuple(pow2_range(256, 65536, 2)), flops_cap=4e12, max_shapes=500,
+                        tp_degrees=(1, 2, 8))
+    return GridSpec(models=models, tokens=tuple(pow2_range(128, 131072)), flops_cap=1.5e13, max_shapes=4500)
+
+
+def cpu_grid_spec(quick: bool) -> GridSpec:
+    models = (tiny_model("gpt"), tiny_model("llama"), tiny_model("bert"),
+              tiny_model("llama", name="tiny-moe", num_experts=4, top_k=2))
+    toks = pow2_range(8, 512, 2 if quick else 1)
+    return GridSpec(models=models, tokens=tuple(toks), flops_cap=2e8, max_shapes=150 if quick else 400,
+                    tp_degrees=(1, 2, 4))
+
+
+def gemm_grid(spec: GridSpec) -> list[GemmShape]:
+    """The deduplicated GEMM shapes, ordered coarse (m a power of 4) to fine, capped in count."""
+    shapes: dict[tuple[int, int, int], GemmShape] = {}
+
+    def add(m, n, k, kind):
+        if min(m, n, k) < 1:
+            return
+        s = GemmShape(m, n, k, kind)
+        if s.flops <= spec.flops_cap and s.key not in shapes:
+            shapes[s.key] = s
+
+    for model in spec.models:
+        for tp in allowed_tp(model, spec.tp_degrees):
+            for name, n_out, k_in in linear_layers(model, tp):
+                for tokens in spec.tokens:
+                    m = tokens
+                    if model.is_moe and name in ("gate_up", "gate_or_up", "fc2"):
+                        m = max(tokens * model.top_k // model.num_experts, 1)
+                    add(m, n_out, k_in, "fwd")
+                    add(m, k_in, n_out, "dgrad")
+                    add(n_out, k_in, m, "wgrad")
+    ordered = sorted(shapes.values(), key=_coarse_first)
+    return ordered[:spec.max_shapes]
+
+
+def _coarse_first(s: GemmShape):
+    # level 0: every dimension's token axis a power of 4; level 1: the rest. Within a level, small first.
+    tok = s.k if s.kind == "wgrad" else s.m
+    level = 0 if int(math.log2(tok)) % 2 == 0 else 1
+    return (level, s.flops, s.key)
+
+
+def attention_grid(device_type: str, quick: bool) -> list[dict]:
+    """(batch, heads, seq, head_dim, causal) points; batch x heads chosen so each point is a bounded amount
+    of work while still filling the GPU (at least a few thousand query tiles)."""
+    if device_type != "cuda":
+        seqs = [16, 64, 256] if quick else [16, 32, 64, 128, 256]
+        dims = [16, 32]
+        return [dict(batch=2, heads=4, seq=s, head_dim=d, causal=c) for s in seqs for d in dims for c in (True, False)]
+    seqs = pow2_range(512, 32768, 2) if quick else pow2_range(512, 131072)
+    dims = [128] if quick else [64, 128]
+    pts = []
+    for s in seqs:
+        tokens = 16384 if s <= 16384 else s
+        batch = max(1, tokens // s)
+        heads = 16 if s <= 32768 else max(4, 16 * 32768 // s)
+        for d in dims:
+            for c in (True, False):
+                pts.append(dict(batch=batch, heads=heads, seq=s, head_dim=d, causal=c))
+    return pts

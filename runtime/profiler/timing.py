@@ -1,0 +1,103 @@
+"""One timer for every kernel the profiler measures.
+
+On CUDA: warm-up calls, then `repeats` batches, each between two CUDA events, of `inner` back-to-back
+calls (inner grows for short kernels so the event overhead does not count). Before each batch a spin
+kernel (`torch.cuda._sleep`) holds the GPU while the host enqueues the batch, so what is timed is the
+kernels' device time, not the host's launch rate (launch overhead is measured separately, see
+`kernels.launch_overhead_s`). On CPU: time.perf_counter around the same batches.
+
+Callers pass `fn(i)` where i counts calls, so they can rotate through several input sets (caches must not
+flatter the result; see kernels.RandomPool). The answer is the median over batches, with the spread recorded.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    min_s: float
+    max_s: float
+    repeats: int
+    inner: int
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median over the repeats."""
+        return (self.max_s - self.min_s) / self.median_s if self.median_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s, "repeats": self.repeats,
+                "inner": self.inner}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _spin(device: torch.device, seconds: float) -> None:
+    """Keep the GPU busy for about `seconds` so the host can queue the timed batch behind it."""
+    if device.type != "cuda" or not hasattr(torch.cuda, "_sleep"):
+        return
+    # _sleep counts SM clock cycles; 2 GHz over-estimates the H100/H200 clock (1.98 GHz boost): longer is safe
+    torch.cuda._sleep(int(min(seconds, 0.05) * 2.0e9))
+
+
+def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, target_batch_s: float = 2e-4,
+            max_inner: int = 64) -> Timing:
+    """Median per-call time of fn(i) (see module doc)."""
+    device = torch.device(device)
+    calls = 0
+    # warm-up; the last warm-up calls also give a first estimate of the per-call time
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(max(warmup, 1)):
+        fn(calls)
+        calls += 1
+    synchronize(device)
+    est = (time.perf_counter() - t0) / max(warmup, 1)
+    if device.type == "cuda":
+        # host time over-estimates short kernels (launch bound); refine with one event-timed call
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(calls)
+        calls += 1
+        e.record()
+        e.synchronize()
+        est = max(s.elapsed_time(e) / 1e3, 1e-7)
+    inner = int(min(max_inner, max(1, math.ceil(target_batch_s / max(est, 1e-9)))))
+    times: list[float] = []
+    if device.type == "cuda":
+        events = []
+        for _ in range(repeats):
+            # the host enqueues about 15 us per call at worst; hold the GPU that long
+            _spin(device, inner * 15e-6)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(inner):
+                fn(calls)
+                calls += 1
+            e.record()
+            events.append((s, e))
+        torch.cuda.synchronize(device)
+        times = [s.elapsed_time(e) / 1e3 / inner for s, e in events]
+    else:
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in range(inner):
+                fn(calls)
+                calls += 1
+            times.append((time.perf_counter() - t) / inner)
+    return Timing(median_s=_median(times), min_s=min(times), max_s=max(times), repeats=repeats, inner=inner)

@@ -1,0 +1,192 @@
+"""The training worker that `plan launch` starts under torchrun (one process per GPU).
+
+    python -m torch.distributed.run --nproc-per-node N -m runtime.train --plan plan.json [...]
+
+Builds the process groups, this rank's pipeline stage(s) with the plan's recompute, the optimizer at the
+plan's sharding level, then loops: next step's micro-batches (prefetched), `train_step`, log, checkpoint.
+Rank 0 prints one line per step and appends it to the results CSV.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import PlanError
+from planner.plan import Plan
+from runtime import checkpoint
+from runtime.data import Prefetcher, open_source, step_micro_batches
+from runtime.mesh import build_groups
+from runtime.model import build_stage
+from runtime.parallel.data import AdamConfig, build_optimizer
+from runtime.step import select_train_step
+
+CSV_FIELDS = ["step", "loss", "grad_norm", "step_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib",
+              "data_wait_s", "lr"]
+
+
+def stage_ranges(plan: Plan) -> list[tuple[int, int]]:
+    """[start, end) layers of every virtual stage, in model order."""
+    out, start = [], 0
+    for s in plan.stages:
+        out.append((start, start + s.layers))
+        start += s.layers
+    return out
+
+
+def build_rank_stages(plan: Plan, groups, device, overlap_tp: bool, seed: int, compile: bool = False):
+    ranges = stage_ranges(plan)
+    last = len(plan.stages) - 1
+    stages = []
+    for j in plan.stages_of_rank(groups.pp_rank):
+        a, b = ranges[j]
+        stages.append(build_stage(plan.model, groups, a, b, j == 0, j == last, plan.stages[j].layer_modes(),
+                                  overlap=overlap_tp, device=device, seed=seed, compile=compile))
+    return stages
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="runtime.train")
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    ap.add_argument("--data", default="synthetic")
+    ap.add_argument("--data-dtype", default=None)
+    ap.add_argument("--ckpt-dir", default=None)
+    ap.add_argument("--save-every", type=int, default=0)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--results", default=None)
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak for MFU")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
+    return ap.parse_args(argv)
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT; `agreed()` all-reduces it so every rank leaves the loop at the same step
+    (then the run saves its checkpoint at exit)."""
+
+    def __init__(self, device):
+        self.flag = torch.zeros(1, device=device)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._set)
+
+    def _set(self, *_):
+        self.flag.fill_(1.0)
+
+    def agreed(self) -> bool:
+        f = self.flag.clone()
+        dist.all_reduce(f, op=dist.ReduceOp.MAX)
+        return bool(f.item())
+
+
+def lr_at(step: int, base: float, warmup: int) -> float:
+    return base * min(1.0, (step + 1) / max(1, warmup))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    plan = Plan.load(Path(args.plan))
+    spec, lay, shape = plan.model, plan.layout, plan.training
+    source = open_source(args.data, spec.vocab_size, shape.seq_len, args.data_dtype, seed=args.seed)
+    cuda = args.device == "cuda"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local_rank),
+                                timeout=datetime.timedelta(minutes=10))
+    else:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
+    rank0 = dist.get_rank() == 0
+    try:
+        groups = build_groups(lay, "cuda" if cuda else "cpu")
+        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        stages = build_rank_stages(plan, groups, device, lay.overlap_tp, args.seed, args.compile)
+        compute = torch.bfloat16 if cuda else torch.float32
+        opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(lr=args.lr), compute, lay.overlap_dp)
+        start = 0
+        if args.resume and args.ckpt_dir and checkpoint.latest_step(args.ckpt_dir) is not None:
+            start = checkpoint.load(args.ckpt_dir, opt, groups)
+            if rank0:
+                print(f"resumed from {checkpoint.step_dir(args.ckpt_dir, start)}", flush=True)
+        step_fn = select_train_step(lay)
+
+        def make_step(step):
+            return step_micro_batches(source, spec.family, spec.vocab_size, shape.seq_len, shape.global_batch,
+                                      lay.micro_batch, lay.dp, groups.dp_rank, step, lay.cp, groups.cp_rank,
+                                      seed=args.seed)
+
+        prefetch = Prefetcher(make_step, start, device)
+        writer, results = None, None
+        if rank0 and args.results:
+            new = not Path(args.results).exists()
+            results = open(args.results, "a", newline="")
+            writer = csv.DictWriter(results, fieldnames=CSV_FIELDS)
+            if new:
+                writer.writeheader()
+        tokens = shape.global_batch * shape.seq_len
+        flops = spec.model_flops_per_token(shape.seq_len) * tokens
+        world = dist.get_world_size()
+        step = start
+        last_saved = start if args.resume else None
+        stop = _StopFlag(device)
+        try:
+            for step in range(start, start + args.steps):
+                mbs, wait = prefetch.next()
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                lr = lr_at(step, args.lr, args.warmup)
+                loss, norm = step_fn(stages, mbs, opt, groups, lr)
+                if cuda:
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                tflops = flops / dt / world / 1e12
+                row = dict(step=step + 1, loss=f"{loss:.6f}", grad_norm=f"{norm:.5g}", step_s=f"{dt:.5g}",
+                           tokens_per_s=f"{tokens / dt:.6g}", tflops_per_gpu=f"{tflops:.4g}",
+                           mfu=f"{tflops / args.peak_tflops:.4g}",
+                           peak_mem_gib=f"{torch.cuda.max_memory_allocated() / 2**30:.4g}" if cuda else "",
+                           data_wait_s=f"{wait:.4g}", lr=f"{lr:.4g}")
+                if rank0:
+                    print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+                    if writer:
+                        writer.writerow(row)
+                        results.flush()
+                if args.ckpt_dir and args.save_every and (step + 1) % args.save_every == 0:
+                    checkpoint.save(args.ckpt_dir, step + 1, opt, groups)
+                    last_saved = step + 1
+                if stop.agreed():  # SIGTERM / SIGINT on any rank: every rank stops after this step
+                    if rank0:
+                        print(f"stopping after step {step + 1} (signal)", flush=True)
+                    break
+            else:
+                step = start + args.steps - 1
+            step += 1
+        finally:
+            prefetch.close()
+            if results:
+                results.close()
+        if args.ckpt_dir and last_saved != step:
+            checkpoint.save(args.ckpt_dir, step, opt, groups)  # at exit
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -1,0 +1,67 @@
+"""Spawn `world` CPU processes with a gloo process group and run `fn(rank, world, *args)` in each.
+
+Failures in any process fail the test with that process's traceback."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args, errq):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for p in (root, os.path.dirname(os.path.abspath(__file__))):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        fn(rank, world, *args)
+        dist.barrier()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+_CTX = None
+
+
+def _context():
+    """A forkserver that has imported torch once: each test process forks from it (a second or so)
+    instead of importing torch afresh (several seconds per process on a 2-core runner)."""
+    global _CTX
+    if _CTX is None:
+        import multiprocessing as std_mp
+        _CTX = std_mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.functional"])
+    return _CTX
+
+
+def run(fn, world: int, *args) -> None:
+    ctx = _context()
+    errq = ctx.SimpleQueue()
+    try:
+        mp.start_processes(_entry, args=(world, _free_port(), fn, args, errq), nprocs=world,
+                           join=True, start_method="forkserver")
+    except Exception as exc:
+        msgs = []
+        while not errq.empty():
+            r, tb = errq.get()
+            msgs.append(f"--- rank {r} ---\n{tb}")
+        raise AssertionError("distributed test failed:\n" + "\n".join(msgs or [str(exc)])) from None

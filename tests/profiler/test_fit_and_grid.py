@@ -1,0 +1,83 @@
+"""Fits recover known models; the GEMM grid comes from the catalogue's real shapes; modelled links."""
+import random
+
+import pytest
+
+from planner.model import CATALOGUE
+from planner.profile import COLLECTIVE_OPS, bus_factor, fit_collective
+from runtime.profiler import collectives, modelled, shapes
+
+
+@pytest.mark.parametrize("op", COLLECTIVE_OPS)
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_fit_recovers_latency_and_bandwidth(op, n):
+    lat, bw = 23e-6, 187e9
+    pts = [(s, lat + s * bus_factor(op, n) / bw) for s in (2 ** e for e in range(12, 31))]
+    f = fit_collective(pts, op, n, "nvlink")
+    assert f.latency_s == pytest.approx(lat, rel=1e-6)
+    assert f.bus_bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-6)
+    rng = random.Random(0)
+    noisy = [(s, t * (1 + rng.uniform(-0.03, 0.03))) for s, t in pts]
+    g = fit_collective(noisy, op, n, "nvlink")
+    assert g.latency_s == pytest.approx(lat, rel=0.1)
+    assert g.bus_bandwidth_bytes_per_s == pytest.approx(bw, rel=0.05)
+
+
+def test_fit_points_uses_large_messages_and_keeps_all():
+    lat, bw = 40e-6, 300e9
+    raw = [{"op": "all_reduce", "group_size": 2, "bytes": s,
+            "seconds": (lat + s / bw) * (3.0 if s < (1 << 20) else 1.0)}   # small sizes off the line
+           for s in (2 ** e for e in range(12, 31))]
+    fits, errors = collectives.fit_points(raw, "nvlink")
+    (f,) = fits
+    assert f.latency_s == pytest.approx(lat, rel=1e-6) and f.bus_bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-6)
+    assert len(f.points) == len(raw)
+    assert errors["all_reduce/2"]["fit_from_bytes"] == 1 << 20
+
+
+def test_degenerate_fit_replaced():
+    raw = [{"op": "send_recv", "group_size": 2, "bytes": s, "seconds": t}
+           for s, t in [(4096, 3e-3), (65536, 2e-3), (1 << 20, 2.5e-3), (4 << 20, 2.2e-3)]]
+    fits, errors = collectives.fit_points(raw, "loopback")
+    assert errors["send_recv/2"]["degenerate_fit_replaced"]
+    assert fits[0].bus_bandwidth_bytes_per_s < 1e12
+
+
+def test_gemm_grid_from_catalogue():
+    spec = shapes.gpu_grid_spec(quick=False)
+    grid = shapes.gemm_grid(spec)
+    keys = {s.key for s in grid}
+    assert len(keys) == len(grid) <= spec.max_shapes
+    assert all(s.flops <= spec.flops_cap for s in grid)
+    l70 = CATALOGUE["llama3-70b"]
+    q = 8192 // 8 + 2 * 128   # TP8: 8 query heads + 1 KV head each for K and V, head_dim 128
+    assert (4096, q, 8192) in keys                       # QKV forward
+    assert (4096, 8192, q) in keys                       # its dgrad
+    assert (q, 8192, 4096) in keys                       # its wgrad dY^T X (tokens = reduction)
+    assert (4096, 2 * l70.ffn_hidden // 8, 8192) in keys  # gate-up fused, TP8
+    assert (8192, 8192, l70.ffn_hidden // 8) in keys     # fc2 forward
+    # MoE experts see tokens x top_k / experts
+    assert (1024, 2 * 14336, 4096) in keys               # mixtral-8x7b, 4096 tokens, TP1
+
+
+def test_quick_grid_smaller():
+    assert len(shapes.gemm_grid(shapes.gpu_grid_spec(True))) < len(shapes.gemm_grid(shapes.gpu_grid_spec(False)))
+
+
+def test_modelled_links_labelled():
+    base = [fit_collective([(1 << 20, 50e-6), (1 << 30, 3.4e-3)], op, 2, "nvlink") for op in COLLECTIVE_OPS]
+    more = modelled.nvswitch_groups(base, 8)
+    assert {(f.op, f.group_size) for f in more} == {(op, n) for op in COLLECTIVE_OPS for n in (4, 8)}
+    assert not any(f.measured for f in more)
+    ar2 = next(f for f in base if f.op == "all_reduce")
+    ar8 = next(f for f in more if f.op == "all_reduce" and f.group_size == 8)
+    assert ar8.bus_bandwidth_bytes_per_s == ar2.bus_bandwidth_bytes_per_s
+    assert ar8.latency_s == pytest.approx(7 * ar2.latency_s)
+    net = modelled.network_links()
+    assert all(f.link == "network" and not f.measured and f.bus_bandwidth_bytes_per_s == 50e9 for f in net)
+
+
+def test_env_forced():
+    import os
+    collectives.force_env()
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"

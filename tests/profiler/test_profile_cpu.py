@@ -1,0 +1,109 @@
+"""End to end on CPU (gloo): `plan profile --device cpu` writes a profile the planner loads and queries."""
+import json
+
+import pytest
+
+from planner.errors import PlanError
+from planner.profile import Profile
+from runtime.profiler import cli
+
+
+@pytest.fixture(scope="module")
+def cpu_profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prof") / "cpu.json"
+    rc = cli.main(["--device", "cpu", "--quick", "--gpus", "2", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    return out
+
+
+def test_cpu_profile_loads_and_answers(cpu_profile):
+    p = Profile.load(cpu_profile)
+    assert p.gpu == "cpu"
+    assert p.gemm_points and p.attention_points
+    measured = {(c.op, c.group_size) for c in p.collectives if c.measured}
+    assert {("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2), ("all_to_all", 2),
+            ("send_recv", 2)} <= measured
+    assert all(c.link == "loopback" for c in p.collectives)
+    assert p.gemm_s(64, 192, 64) > 0
+    assert p.attention_s(2, 4, 32, 32, 16, True, False) > 0
+    assert p.attention_s(2, 4, 32, 32, 16, True, True) > 0
+    assert p.memory_bound_s(1 << 20) > 0
+    assert p.collective_s("all_reduce", 1 << 20, 2, "loopback") > 0
+    assert p.collective_s("all_gather", 1 << 20, 4, "loopback") > 0   # modelled group, written out
+    assert 0 < p.optimizer_s_per_param and 0 < p.elementwise_efficiency <= 1
+    assert set(p.overlap_hidden_fraction) == {"tp", "dp", "pp", "cp", "ep"}
+
+
+def test_cpu_profile_provenance(cpu_profile):
+    d = json.loads(cpu_profile.read_text())
+    prov = d["provenance"]
+    for key in ("date", "torch", "git_commit", "topology", "parts", "environment_forced", "gpu_name"):
+        assert key in prov, key
+    assert prov["environment_forced"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    statuses = {p["part"]: p["status"] for p in prov["parts"]}
+    assert statuses["gemm"] == "measured" and statuses["collectives/loopback"] == "measured"
+    assert any(s == "modelled" for s in statuses.values())
+    assert len(d["extras"]["gemm_spread"]) == len(d["gemm"]["points"])
+
+
+def test_overwrite_refused_then_forced(cpu_profile, tmp_path, capsys):
+    before = cpu_profile.read_bytes()
+    rc = cli.main(["--device", "cpu", "--quick", "--out", str(cpu_profile), "--no-progress"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert str(cpu_profile) in err and "--force" in err
+    assert cpu_profile.read_bytes() == before
+    # --force overwrites (one process: no collectives spawned, so this is quick)
+    other = tmp_path / "one.json"
+    other.write_text("placeholder")
+    rc = cli.main(["--device", "cpu", "--quick", "--gpus", "1", "--out", str(other), "--force", "--no-progress"])
+    assert rc == 0
+    assert Profile.load(other).gpu == "cpu"
+
+
+def test_bad_input_is_one_sentence(tmp_path, capsys):
+    assert cli.main(["--device", "cpu", "--gpus", "0", "--out", str(tmp_path / "x.json")]) == 1
+    assert "--gpus 0" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_corrupted_profile_named(cpu_profile, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(cpu_profile.read_text()[:500])          # truncated
+    with pytest.raises(PlanError, match="bad.json"):
+        Profile.load(bad)
+    d = json.loads(cpu_profile.read_text())
+    del d["gemm"]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(d))
+    with pytest.raises(PlanError, match="broken.json.*corrupted"):
+        Profile.load(broken)
+    d = json.loads(cpu_profile.read_text())
+    d["format"] = "something-else"
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps(d))
+    with pytest.raises(PlanError, match="foreign.json"):
+        Profile.load(foreign)
+
+
+def test_derive_h100(cpu_profile, tmp_path, capsys):
+    from runtime.profiler import derive
+    d = json.loads(cpu_profile.read_text())
+    d["gpu"] = "h200-sxm"
+    src = tmp_path / "h200.json"
+    src.write_text(json.dumps(d))
+    out = tmp_path / "h100.json"
+    assert derive.main([str(src), "--out", str(out)]) == 0
+    h200, h100 = Profile.load(src), Profile.load(out)
+    assert h100.gpu == "h100-sxm"
+    assert h100.copy_bandwidth_bytes_per_s == pytest.approx(h200.copy_bandwidth_bytes_per_s * 3.35 / 4.8)
+    assert h100.optimizer_s_per_param == pytest.approx(h200.optimizer_s_per_param * 4.8 / 3.35)
+    for (m, n, k, t0), (_, _, _, t1) in zip(h200.gemm_points, h100.gemm_points):
+        assert t0 <= t1 <= t0 * 4.8 / 3.35 * (1 + 1e-9)
+    assert all(p["status"] == "derived" for p in h100.provenance["parts"])
+    assert not any(c.measured for c in h100.collectives)
+    # a corrupted source gets one sentence naming it
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert derive.main([str(bad), "--out", str(tmp_path / "y.json")]) == 1
+    assert "bad.json" in capsys.readouterr().err

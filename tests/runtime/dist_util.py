@@ -1,0 +1,48 @@
+"""Run a function in N gloo processes (CPU) and collect what rank 0 returns."""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args, result_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        out = fn(rank, world, *args)
+        if rank == 0:
+            torch.save({"ok": out}, result_path)
+    except Exception:
+        if rank == 0 or not os.path.exists(result_path):
+            torch.save({"error": traceback.format_exc()}, result_path + f".{rank}")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_workers(fn, world: int, *args):
+    """fn(rank, world, *args) in `world` processes; returns rank 0's result. fn must be importable."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "result.pt")
+        try:
+            mp.start_processes(_entry, args=(world, _free_port(), fn, args, path), nprocs=world, join=True,
+                               start_method="spawn")
+        except Exception as exc:
+            errs = [torch.load(os.path.join(d, f), weights_only=False)["error"] for f in sorted(os.listdir(d))
+                    if f.startswith("result.pt.")]
+            raise AssertionError("worker failed:\n" + "\n".join(errs)) from exc
+        return torch.load(path, weights_only=False)["ok"]

@@ -1,0 +1,83 @@
+"""Shared pieces of the equivalence tests: one step of a layout vs a single-process run."""
+from __future__ import annotations
+
+import torch
+
+from planner.model import tiny_model
+from planner.plan import Layout
+from runtime.mesh import build_groups, single_process_groups
+from runtime.model import IGNORE_INDEX, build_model
+from runtime.parallel.data import AdamConfig, build_optimizer
+from runtime.parallel.tensor import gather_logical
+from runtime.step import train_step
+
+SEQ, GLOBAL_BATCH = 32, 8
+
+
+def global_batch(spec, step):
+    g = torch.Generator().manual_seed(100 + step)
+    seq = torch.randint(0, spec.vocab_size, (GLOBAL_BATCH, SEQ + 1), generator=g)
+    if spec.family == "bert":
+        tokens = seq[:, :SEQ].clone()
+        chosen = torch.rand(tokens.shape, generator=g) < 0.15
+        labels = torch.where(chosen, tokens, torch.full_like(tokens, IGNORE_INDEX))
+        tokens[chosen] = spec.vocab_size - 1
+        types = (torch.arange(SEQ) >= SEQ // 2).long().expand(GLOBAL_BATCH, SEQ).contiguous()
+        return dict(tokens=tokens, labels=labels, token_types=types)
+    return dict(tokens=seq[:, :-1], labels=seq[:, 1:])
+
+
+def micro_batches(spec, step, dp, dp_rank, mb):
+    full = global_batch(spec, step)
+    per = GLOBAL_BATCH // dp
+    out = []
+    for i in range(0, per, mb):
+        lo = dp_rank * per + i
+        out.append({k: v[lo:lo + mb] for k, v in full.items()})
+    return out
+
+
+def run_case(spec, lay: Layout, groups, modes, steps=2):
+    """Returns losses of `steps` steps and logical grads of the first step (gathered over TP)."""
+    model = build_model(spec, groups, modes, overlap=lay.overlap_tp)
+    opt = build_optimizer([model], groups, lay.sharding, AdamConfig(lr=1e-3), overlap=lay.overlap_dp,
+                          bucket_elems=20_000)
+    grads = {}
+    tp_of = {n: p for n, p in model.named_parameters()}  # after the optimizer (FSDP2 replaces parameters)
+
+    def capture():
+        for n, g in opt.full_local_grads().items():
+            p = tp_of[n]
+            grads[n] = gather_logical(g, p.tp_dim, p.tp_parts, groups.tp)
+
+    losses = []
+    for step in range(steps):
+        mbs = micro_batches(spec, step, lay.dp, groups.dp_rank, lay.micro_batch)
+        loss, _ = train_step([model], mbs, opt, groups, before_step=capture if step == 0 else None)
+        losses.append(loss)
+    return losses, grads
+
+
+def reference(family, modes=None, **over):
+    spec = tiny_model(family, **over)
+    lay = Layout(sharding="none", micro_batch=2)
+    return run_case(spec, lay, single_process_groups(), modes or ["none"] * spec.num_layers)
+
+
+def worker(rank, world, cases):
+    out = []
+    for family, lay_kw, modes in cases:
+        spec = tiny_model(family)
+        lay = Layout(**lay_kw)
+        groups = build_groups(lay, "cpu")
+        out.append(run_case(spec, lay, groups, modes or ["none"] * spec.num_layers))
+    return out
+
+
+def assert_close(ref, got, what):
+    (ref_losses, ref_grads), (losses, grads) = ref, got
+    for a, b in zip(ref_losses, losses):
+        assert abs(a - b) < 1e-5 * max(1.0, abs(a)), f"{what}: loss {b} vs single-process {a}"
+    assert set(ref_grads) == set(grads), f"{what}: parameter names differ"
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-4, atol=1e-6, msg=lambda m: f"{what} {n}: {m}")

@@ -1,0 +1,90 @@
+"""Data sources: flat files, Megatron indexed datasets, blends, MLM masking, and one-sentence errors."""
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.data import (DataError, Prefetcher, cp_split, mask_for_mlm, open_source, read_mmidx,
+                          step_micro_batches)
+
+
+def write_mmidx(prefix, docs, dtype=np.uint16, code=8):
+    sizes = np.array([len(d) for d in docs], dtype=np.int32)
+    item = np.dtype(dtype).itemsize
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1]) * item]).astype(np.int64)
+    with open(f"{prefix}.bin", "wb") as f:
+        for d in docs:
+            f.write(np.asarray(d, dtype=dtype).tobytes())
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + bytes([code]) + struct.pack("<QQ", len(docs), len(docs) + 1))
+        f.write(sizes.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype=np.int64).tobytes())
+
+
+def test_flat_file_windows(tmp_path):
+    p = tmp_path / "tok.u16"
+    np.arange(1000, dtype=np.uint16).__mod__(256).astype(np.uint16).tofile(p)
+    src = open_source(str(p), vocab=256, seq_len=16)
+    s0, s1 = src.sequence(0, 17), src.sequence(1, 17)
+    assert list(s0) == list(range(17)) and s1[0] == 16  # windows overlap by one token (next-token labels)
+
+
+def test_indexed_dataset_and_blend(tmp_path):
+    write_mmidx(tmp_path / "a", [[1, 2, 3] * 20, [4, 5] * 30])
+    dtype, sizes, pointers, doc_idx = read_mmidx(tmp_path / "a.idx")
+    assert dtype == np.uint16 and list(sizes) == [60, 60] and list(pointers) == [0, 120]
+    np.full(500, 7, dtype=np.uint16).tofile(tmp_path / "b.u16")
+    src = open_source(f"0.5:{tmp_path / 'a'},0.5:{tmp_path / 'b.u16'}", vocab=256, seq_len=16)
+    seqs = [src.sequence(i, 17) for i in range(40)]
+    from_b = sum(1 for s in seqs if (s == 7).all())
+    assert 8 < from_b < 32
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda d: (d / "odd.bin").write_bytes(b"\x01\x00\x02"), "not a whole number"),
+    (lambda d: np.arange(5, dtype=np.uint16).tofile(d / "short.u16"), "fewer than one sequence"),
+    (lambda d: np.full(100, 999, dtype=np.uint16).tofile(d / "big.u16"), "outside the model's vocabulary"),
+    (lambda d: [(d / "bad.idx").write_bytes(b"NOTMMIDX" * 8), (d / "bad.bin").write_bytes(b"\x00" * 64)],
+     "bad MMIDIDX header"),
+])
+def test_bad_files_get_one_sentence(tmp_path, make, needle):
+    make(tmp_path)
+    name = next(p for p in tmp_path.iterdir())
+    target = str(name.with_suffix("")) if name.suffix in (".idx",) or (tmp_path / "bad.idx").exists() else str(name)
+    with pytest.raises(DataError) as exc:
+        open_source(target, vocab=256, seq_len=16)
+    msg = str(exc.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_truncated_bin_and_missing(tmp_path):
+    write_mmidx(tmp_path / "t", [list(range(50)), list(range(50))])
+    with open(tmp_path / "t.bin", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(DataError, match="truncated"):
+        open_source(str(tmp_path / "t"), vocab=256, seq_len=16)
+    with pytest.raises(DataError, match="does not exist"):
+        open_source(str(tmp_path / "nope.bin"), vocab=256, seq_len=16)
+
+
+def test_mlm_masking_proportions():
+    tokens = np.random.default_rng(0).integers(200, 256, size=20000)
+    out, labels = mask_for_mlm(tokens, 30522, 0, 0)
+    chosen = labels != -100
+    assert 0.14 < chosen.mean() < 0.16
+    assert 0.77 < (out[chosen] == 103).mean() < 0.83
+    assert (labels[chosen] == tokens[chosen]).all() and (out[~chosen] == tokens[~chosen]).all()
+
+
+def test_batches_are_a_function_of_the_step_and_cp_split():
+    src = open_source("synthetic", 256, 16)
+    whole = step_micro_batches(src, "gpt", 256, 16, 8, 4, 1, 0, step=3)
+    halves = [step_micro_batches(src, "gpt", 256, 16, 8, 2, 2, r, step=3) for r in range(2)]
+    joined = torch.cat([mb["tokens"] for h in halves for mb in h])
+    assert torch.equal(joined, torch.cat([mb["tokens"] for mb in whole]))
+    x = torch.arange(8)
+    assert cp_split(x, 2, 0).tolist() == [0, 1, 6, 7] and cp_split(x, 2, 1).tolist() == [2, 3, 4, 5]
+    pf = Prefetcher(lambda s: step_micro_batches(src, "bert", 256, 16, 4, 2, 1, 0, s), 0, "cpu")
+    mbs, wait = pf.next()
+    pf.close()
+    assert set(mbs[0]) == {"tokens", "labels", "token_types"} and wait >= 0

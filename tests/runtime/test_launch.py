@@ -1,0 +1,52 @@
+"""`plan launch`: refusals in one sentence, and a CPU run that checkpoints and resumes on the same curve."""
+import csv
+import json
+
+import pytest
+
+from planner.model import tiny_model
+from planner.plan import Layout, Plan, TrainingShape, even_stages
+from runtime.launch import main
+
+
+def write_plan(path, **lay):
+    spec = tiny_model("llama")
+    layout = Layout(**lay)
+    plan = Plan(model=spec, cluster={"num_gpus": layout.world_size}, training=TrainingShape(32, 8), layout=layout,
+                stages=even_stages(spec.num_layers, 1, "selective"))
+    path.write_text(json.dumps(plan.to_dict()))
+    return path
+
+
+def test_world_size_mismatch_is_refused(tmp_path, capsys):
+    plan = write_plan(tmp_path / "p.json", tp=2, micro_batch=2, sharding="none")
+    assert main([str(plan), "--device", "cpu", "--nproc-per-node", "4"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "needs 2 processes" in err and "\n" not in err
+
+
+def test_bad_data_and_existing_results_are_refused(tmp_path, capsys):
+    plan = write_plan(tmp_path / "p.json", tp=2, micro_batch=2, sharding="none")
+    assert main([str(plan), "--device", "cpu", "--data", str(tmp_path / "missing.bin")]) != 0
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "r.csv").write_text("x\n")
+    assert main([str(plan), "--device", "cpu", "--results", str(tmp_path / "r.csv")]) != 0
+    assert "already exists" in capsys.readouterr().err
+
+
+def _losses(path):
+    with open(path) as f:
+        return [float(r["loss"]) for r in csv.DictReader(f)]
+
+
+def test_cpu_launch_checkpoint_and_resume(tmp_path):
+    plan = write_plan(tmp_path / "p.json", tp=1, dp=2, micro_batch=2, sharding="optimizer")
+    base = ["--device", "cpu", "--lr", "1e-3"]
+    assert main([str(plan), "--steps", "4", "--results", str(tmp_path / "a.csv")] + base) == 0
+    ck = str(tmp_path / "ck")
+    assert main([str(plan), "--steps", "2", "--results", str(tmp_path / "b.csv"), "--ckpt-dir", ck] + base) == 0
+    assert main([str(plan), "--steps", "2", "--results", str(tmp_path / "b.csv"), "--ckpt-dir", ck,
+                 "--resume"] + base) == 0
+    a, b = _losses(tmp_path / "a.csv"), _losses(tmp_path / "b.csv")
+    assert len(a) == len(b) == 4
+    assert a == pytest.approx(b, abs=2e-6)

@@ -1,0 +1,90 @@
+"""Model construction: exact parameter counts, stages, recompute modes give the same numbers."""
+import pytest
+import torch
+
+from planner.model import CATALOGUE, tiny_model
+from runtime.mesh import single_process_groups
+from runtime.model import build_model, build_stage
+
+
+@pytest.mark.parametrize("name", ["gpt-1.3b", "llama3-8b", "bert-large", "gpt-175b"])
+def test_catalogue_parameter_count_matches_spec(name):
+    spec = CATALOGUE[name]
+    model = build_model(spec, single_process_groups(), device="meta")
+    assert sum(p.numel() for p in model.parameters()) == spec.total_params()
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama", "bert"])
+def test_tiny_counts_and_stage_split(family):
+    spec = tiny_model(family)
+    g = single_process_groups()
+    full = build_model(spec, g)
+    assert sum(p.numel() for p in full.parameters()) == spec.total_params()
+    first = build_stage(spec, g, 0, 2, True, False)
+    last = build_stage(spec, g, 2, 4, False, True)
+    n = sum(p.numel() for p in first.parameters()) + sum(p.numel() for p in last.parameters())
+    tied_copy = spec.vocab_size * spec.hidden if spec.tie_embeddings else 0
+    assert n == spec.total_params() + tied_copy
+    # the same names and values wherever a layer lives
+    full_sd = dict(full.named_parameters())
+    for name, p in list(first.named_parameters()) + list(last.named_parameters()):
+        ref = full_sd[getattr(p, "logical_name", name)]
+        assert torch.equal(p, ref), name
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama", "bert"])
+def test_recompute_modes_same_loss_and_grads(family):
+    spec = tiny_model(family)
+    g = single_process_groups()
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, spec.vocab_size, (2, 32), generator=gen)
+    labels = torch.randint(0, spec.vocab_size, (2, 32), generator=gen)
+    types = torch.zeros_like(tokens) if family == "bert" else None
+    results = []
+    for modes in (["none"] * 4, ["selective"] * 4, ["full"] * 4, ["full", "selective", "none", "full"]):
+        m = build_model(spec, g, modes)
+        loss, n = m(tokens, token_types=types, labels=labels)
+        (loss / n).backward()
+        results.append((loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters()}))
+    for loss, grads in results[1:]:
+        torch.testing.assert_close(loss, results[0][0])
+        for k in grads:
+            torch.testing.assert_close(grads[k], results[0][1][k], rtol=1e-5, atol=1e-7)
+
+
+def test_selective_recompute_keeps_fewer_tensors():
+    """Saved-activation bytes per layer fall from none > selective > full (what the planner counts)."""
+    spec = tiny_model("gpt", num_layers=1)
+    g = single_process_groups()
+    tokens = torch.randint(0, spec.vocab_size, (2, 32))
+    sizes = {}
+    for mode in ("none", "selective", "full"):
+        m = build_stage(spec, g, 0, 1, False, False, [mode])
+        x = torch.randn(32, 2, spec.hidden, requires_grad=True)
+        seen = {}
+
+        def pack(t):
+            seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            m(x)
+        sizes[mode] = sum(seen.values())
+    assert sizes["none"] > sizes["selective"] > sizes["full"]
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert"])
+def test_saved_activations_match_the_documented_list(family):
+    """The per-token list at the top of runtime/model.py, in elements (fp32 run; on GPU all but the
+    LayerNorm statistics and the log-sum-exp are bf16). Llama adds the shared rotary tables and, on CPU
+    only, the RMSNorm composite's normalised input."""
+    from runtime.memory import saved_bytes_per_token
+    spec = tiny_model(family, hidden=64, ffn_hidden=96, num_layers=1)
+    h, f, qkv, q, heads = spec.hidden, spec.ffn_hidden, spec.q_width + 2 * spec.kv_width, spec.q_width, spec.num_heads
+    ln_stats = 2 * 2  # mean and rstd of two LayerNorms
+    expected = {
+        "none": 4 * h + ln_stats + qkv + heads + q + 2 * f,
+        "selective": (2 * h + ln_stats + qkv + q + f) if family == "gpt" else (4 * h + ln_stats + qkv + q + f),
+        "full": h,
+    }
+    for mode, n in expected.items():
+        assert saved_bytes_per_token(spec, mode) / 4 == n, mode
