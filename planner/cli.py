@@ -123,7 +123,7 @@ def run_plan(argv: list[str]) -> int:
     import threading
 
     # OR-Tools takes a third of a second to import: load it while the arguments and profile are read
-    threading.Thread(target=lambda: __import__("ortools.sat.python.cp_model"), daemon=True).start()
+    threading.Thread(target=lambda: (__import__("ortools.sat.python.cp_model"), __import__("numpy")), daemon=True).start()
     args = build_parser().parse_args(argv)
     model, cluster, shape, profile = resolve_inputs(args)
     pins = Pins(tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp, cp=args.cp, ep=args.ep,

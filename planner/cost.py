@@ -15,7 +15,6 @@ do not hide, then the optimizer step over the local parameter shard.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from planner import memory as mem
 from planner.cluster import ClusterSpec, place_group
@@ -25,6 +24,18 @@ from planner.profile import Profile
 
 BF16 = 2
 FP32 = 4
+
+
+class cached_property:  # noqa: N801 - functools' version takes a lock per access on Python < 3.12
+    def __init__(self, fn):
+        self.fn, self.name = fn, fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 def exposed_s(comm_s: float, beside_s: float, hidden_fraction: float, overlap: bool) -> float:
@@ -153,9 +164,10 @@ class CostModel:
         return self.lay.micro_batch * self.shape.seq_len / self.lay.cp
 
     def _gemm_fwd_bwd_s(self, m: int, n: int, k: int, count: int = 1) -> tuple[float, float]:
-        """Forward [m,k]x[k,n]; backward dgrad [m,n]x[n,k] and wgrad [k,m]x[m,n]."""
+        """Forward [m,k]x[k,n]; backward dgrad dY W = [m,n]x[n,k] and wgrad dY^T X = [n,m]x[m,k], keyed as
+        the runtime calls them (and the profiler times them)."""
         g = self.prof.gemm_s
-        return count * g(m, n, k), count * (g(m, k, n) + g(k, n, m))
+        return count * g(m, n, k), count * (g(m, k, n) + g(n, k, m))
 
     @cached_property
     def layer(self) -> LayerCosts:
@@ -342,9 +354,11 @@ class CostModel:
     def dp_comm_s(self, dense: float, expert: float, window_fwd_s: float, window_bwd_s: float, num_micro: int) -> float:
         """Exposed data-parallel traffic of one rank per step."""
         lay, frac = self.lay, self.prof.overlap_hidden_fraction.get("dp", 0.0)
-        d, stride = lay.dp * lay.cp, self.strides["dp"]
+        d = lay.dp * lay.cp
         total = 0.0
-        for params, group in ((dense, d), (expert, d // lay.ep)):
+        # the dense gradients are sharded over the dp x cp ranks (adjacent blocks spaced by tp); the expert
+        # gradients over the ranks holding the same experts (every ep-th of those)
+        for params, group, stride in ((dense, d, lay.tp), (expert, d // lay.ep, lay.tp * lay.ep)):
             if group <= 1 or params <= 0:
                 continue
             rs = self.group_collective_s("reduce_scatter", FP32 * params, group, stride)

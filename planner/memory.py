@@ -19,6 +19,7 @@ The allowance: CUDA context, cuBLAS workspaces and NCCL buffers live outside PyT
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.model import ModelSpec
 from planner.plan import Layout, TrainingShape
@@ -178,12 +179,32 @@ def embedding_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) 
 def in_flight_micro_batches(rank: int, chunk: int, lay: Layout, num_micro_batches: int) -> int:
     """Micro-batches whose activations a virtual stage (`chunk` of pipeline `rank`) holds at the peak.
 
-    1F1B: rank r runs pp - r forwards before its first backward. Interleaved (Megatron-Core's order):
-    rank r runs (pp - r - 1) * 2 + (vpp - 1) * pp warm-up forwards then one more, visiting chunks in groups
-    of pp micro-batches: every chunk but the last holds pp, the last holds the rest."""
+    1F1B: rank r runs pp - r forwards before its first backward. Interleaved (Megatron-Core's order, as
+    runtime.parallel.pipeline.rank_schedule runs it): the k-th forward runs chunk (k mod pp*v) // pp, the
+    k-th backward chunk v - 1 - (k mod pp*v) // pp; rank r runs W = 2 (pp - r - 1) + (v - 1) pp warm-up
+    forwards (all m*v of them when m == pp), then one forward and one backward at a time. The count is the
+    most that chunk holds at any moment of the step (an upper bound on its share of the rank's peak; the
+    chunks' maxima need not coincide, so their sum can exceed the rank's true peak by about one chunk)."""
     p, v, mb = lay.pp, lay.vpp, num_micro_batches
     if v == 1:
         return min(p - rank, mb)
-    if chunk < v - 1:
-        return min(p, mb)
-    return min(2 * (p - rank - 1) + 1, mb)
+    return _interleaved_in_flight(p, v, rank, mb)[chunk]
+
+
+@lru_cache(maxsize=65536)
+def _interleaved_in_flight(p: int, v: int, rank: int, m: int) -> tuple[int, ...]:
+    total = m * v
+    warm = total if m == p else min(2 * (p - rank - 1) + (v - 1) * p, total)
+    if warm >= total:
+        return (m,) * v
+
+    def fwd(c, n):  # forwards of chunk c among the first n
+        return p * (n // (p * v)) + min(max(n % (p * v) - c * p, 0), p)
+
+    def bwd(c, n):  # backwards of chunk c among the first n
+        return p * (n // (p * v)) + min(max(n % (p * v) - (v - 1 - c) * p, 0), p)
+
+    # the steady state repeats every p*v steps: after the b-th backward's forward, chunk c holds
+    # fwd(c, warm + b + 1) - bwd(c, b); the warm-up and cool-down hold no more than that
+    steps = min(total - warm, p * v)
+    return tuple(max(fwd(c, warm + b + 1) - bwd(c, b) for b in range(steps)) for c in range(v))

@@ -292,6 +292,8 @@ def from_hf_config(path: Path) -> ModelSpec:
         raise PlanError(f"model config '{path}' lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise PlanError(f"model config '{path}' has a value of the wrong type ({exc})") from None
+    except ZeroDivisionError:
+        raise PlanError(f"model config '{path}' gives 0 attention heads") from None
     validate_model(spec)
     return spec
 

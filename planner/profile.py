@@ -96,10 +96,9 @@ class Profile:
         return _gemm_s_cached(self._gemm_key(), m, n, k)
 
     def _gemm_key(self):
-        key = getattr(self, "_gk", None)
+        key = self.__dict__.get("_gk")
         if key is None:
-            key = _GemmTable(tuple(self.gemm_points), self.copy_bandwidth_bytes_per_s)
-            self._gk = key
+            key = self.__dict__["_gk"] = _GemmTable(tuple(self.gemm_points), self.copy_bandwidth_bytes_per_s)
         return key
 
     def attention_s(self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int, causal: bool,
@@ -115,18 +114,26 @@ class Profile:
         return flops / rate + self.kernel_launch_s
 
     def _attention_rate(self, seq: int, head_dim: int, causal: bool, backward: bool) -> float:
+        """Achieved rate at this sequence length: linear in log2(seq) between the two nearest measured
+        lengths of the nearest head_dim (clamped at the ends of the grid)."""
         key = "bwd_tflops" if backward else "fwd_tflops"
         pts = [p for p in self.attention_points if p["causal"] == causal] or self.attention_points
-        best = None
-        for p in pts:
-            d = abs(math.log2(p["seq"] / seq)) + 2 * abs(math.log2(p["head_dim"] / head_dim))
-            if best is None or d < best[0]:
-                best = (d, p)
-        rate = best[1][key] * 1e12
-        # short sequences run far below the long-sequence rate (tiles not filled): scale linearly below 1k
-        if seq < 1024 and best[1]["seq"] >= 1024:
-            rate *= max(seq / 1024, 0.25)
-        return rate
+        hd = min({p["head_dim"] for p in pts}, key=lambda d: abs(math.log2(d / head_dim)))
+        by_seq = sorted((p["seq"], p[key]) for p in pts if p["head_dim"] == hd)
+        x = math.log2(seq)
+        lo = [sp for sp in by_seq if sp[0] <= seq]
+        hi = [sp for sp in by_seq if sp[0] >= seq]
+        if not lo:
+            s0, r0 = by_seq[0]
+            # below the grid: short sequences fill tiles poorly, scale down linearly (modelled)
+            return r0 * 1e12 * max(seq / s0, 0.25)
+        if not hi:
+            return by_seq[-1][1] * 1e12
+        (s0, r0), (s1, r1) = lo[-1], hi[0]
+        if s0 == s1:
+            return r0 * 1e12
+        w = (x - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+        return (r0 + w * (r1 - r0)) * 1e12
 
     def memory_bound_s(self, nbytes: float) -> float:
         if nbytes <= 0:
@@ -220,31 +227,33 @@ def _validate(p: Profile, where: str) -> None:
             raise PlanError(f"{where} is corrupted: overlap fraction for '{k}' is {v}, not within [0, 1]")
 
 
-@dataclass(frozen=True)
 class _GemmTable:
-    points: tuple
-    copy_bw: float
+    """Measured GEMMs as arrays of log2 shapes and log achieved rates, for nearest-neighbour lookups."""
+
+    def __init__(self, points: tuple, copy_bw: float):
+        import numpy as np
+
+        arr = np.array([(m, n, k, t) for m, n, k, t in points], dtype=float)
+        self.log_shape = np.log2(arr[:, :3])
+        self.log_rate = np.log(2.0 * arr[:, 0] * arr[:, 1] * arr[:, 2] / arr[:, 3])
+        self.exact = {(int(m), int(n), int(k)): t for m, n, k, t in points}
+        self.copy_bw = copy_bw
 
 
 @lru_cache(maxsize=200_000)
 def _gemm_s_cached(table: _GemmTable, m: int, n: int, k: int) -> float:
+    import numpy as np
+
     flops = 2.0 * m * n * k
+    t_mem = 2.0 * (m * k + k * n + m * n) / table.copy_bw  # a GEMM cannot beat moving its operands once
+    exact = table.exact.get((m, n, k))
+    if exact is not None:
+        return exact + 5e-6
     # inverse-distance weighting of log achieved rate over the 4 nearest measured shapes (log2 space)
-    lm, ln_, lk = math.log2(m), math.log2(n), math.log2(k)
-    dists = []
-    for pm, pn, pk, t in table.points:
-        d = (lm - math.log2(pm)) ** 2 + (ln_ - math.log2(pn)) ** 2 + (lk - math.log2(pk)) ** 2
-        dists.append((d, math.log(2.0 * pm * pn * pk / t)))
-    dists.sort()
-    if dists[0][0] < 1e-12:
-        log_rate = dists[0][1]
-    else:
-        near = dists[:4]
-        wsum = sum(1.0 / d for d, _ in near)
-        log_rate = sum(r / d for d, r in near) / wsum
-    rate = math.exp(log_rate)
-    # memory roofline: a GEMM cannot beat reading its operands and writing its output once (bf16)
-    t_mem = 2.0 * (m * k + k * n + m * n) / table.copy_bw
+    d2 = ((table.log_shape - np.log2([m, n, k])) ** 2).sum(axis=1)
+    near = np.argsort(d2)[:4]
+    w = 1.0 / np.maximum(d2[near], 1e-12)
+    rate = float(np.exp((w * table.log_rate[near]).sum() / w.sum()))
     return max(flops / rate, t_mem) + 5e-6
 
 

@@ -289,7 +289,7 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
 
 
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
-           pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_time_s: float = 0.08,
+           pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_time_s: float = 0.05,
            progress=None) -> SearchResult:
     """Best plans first. Phases: enumerate and bound every legal layout; a greedy split for each layout
     whose bound could still beat the k-th best; CP-SAT on the `top_k + refine` best of those (hinted with
@@ -375,11 +375,21 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
 
 
 def plan_provenance(profile: Profile) -> dict:
+    """Which profile the times came from, and which of its figures are measured and which modelled."""
+    prov = profile.provenance
+    measured, modelled = list(prov.get("measured", [])), list(prov.get("modelled", []))
+    for part in prov.get("parts", []):
+        status = str(part.get("status", ""))
+        text = part.get("part", "?") + (f" ({part['model']})" if "model" in part else "")
+        (measured if status == "measured" else modelled).append(text if status in ("measured", "modelled")
+                                                                else f"{text}: {status}")
     return {"profile": profile.source_path or profile.gpu, "profile_gpu": profile.gpu,
-            "profile_kind": profile.provenance.get("kind", "measured"),
-            "measured": profile.provenance.get("measured", []),
-            "modelled": profile.provenance.get("modelled", []) + [
-                "memory allowance: " f"{mem.RESERVED_GIB} GiB outside the allocator, {mem.FRAGMENTATION:.0%} fragmentation"]}
+            "profile_measured_on": prov.get("gpu_name", prov.get("measured_on", "")),
+            "profile_date": prov.get("date", ""), "profile_commit": prov.get("git_commit", ""),
+            "profile_kind": prov.get("kind", prov.get("mode", "measured")),
+            "measured": measured,
+            "modelled": modelled + [f"memory allowance: {mem.RESERVED_GIB} GiB outside the allocator, "
+                                    f"{mem.FRAGMENTATION:.0%} fragmentation"]}
 
 
 def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit) -> PlanError:

@@ -73,7 +73,7 @@ def build() -> Profile:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(HERE / "h200-sxm.json"))
+    ap.add_argument("--out", default=str(HERE / "h200-sxm-reference-derived.json"))
     args = ap.parse_args()
     prof = build()
     d = prof.to_dict()

@@ -1,0 +1,397 @@
+"""`plan export plan.json --to megatron|torchrun|slurm`: a plan in the form another launcher takes.
+
+- megatron: the Megatron-LM `pretrain_gpt.py` arguments that realise the plan (parallel sizes, the layer
+  split, micro/global batch, sequence parallel, distributed optimizer, overlap flags, recompute, model
+  shape), as a bash array with a comment block naming what Megatron cannot express.
+- torchrun: the exact command `plan launch` runs (built by runtime.launch's own builder).
+- slurm: an sbatch script running the plan on N nodes: srun starts one `plan launch` per node, torchrun
+  underneath, rendezvous on the first node.
+
+Megatron-LM argument names were checked against NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
+megatron/training/arguments.py (hand-written arguments, e.g. --num-layers-per-virtual-pipeline-stage,
+--decoder-first-pipeline-num-layers, --pipeline-model-parallel-layout, --use-distributed-optimizer,
+--overlap-grad-reduce, --swiglu, --group-query-attention) and the dataclasses it turns into arguments
+through ArgumentGroupFactory (field `foo_bar` -> `--foo-bar`): megatron/core/model_parallel_config.py
+(--tensor-model-parallel-size, --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
+--tp-comm-overlap, --bf16), megatron/core/transformer/transformer_config.py (--num-layers, --hidden-size,
+--num-query-groups, --normalization, --disable-bias-linear, --recompute-granularity/-method/-num-layers,
+--recompute-modules, --moe-router-topk), megatron/training/config/training_config.py (--micro-batch-size,
+--global-batch-size), megatron/core/transformer/pipeline_parallel_layer_layout.py (layout syntax).
+--virtual-pipeline-model-parallel-size is no longer a command-line argument there (excluded from the
+factory); --num-layers-per-virtual-pipeline-stage or the layout string set it.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.errors import PlanError
+from planner.plan import Plan
+
+MEGATRON_SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py (+ core/model_parallel_config.py, "
+                   "core/transformer/transformer_config.py) at commit d98e8a64, 2026-08-22")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from planner.cli import _Parser, _positive_int
+
+    ap = _Parser(prog="plan export", description="Write a plan as Megatron-LM arguments, the torchrun command of "
+                 "`plan launch`, or a Slurm batch script.")
+    ap.add_argument("plan", help="plan.json written by `plan -o`")
+    ap.add_argument("--to", required=True, choices=["megatron", "torchrun", "slurm"])
+    ap.add_argument("-o", "--output", help="write here instead of standard output")
+    ap.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
+    ap.add_argument("--nodes", type=_positive_int("--nodes"),
+                    help="nodes to run on (default: world size / the plan's GPUs per node)")
+    ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"),
+                    help="default: the plan's cluster (8 when it does not say)")
+    ap.add_argument("--node-rank", type=int, default=0, help="torchrun: this node's rank (several nodes)")
+    ap.add_argument("--rdzv-endpoint", help="torchrun: host:port of the rendezvous (several nodes)")
+    ap.add_argument("--steps", type=_positive_int("--steps"), default=10, help="training steps (torchrun, slurm)")
+    ap.add_argument("--data", default="synthetic", help="data source passed to `plan launch` (torchrun, slurm)")
+    ap.add_argument("--results", help="per-step results CSV (torchrun, slurm; default: beside the plan)")
+    ap.add_argument("--time", default="01:00:00", help="slurm: wall-clock limit (default 01:00:00)")
+    ap.add_argument("--partition", help="slurm: partition")
+    ap.add_argument("--account", help="slurm: account")
+    ap.add_argument("--job-name", help="slurm: job name (default plan-<model>)")
+    return ap
+
+
+# -- Megatron-LM ----------------------------------------------------------------------------------------
+
+@dataclass
+class MegatronExport:
+    args: list[str]
+    """Flat argument list, as pretrain_gpt.py takes it."""
+    notes: list[str] = field(default_factory=list)
+    """What Megatron cannot express, or expresses only approximately."""
+    script: str = "pretrain_gpt.py"
+
+    def groups(self) -> list[list[str]]:
+        """The arguments as [flag, values...] groups (one per line when rendered)."""
+        out: list[list[str]] = []
+        for a in self.args:
+            if a.startswith("--"):
+                out.append([a])
+            else:
+                out[-1].append(a)
+        return out
+
+    def value(self, flag: str):
+        """The value(s) of a flag: None if absent, True for a bare switch, a str or a list of str."""
+        for g in self.groups():
+            if g[0] == flag:
+                return True if len(g) == 1 else (g[1] if len(g) == 2 else g[1:])
+        return None
+
+
+def _layout_string(layers: list[int]) -> str:
+    """Megatron's --pipeline-model-parallel-layout: virtual stages in model order split by '|', 'E' the
+    embedding on the first, 'L' the loss on the last, 't' a transformer layer ('t*3' = three)."""
+    parts = []
+    for j, n in enumerate(layers):
+        s = ("E" if j == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if j == len(layers) - 1 else "")
+        parts.append(s)
+    return "|".join(parts)
+
+
+def megatron_args(plan: Plan) -> MegatronExport:
+    m, lay, st = plan.model, plan.layout, plan.stages
+    a: list[str] = []
+    notes: list[str] = []
+
+    def add(flag, *vals):
+        a.append(flag)
+        a.extend(str(v) for v in vals)
+
+    # -- parallel sizes and the layer split
+    add("--tensor-model-parallel-size", lay.tp)
+    if lay.tp > 1:
+        add("--sequence-parallel")
+    add("--pipeline-model-parallel-size", lay.pp)
+    layers = [s.layers for s in st]
+    if lay.pp > 1:
+        uniform = len(set(layers)) == 1
+        if uniform and lay.vpp > 1:
+            add("--num-layers-per-virtual-pipeline-stage", layers[0])
+        elif not uniform and lay.vpp == 1 and lay.pp == 2:
+            add("--decoder-first-pipeline-num-layers", layers[0])
+        elif not uniform and lay.vpp == 1 and len(set(layers[1:-1])) == 1:
+            mid = layers[1]
+            if layers[0] != mid:
+                add("--decoder-first-pipeline-num-layers", layers[0])
+            if layers[-1] != mid:
+                add("--decoder-last-pipeline-num-layers", layers[-1])
+        elif not uniform:
+            add("--pipeline-model-parallel-layout", _layout_string(layers))
+            notes.append("the non-uniform split (" + " ".join(map(str, layers)) + " layers per virtual stage) is "
+                         "given as --pipeline-model-parallel-layout, added to Megatron-LM in June 2025 (commit "
+                         "77732c3); older Megatron can only set the ends (--decoder-first-pipeline-num-layers / "
+                         "--decoder-last-pipeline-num-layers) and would lose this split")
+    if lay.cp > 1:
+        add("--context-parallel-size", lay.cp)
+        add("--cp-comm-type", "p2p")
+    if m.is_moe:
+        add("--num-experts", m.num_experts)
+        add("--moe-router-topk", m.top_k)
+        add("--expert-model-parallel-size", lay.ep)
+        add("--moe-token-dispatcher-type", "alltoall")
+        if lay.tp > 1:
+            add("--expert-tensor-parallel-size", 1)  # the planner keeps experts whole on each TP rank
+    # -- batch
+    add("--micro-batch-size", lay.micro_batch)
+    add("--global-batch-size", plan.training.global_batch)
+    # -- data parallel sharding and overlap
+    sharded = lay.sharding != "none"
+    if lay.sharding == "optimizer":
+        add("--use-distributed-optimizer")
+    elif lay.sharding in ("optimizer+grads", "full"):
+        strategy = "optim_grads" if lay.sharding == "optimizer+grads" else "optim_grads_params"
+        add("--use-megatron-fsdp")
+        add("--data-parallel-sharding-strategy", strategy)
+        notes.append(f"sharding '{lay.sharding}' (ZeRO-{2 if strategy == 'optim_grads' else 3}) has no stock-DDP "
+                     f"form in Megatron-LM; it is given as Megatron-FSDP (--use-megatron-fsdp "
+                     f"--data-parallel-sharding-strategy {strategy}), which has its own constraints (checkpoint "
+                     "format, Transformer Engine); --use-distributed-optimizer alone would be ZeRO-1 and need "
+                     "more memory than planned")
+    if lay.overlap_dp and lay.dp * lay.cp > 1:
+        add("--overlap-grad-reduce")
+        if sharded:
+            add("--overlap-param-gather")
+    if lay.overlap_tp and lay.tp > 1:
+        add("--tp-comm-overlap")
+        notes.append("--tp-comm-overlap needs Transformer Engine with userbuffers (--transformer-impl "
+                     "transformer_engine); drop it on the local layer implementation")
+    if not lay.overlap_pp and lay.pp > 1:
+        add("--no-overlap-p2p-communication")
+    # -- recompute
+    _recompute(plan, add, notes)
+    # -- model shape
+    add("--num-layers", m.num_layers)
+    add("--hidden-size", m.hidden)
+    add("--ffn-hidden-size", m.ffn_hidden)
+    add("--num-attention-heads", m.num_heads)
+    if m.num_kv_heads != m.num_heads:
+        add("--group-query-attention")
+        add("--num-query-groups", m.num_kv_heads)
+    if m.head_dim_override:
+        add("--kv-channels", m.head_dim)
+    add("--seq-length", plan.training.seq_len)
+    add("--max-position-embeddings", m.max_seq_len)
+    if m.gated_mlp:
+        add("--swiglu")
+    add("--normalization", "LayerNorm" if m.has_bias else "RMSNorm")
+    add("--position-embedding-type", "learned_absolute" if m.learned_positions else "rope")
+    if not m.tie_embeddings:
+        add("--untie-embeddings-and-output-weights")
+    if not m.has_bias:
+        add("--disable-bias-linear")
+    add("--attention-dropout", "0.0")
+    add("--hidden-dropout", "0.0")
+    add("--bf16")
+    script = "pretrain_gpt.py"
+    if m.family == "bert":
+        script = "pretrain_bert.py"
+        notes.append("BERT trains with pretrain_bert.py, whose model adds a binary (next-sentence) head unless "
+                     "--bert-no-binary-head is given; the plan has none")
+    notes.append(f"vocabulary: the plan counts {m.vocab_size} entries; use a tokenizer whose padded size is that "
+                 f"(for synthetic data: --tokenizer-type NullTokenizer --vocab-size {m.vocab_size} "
+                 "--make-vocab-size-divisible-by 1)")
+    return MegatronExport(a, notes, script)
+
+
+def _recompute(plan: Plan, add, notes: list[str]) -> None:
+    """The plan's per-stage recompute in Megatron's terms: one granularity for the whole run, and for full
+    recompute either every layer (uniform, 1 layer per unit) or the first N layers of every model chunk
+    (block). Where the plan differs per stage, the export recomputes at least as much as planned (memory
+    stays within the plan; the step is slower than predicted) and says so."""
+    st = plan.stages
+    full = [s.full_recompute_layers for s in st]
+    sel = [s.selective_recompute_layers for s in st]
+    if not any(full) and not any(sel):
+        return
+    if any(full):
+        if all(f == s.layers for f, s in zip(full, st)):
+            add("--recompute-granularity", "full")
+            add("--recompute-method", "uniform")
+            add("--recompute-num-layers", 1)
+            return
+        n = max(f + s for f, s in zip(full, sel))
+        add("--recompute-granularity", "full")
+        add("--recompute-method", "block")
+        add("--recompute-num-layers", n)
+        per = ", ".join(f"{s.full_recompute_layers}/{s.layers}" for s in st)
+        if len(set(full)) > 1 or any(sel):
+            notes.append(f"per-stage recompute differs in the plan (full layers per virtual stage: {per}"
+                         + (f"; plus {sum(sel)} selective layers" if any(sel) else "") +
+                         f"); Megatron takes one count for every model chunk, so the export recomputes fully the "
+                         f"first {n} layers of each chunk: memory stays within the plan, the step is slower than predicted")
+        return
+    add("--recompute-granularity", "selective")
+    mods = ["core_attn", "layernorm"] + (["moe_act"] if plan.model.is_moe else [])
+    add("--recompute-modules", *mods)
+    if not all(s == x.layers for s, x in zip(sel, st)):
+        notes.append(f"the plan recomputes selectively only {sum(sel)} of {plan.model.num_layers} layers; "
+                     "Megatron's selective recompute applies to every layer (less memory, a slightly slower step)")
+    if not plan.model.is_moe:
+        notes.append("selective recompute: Megatron recomputes the attention core and the norms "
+                     "(--recompute-modules core_attn layernorm); the plan also recomputes the MLP activation, "
+                     "which Megatron offers only for MoE experts (moe_act), so memory is somewhat above the plan's")
+
+
+def render_megatron(plan: Plan, plan_path: str) -> str:
+    ex = megatron_args(plan)
+    lay = plan.layout
+    lines = [
+        "#!/bin/bash",
+        f"# Megatron-LM {ex.script} arguments realising {plan_path}: {plan.model.name}, {lay.short()}"
+        + (f" x{lay.vpp} virtual stages" if lay.vpp > 1 else "") + f", world size {lay.world_size}",
+        f"# (data parallel size {lay.dp} follows from the world size; launch {lay.world_size} processes)",
+        f"# argument names checked against {MEGATRON_SOURCE}",
+    ]
+    if plan.prediction:
+        p = plan.prediction
+        lines.append(f"# planner's prediction for its own runtime: step {p.step_s:.3f} s, {p.tokens_per_s:,.0f} tokens/s, "
+                     f"MFU {p.mfu:.1%}, peak memory {max(p.memory_gib_per_rank):.1f} GiB")
+    lines.append("#")
+    lines.append("# Not expressible in Megatron-LM, or only approximately:")
+    for n in ex.notes:
+        lines.append("#   - " + n)
+    lines.append("MEGATRON_ARGS=(")
+    for g in ex.groups():
+        lines.append("    " + " ".join(shlex.quote(x) for x in g))
+    lines.append(")")
+    lines.append(f"# torchrun --nproc-per-node <gpus per node> --nnodes <nodes> ... {ex.script} \"${{MEGATRON_ARGS[@]}}\" "
+                 "<data, tokenizer, optimizer and schedule arguments>")
+    return "\n".join(lines) + "\n"
+
+
+# -- torchrun / slurm -------------------------------------------------------------------------------------
+
+def _gpus_per_node(plan: Plan, args) -> int:
+    return args.gpus_per_node or int(plan.cluster.get("gpus_per_node") or 8)
+
+
+def _nodes(plan: Plan, args) -> int:
+    world = plan.layout.world_size
+    if args.nodes:
+        if world % args.nodes:
+            raise PlanError(f"the plan's {world} processes ({plan.layout.short()}) do not split evenly over "
+                            f"{args.nodes} nodes")
+        return args.nodes
+    g = min(_gpus_per_node(plan, args), world)
+    if world % g:
+        raise PlanError(f"the plan's {world} processes do not fill whole nodes of {g} GPUs; pass --nodes")
+    return world // g
+
+
+def launch_argv(plan_path: str, args, nodes: int, nproc: int, node_rank="0", rdzv=None) -> list[str]:
+    """The `plan launch` arguments this export stands for."""
+    out = [plan_path, "--steps", str(args.steps), "--data", args.data, "--nproc-per-node", str(nproc),
+           "--nnodes", str(nodes)]
+    if args.results:
+        out += ["--results", args.results]
+    if nodes > 1:
+        out += ["--node-rank", str(node_rank), "--rdzv-endpoint", rdzv]
+    return out
+
+
+def torchrun_command(plan: Plan, plan_path: str, args) -> list[str]:
+    """The command `plan launch` runs, from runtime.launch's own builder (runtime.launch imports no torch
+    at import time; it is the one runtime module the planner touches, for this export only)."""
+    from runtime import launch
+
+    nodes = _nodes(plan, args)
+    nproc = plan.layout.world_size // nodes
+    if nodes > 1 and not args.rdzv_endpoint:
+        raise PlanError(f"the plan runs on {nodes} nodes; give --rdzv-endpoint host:port of the first node "
+                        "(or export --to slurm, which finds it)")
+    largs = launch.build_parser().parse_args(launch_argv(plan_path, args, nodes, nproc, args.node_rank,
+                                                         args.rdzv_endpoint))
+    results = Path(largs.results) if largs.results else Path(plan_path).with_suffix(".results.csv")
+    return launch.torchrun_command(largs, nproc, results)
+
+
+def render_torchrun(plan: Plan, plan_path: str, args) -> str:
+    cmd = torchrun_command(plan, plan_path, args)
+    nodes = _nodes(plan, args)
+    head = f"# `plan launch` runs this for {plan_path} ({plan.layout.short()}, world size {plan.layout.world_size}, " \
+           f"{nodes} node(s) x {plan.layout.world_size // nodes})"
+    if nodes > 1:
+        head += f"; run it on every node with its own --node-rank (this one: {args.node_rank})"
+    return head + "\n" + " ".join(shlex.quote(c) for c in cmd) + "\n"
+
+
+def render_slurm(plan: Plan, plan_path: str, args) -> str:
+    nodes = _nodes(plan, args)
+    world = plan.layout.world_size
+    nproc = world // nodes
+    name = args.job_name or f"plan-{plan.model.name}"
+    plan_abs = str(Path(plan_path).resolve())
+    # every node gets the same arguments but its own --node-rank, which srun's task expands for itself
+    largv = launch_argv(plan_abs, args, nodes, nproc, "NODE_RANK", "RDZV")
+    if nodes > 1:
+        i = largv.index("--node-rank")
+        del largv[i:i + 2]
+        largv[largv.index("RDZV")] = "RDZV"
+    quoted = ["${MASTER_ADDR}:${MASTER_PORT}" if x == "RDZV" else shlex.quote(x) for x in largv]
+    quoted = ['"${MASTER_ADDR}:${MASTER_PORT}"' if x.startswith("${MASTER") else x for x in quoted]
+    lines = [
+        "#!/bin/bash",
+        f"# Slurm batch script for {plan_path}: {plan.model.name}, {plan.layout.short()}, world size {world} "
+        f"= {nodes} node(s) x {nproc} GPUs.",
+        "# One task per node runs `plan launch` (torchrun underneath); the first node hosts the rendezvous.",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={nproc}",
+        "#SBATCH --exclusive",
+        f"#SBATCH --time={args.time}",
+        "#SBATCH --output=%x-%j.out",
+    ]
+    if args.partition:
+        lines.append(f"#SBATCH --partition={args.partition}")
+    if args.account:
+        lines.append(f"#SBATCH --account={args.account}")
+    lines += [
+        "set -euo pipefail",
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MASTER_PORT=${MASTER_PORT:-29500}",
+        f'if [ "$SLURM_JOB_NUM_NODES" -ne {nodes} ]; then',
+        f'    echo "this plan needs {nodes} node(s), the job has $SLURM_JOB_NUM_NODES" >&2; exit 1',
+        "fi",
+        "LAUNCH_ARGS=(" + " ".join(quoted) + ")",
+        "# one task per node; each appends its own node rank ($SLURM_NODEID, expanded by the task, not here)",
+        f"srun --kill-on-bad-exit=1 --ntasks={nodes} --ntasks-per-node=1 \\",
+        "    bash -c 'exec plan launch \"$@\"" + (" --node-rank \"$SLURM_NODEID\"" if nodes > 1 else "")
+        + "' plan-launch \"${LAUNCH_ARGS[@]}\"",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    plan = Plan.load(Path(args.plan))
+    if args.output and Path(args.output).exists() and not args.force:
+        raise PlanError(f"'{args.output}' already exists; pass --force to overwrite it")
+    if args.to == "megatron":
+        text = render_megatron(plan, args.plan)
+    elif args.to == "torchrun":
+        text = render_torchrun(plan, args.plan, args)
+    else:
+        text = render_slurm(plan, args.plan, args)
+    if args.output:
+        Path(args.output).write_text(text)
+        Path(args.output).chmod(0o755)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    from planner.cli import main as cli_main
+    sys.exit(cli_main(["export"] + sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""`plan` as a user meets it: exit codes, one sentence on stderr, never a traceback; --json; -o; pins; no torch."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.planner.conftest import REPO, assert_one_sentence_error, run_cli
+
+
+def test_unknown_model():
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-7", "--gpus", "8"))
+    assert "unknown model 'gpt-7'" in line
+
+
+def test_zero_gpus():
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "0"))
+    assert "--gpus must be at least 1" in line
+
+
+def test_gpus_not_filling_nodes():
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "12", "--gpus-per-node", "8"))
+    assert "12 GPUs do not fill whole nodes of 8" in line
+
+
+def test_no_fit_names_memory_and_what_would_fit():
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-175b", "--gpus", "2"), code=2)
+    assert "fits in memory" in line and "GiB" in line and "it would fit on" in line
+
+
+def test_corrupted_profile(tmp_path):
+    p = tmp_path / "prof.json"
+    p.write_text('{"format": "parallel-plan/profile", "version": 1, "gpu": "h200-sxm"')
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "8", "--profile", p))
+    assert "is not readable JSON" in line
+    good = json.loads((REPO / "profiles" / "h200-sxm.json").read_text())
+    del good["gemm"]
+    p.write_text(json.dumps(good))
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "8", "--profile", p))
+    assert "is corrupted" in line
+
+
+def test_foreign_json_as_profile(tmp_path):
+    p = tmp_path / "other.json"
+    p.write_text(json.dumps({"name": "something else", "values": [1, 2, 3]}))
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "8", "--profile", p))
+    assert "is not a parallel-plan profile" in line
+
+
+def test_bad_model_config(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64}))
+    line = assert_one_sentence_error(*run_cli("--model", p, "--gpus", "1"))
+    assert "lacks the key" in line
+
+
+def test_output_refuses_to_overwrite(tmp_path):
+    out = tmp_path / "plan.json"
+    out.write_text("precious")
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "8", "-o", out))
+    assert "already exists; pass --force" in line
+    assert out.read_text() == "precious"
+    rc, stdout, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "-o", out, "--force")
+    assert rc == 0, err
+    assert json.loads(out.read_text())["format"] == "parallel-plan/plan"
+
+
+def test_json_output_holds_the_plan_and_pins_are_honoured(tmp_path):
+    rc, out, err = run_cli("--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2", "--recompute", "selective",
+                           "--json", "-o", tmp_path / "p.json")
+    assert rc == 0, err
+    assert "Traceback" not in err
+    d = json.loads(out)
+    assert d["plans"] and set(d["search"]) >= {"layouts_enumerated", "phase_s", "elapsed_s"}
+    for p in d["plans"]:
+        assert p["format"] == "parallel-plan/plan"
+        assert p["layout"]["tp"] == 2 and p["layout"]["pp"] == 2
+        assert all(s["selective_recompute_layers"] == s["layers"] for s in p["stages"])
+        assert p["prediction"]["step_s"] > 0
+    assert json.loads((tmp_path / "p.json").read_text()) == d["plans"][0]
+
+
+def test_table_output():
+    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8")
+    assert rc == 0, err
+    assert "Recommended layout" in out and "Best plans" in out and "MFU" in out
+
+
+def test_planner_never_imports_torch():
+    code = ("import sys, io, contextlib\n"
+            "import planner.cli\n"
+            "buf = io.StringIO()\n"
+            "with contextlib.redirect_stdout(buf):\n"
+            "    rc = planner.cli.main(['--model', 'mixtral-8x7b', '--gpus', '16', '--json'])\n"
+            "assert rc == 0\n"
+            "import planner.model, planner.plan, planner.legality, planner.search, planner.report\n"
+            "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m.startswith('runtime'))\n"
+            "assert not bad, bad\n"
+            "print('ok')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr

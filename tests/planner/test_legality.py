@@ -1,0 +1,126 @@
+"""One test per rule of planner/legality.py."""
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import PlanError
+from planner.legality import check_layout, check_recompute_name, layout_violation, stages_violation
+from planner.model import tiny_model
+from planner.plan import Layout, StagePlan, TrainingShape
+
+GPT = tiny_model("gpt")                                   # 4 heads, ffn 128, vocab 256, 4 layers, 64 positions
+LLAMA = tiny_model("llama")                               # 2 KV heads
+MOE = tiny_model("llama", num_experts=4, top_k=2)
+SHAPE = TrainingShape(seq_len=32, global_batch=8)
+
+
+def why(model=GPT, shape=SHAPE, gpus=None, per_node=None, **lay):
+    lay.setdefault("sharding", "none" if lay.get("dp", 1) * lay.get("cp", 1) == 1 else "optimizer")
+    return layout_violation(model, shape, Layout(**lay), gpus, per_node)
+
+
+def test_a_legal_layout_passes():
+    assert why(tp=2, pp=2, dp=2, micro_batch=2) is None
+    assert why(MOE, tp=2, dp=2, cp=2, ep=4, micro_batch=1) is None
+
+
+@pytest.mark.parametrize("field", ["tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch"])
+def test_degrees_must_be_positive_integers(field):
+    assert f"{field} must be a positive integer" in why(**{field: 0})
+
+
+def test_sharding_name():
+    assert "sharding 'zero4' is not one of" in why(dp=2, sharding="zero4")
+
+
+def test_world_size_matches_gpus():
+    assert "does not equal the 8 GPUs" in why(gpus=8, tp=2, dp=2)
+
+
+def test_heads_divisible_by_tp():
+    assert "4 attention heads are not divisible by TP 8" in why(tiny_model("gpt", ffn_hidden=256), tp=8)
+
+
+def test_kv_heads_divisible_by_tp():
+    assert "2 KV heads are not divisible by TP 4" in why(LLAMA, tp=4)
+
+
+def test_ffn_divisible_by_tp():
+    assert "MLP width 130 is not divisible by TP 4" in why(tiny_model("gpt", ffn_hidden=130), tp=4)
+
+
+def test_vocab_divisible_by_tp():
+    assert "vocabulary 250 is not divisible by TP 4" in why(tiny_model("gpt", vocab_size=250), tp=4)
+
+
+def test_tp_stays_inside_a_node():
+    assert "TP 4 would span nodes (2 GPUs per node)" in why(per_node=2, tp=4)
+
+
+def test_virtual_stages_need_pp():
+    assert "virtual stages need pipeline parallelism" in why(vpp=2)
+
+
+def test_layers_fill_virtual_stages():
+    assert "4 layers cannot fill 6 pipeline stages" in why(pp=3, vpp=2, micro_batch=1, shape=TrainingShape(32, 6))
+
+
+def test_sequence_divisible_by_2_cp_tp():
+    # 2*CP*TP = 2*4*2 = 16 does not divide 40; 2*4 = 8 does
+    assert "sequence 40 is not divisible by 2*CP*TP = 16" in why(shape=TrainingShape(40, 8), cp=4, tp=2)
+    assert why(shape=TrainingShape(40, 8), cp=4, micro_batch=1) is None
+
+
+def test_sequence_divisible_by_tp_for_sequence_parallelism():
+    assert "sequence 30 is not divisible by TP 4" in why(shape=TrainingShape(30, 8), tp=4)
+
+
+def test_sequence_within_model_maximum():
+    assert "sequence 128 exceeds the model's maximum 64" in why(shape=TrainingShape(128, 8))
+
+
+def test_ep_needs_moe():
+    assert "expert parallelism needs an MoE model" in why(dp=2, ep=2)
+
+
+def test_experts_divisible_by_ep():
+    assert "4 experts are not divisible by EP 3" in why(MOE, dp=3, ep=3, shape=TrainingShape(32, 6))
+
+
+def test_ep_divides_dp_times_cp():
+    assert "EP 4 does not divide DP*CP = 2" in why(MOE, dp=2, ep=4)
+
+
+def test_global_batch_divisible_by_micro_batch_times_dp():
+    assert "global batch 8 is not divisible by micro-batch x DP = 3*1" in why(micro_batch=3)
+    assert "global batch 8 is not divisible by micro-batch x DP = 1*3" in why(dp=3)
+
+
+def test_interleaved_needs_micro_batches_divisible_by_pp():
+    # 6 / (1 * 1) = 6 micro-batches over PP 4
+    assert "interleaved schedule needs micro-batches (6) divisible by PP 4" in why(
+        tiny_model("gpt", num_layers=8), shape=TrainingShape(32, 6), pp=4, vpp=2)
+    assert why(tiny_model("gpt", num_layers=8), shape=TrainingShape(32, 6), pp=4, vpp=1) is None
+
+
+def test_sharding_needs_more_than_one_data_parallel_rank():
+    assert "sharding 'optimizer' needs more than one data-parallel rank" in why(sharding="optimizer")
+    assert "needs more than one data-parallel rank" in layout_violation(GPT, SHAPE, Layout())  # the default
+    assert why(sharding="none") is None
+    assert why(cp=2, sharding="full") is None  # context ranks shard too
+
+
+def test_stage_rules():
+    lay = Layout(pp=2)
+    assert "3 stages given for PP 2 x VPP 1" in stages_violation(GPT, lay, [StagePlan(1)] * 3)
+    assert "stages hold 5 layers, the model has 4" in stages_violation(GPT, lay, [StagePlan(2), StagePlan(3)])
+    assert "stage 0 holds no layer" in stages_violation(GPT, lay, [StagePlan(0), StagePlan(4)])
+    assert "stage 1 recomputes more layers than it holds" in stages_violation(GPT, lay, [StagePlan(2), StagePlan(2, 2, 1)])
+    assert stages_violation(GPT, lay, [StagePlan(1, 1), StagePlan(3, 1, 2)]) is None
+
+
+def test_check_layout_raises_one_sentence():
+    with pytest.raises(PlanError, match=r"^illegal layout TP8 PP1 DP1: 4 attention heads"):
+        check_layout(tiny_model("gpt", ffn_hidden=256), SHAPE, Layout(tp=8))
+    with pytest.raises(PlanError, match="recompute 'some' is not one of none, selective, full"):
+        check_recompute_name("some")

@@ -1,0 +1,164 @@
+"""Memory counted by hand for tiny cases: bytes per parameter, activations, in-flight micro-batches,
+and a small plan's per-rank total."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from planner import memory as mem
+from planner.cluster import ClusterSpec
+from planner.cost import CostModel
+from planner.model import tiny_model
+from planner.plan import Layout, StagePlan, TrainingShape
+
+
+@pytest.mark.parametrize("sharding,d,expected", [
+    # bf16 weight 2 + fp32 grad 4 + fp32 master 4 + Adam m, v 8 = 18 bytes unsharded
+    ("none", 4, 18.0),
+    ("optimizer", 1, 18.0),
+    ("optimizer", 4, 2 + 4 + 12 / 4),
+    ("optimizer+grads", 4, 2 + (4 + 12) / 4),
+    ("full", 4, 18 / 4),
+    ("full", 1, 18.0),
+])
+def test_bytes_per_param(sharding, d, expected):
+    assert mem.bytes_per_param(sharding, d) == expected
+
+
+def test_state_bytes_shards_experts_over_expert_data_parallel_ranks():
+    lay = Layout(dp=4, ep=2, sharding="optimizer")
+    # dense over dp*cp = 4 ranks (9 B), experts over 4 / 2 = 2 ranks (2 + 4 + 6 = 12 B)
+    assert mem.state_bytes(100, 10, lay) == 100 * 9 + 10 * 12
+
+
+# tiny GPT: hidden 64, 4 heads, ffn 128, LayerNorm (mean and rstd: 8 B per token), micro-batch 2 x seq 32
+SHAPE = TrainingShape(seq_len=32, global_batch=8)
+
+
+def _acts_by_hand(t: int):
+    tokens = 2 * 32
+    tok = tokens // t                       # sequence-parallel share of the residual stream
+    norms_in = 2 * (2 * 64 + 8) * tok       # two norm inputs (bf16) + their fp32 statistics
+    gemm_in = 2 * 2 * 64 * tok              # QKV and fc1 inputs (norm outputs), sequence-sharded
+    qkv = 2 * 192 * tok                     # q, k, v of this rank's heads
+    attn = 2 * 64 * tok + 4 * 2 * (4 // t) * 32   # attention output + fp32 log-sum-exp per head and row
+    mlp = 2 * (128 // t) * tokens * 2       # GELU input and output (column-parallel, full sequence)
+    none = norms_in + gemm_in + qkv + attn + mlp
+    selective = none - gemm_in - 2 * (128 // t) * tokens   # drops norm outputs and GELU output
+    full = 2 * 64 * tok                      # the layer input only
+    working = 3 * 2 * 192 * tokens // t      # widest of h, f, qkv (192)
+    return none, selective, full, working
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_layer_activations_by_hand(t):
+    a = mem.layer_activations(tiny_model("gpt"), SHAPE, Layout(tp=t, micro_batch=2))
+    none, sel, full, working = _acts_by_hand(t)
+    assert (a.none_bytes, a.selective_bytes, a.full_bytes, a.working_bytes) == (none, sel, full, working)
+    if t == 1:
+        assert (none, sel, full, working) == (100352, 67584, 8192, 73728)
+    else:
+        assert (none, sel, full, working) == (50176, 33792, 4096, 36864)
+
+
+def test_1f1b_in_flight_table():
+    lay = Layout(pp=4)
+    # rank r runs pp - r forwards before its first backward; never more than there are micro-batches
+    assert [mem.in_flight_micro_batches(r, 0, lay, 8) for r in range(4)] == [4, 3, 2, 1]
+    assert [mem.in_flight_micro_batches(r, 0, lay, 2) for r in range(4)] == [2, 2, 2, 1]
+
+
+def test_interleaved_in_flight_table():
+    """pp 4, vpp 2, m 8, Megatron's order: forward k runs chunk (k mod 8) // 4, backward k chunk
+    1 - (k mod 8) // 4. Rank 0 runs 2*3 + 4 = 10 warm-up forwards plus one: chunks 0,0,0,0,1,1,1,1,0,0,0,
+    so at its first backward chunk 0 holds 7 and chunk 1 holds 4; its next forward (k = 11, chunk 0)
+    comes while the backwards still drain chunk 1, so chunk 0 reaches 8. Rank 3: 4 warm-up forwards on
+    chunk 0 then F(chunk 1) B(chunk 1) x 4, then F(chunk 0) before B(chunk 0): chunk 0 peaks at 5, chunk 1 at 1."""
+    lay = Layout(pp=4, vpp=2)
+    table = [[mem.in_flight_micro_batches(r, c, lay, 8) for c in range(2)] for r in range(4)]
+    assert table == [[8, 4], [8, 4], [7, 3], [5, 1]]
+    # m == pp: every forward is warm-up (all chunks hold every micro-batch)
+    assert [[mem.in_flight_micro_batches(r, c, lay, 4) for c in range(2)] for r in range(4)] == [[4, 4]] * 4
+
+
+def _replay(p, v, m, r):
+    """Per-chunk peak held micro-batches, replaying the schedule action by action."""
+    total = m * v
+    warm = total if m == p else min(2 * (p - r - 1) + (v - 1) * p, total)
+    fwd = [(k % (p * v)) // p for k in range(total)]
+    bwd = [v - 1 - (k % (p * v)) // p for k in range(total)]
+    order = [("F", k) for k in range(warm)]
+    for i in range(total - warm):
+        order += [("F", warm + i), ("B", i)]
+    order += [("B", k) for k in range(total - warm, total)]
+    held, peak = [0] * v, [0] * v
+    for kind, k in order:
+        if kind == "F":
+            held[fwd[k]] += 1
+        else:
+            held[bwd[k]] -= 1
+        peak = [max(a, b) for a, b in zip(peak, held)]
+    assert held == [0] * v
+    return peak
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (3, 2), (4, 3), (8, 2), (5, 4)])
+def test_interleaved_in_flight_matches_schedule_replay(p, v):
+    for m, r in itertools.product([p, 2 * p, 5 * p], range(p)):
+        got = [mem.in_flight_micro_batches(r, c, Layout(pp=p, vpp=v), m) for c in range(v)]
+        assert got == _replay(p, v, m, r), (p, v, m, r)
+
+
+def _small_plan_cost():
+    m = tiny_model("gpt")
+    lay = Layout(pp=2, dp=2, micro_batch=2, sharding="optimizer")
+    cluster = ClusterSpec(gpu="cpu", num_gpus=4, gpus_per_node=4)
+    return m, lay, CostModel(m, SHAPE, lay, cluster, profile=None)
+
+
+def test_rank_memory_of_a_small_plan_by_hand():
+    """tiny GPT, PP2 DP2 (optimizer sharded over 2: 12 B per parameter), micro-batch 2, 2 micro-batches,
+    stages [2 layers] [2 layers, 1 fully recomputed]."""
+    m, lay, cm = _small_plan_cost()
+    stages = [StagePlan(2), StagePlan(2, full_recompute_layers=1)]
+    none, _, full, working = _acts_by_hand(1)
+    bpp = 2 + 4 + 12 / 2
+    # rank 0: 2 layers + embedding (tokens and positions); 2 micro-batches in flight (1F1B: pp - 0)
+    rank0 = (2 * 33472 + 256 * 64 + 64 * 64) * bpp + 2 * (2 * none) + working
+    # rank 1: 2 layers + final norm + its own copy of the tied output layer; 1 micro-batch in flight,
+    # holding one plain layer, one recomputed layer's input and the head's kept tensors (final-norm input
+    # and output bf16, fp32 softmax over the vocabulary); transient: the recomputed layer's activations
+    # on top of the backward working set
+    head_kept = 2 * 2 * 64 * 64 + 4 * 256 * 64
+    rank1 = (2 * 33472 + 128 + 256 * 64) * bpp + (none + full + head_kept) + (working + none)
+    assert cm.rank_memory_bytes(0, [(0, stages[0])], 2) == rank0 == 1_524_224
+    assert cm.rank_memory_bytes(1, [(1, stages[1])], 2) == rank1 == 1_366_016
+
+
+@pytest.mark.parametrize("pp,vpp", [(2, 1), (2, 2), (3, 2)])
+def test_memory_terms_agree_with_rank_memory(pp, vpp):
+    """The linear form the search optimises equals the counted memory without full recompute and is never
+    below it with full recompute (it adds one layer's activations on top of the largest transient)."""
+    m = tiny_model("gpt", num_layers=12)
+    lay = Layout(pp=pp, vpp=vpp, micro_batch=2, sharding="none")
+    cm = CostModel(m, TrainingShape(32, 2 * 2 * pp), lay, ClusterSpec(gpu="cpu", num_gpus=pp, gpus_per_node=pp), None)
+    num_micro = 2 * pp
+    for r in range(pp):
+        terms = cm.memory_terms(r, num_micro)
+        js = list(range(r, pp * vpp, pp))
+        for counts in itertools.product([1, 2, 3], repeat=vpp):
+            for full, sel in [([0] * vpp, [0] * vpp), ([0] * vpp, list(counts)), ([1] + [0] * (vpp - 1), [0] * vpp),
+                              (list(counts), [0] * vpp)]:
+                sts = [(j, StagePlan(n, f, s)) for j, n, f, s in zip(js, counts, full, sel)]
+                exact = cm.rank_memory_bytes(r, sts, num_micro)
+                linear = terms.bytes(counts, full, sel)
+                if any(full):
+                    assert linear >= exact - 1e-6
+                else:
+                    assert linear == pytest.approx(exact)
+
+
+def test_memory_limit_allowance():
+    # (capacity - 2.5 GiB reserved) * 95%
+    assert mem.memory_limit_bytes(80.0) == pytest.approx((80 - 2.5) * 0.95 * 2**30)

@@ -1,0 +1,220 @@
+"""Parameter and FLOP counts of the catalogue and of hand-checked tiny models; config.json import."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.errors import PlanError
+from planner.model import CATALOGUE, from_hf_config, resolve_model, tiny_model
+
+# Published totals. Llama 3 / Mixtral / BERT counts are the exact figures of the released checkpoints
+# (HF `num_parameters()`; BERT as BertForMaskedLM, no pooler): the tolerance only absorbs rounding of
+# the quoted figure. GPT sizes are the GPT-3 paper's nominal ones (Brown et al. 2020, table 2.1), quoted
+# to 2 digits and with a different vocabulary (50257 there, Megatron's padded 50304 here): 2%.
+PUBLISHED = [
+    # name, total, active, relative tolerance
+    ("llama3-8b", 8_030_261_248, None, 1e-6),
+    ("llama3-70b", 70_553_706_496, None, 1e-6),
+    ("llama3-405b", 405.8e9, None, 5e-4),
+    ("mixtral-8x7b", 46_702_792_704, 12.9e9, 5e-3),
+    ("mixtral-8x22b", 140_630_071_296, 39.1e9, 5e-3),
+    ("bert-base", 109_514_298, None, 1e-6),
+    ("bert-large", 335_174_458, None, 1e-6),
+    ("gpt-1.3b", 1.3e9, None, 0.02),
+    ("gpt-6.7b", 6.7e9, None, 0.02),
+    ("gpt-13b", 13.0e9, None, 0.02),
+    ("gpt-175b", 175.0e9, None, 0.02),
+]
+
+
+@pytest.mark.parametrize("name,total,active,tol", PUBLISHED)
+def test_catalogue_matches_published_counts(name, total, active, tol):
+    m = CATALOGUE[name]
+    assert m.total_params() == pytest.approx(total, rel=tol)
+    if active is None:
+        assert m.active_params() == m.total_params()
+    else:
+        assert m.active_params() == pytest.approx(active, rel=tol)
+
+
+def test_catalogue_has_the_issue_models():
+    for name in ("gpt-1.3b", "gpt-6.7b", "gpt-13b", "gpt-70b", "gpt-175b", "llama3-8b", "llama3-70b",
+                 "llama3-405b", "mixtral-8x7b", "mixtral-8x22b", "bert-base", "bert-large"):
+        assert name in CATALOGUE
+
+
+# -- tiny models, counted by hand ---------------------------------------------------------------------
+# All: 4 layers, hidden 64, 4 heads (head_dim 16), ffn 128, vocab 256, 64 positions.
+
+def test_tiny_gpt_params_by_hand():
+    m = tiny_model("gpt")  # LayerNorm with bias, GELU MLP with biases, learned positions, tied output
+    norms = 2 * (64 + 64)                          # two LayerNorms (weight + bias)
+    attn = (64 * 192 + 192) + (64 * 64 + 64)       # fused QKV + out projection, with biases
+    mlp = (64 * 128 + 128) + (128 * 64 + 64)       # fc1 + fc2, with biases
+    assert (norms, attn, mlp) == (256, 16640, 16576)
+    assert m.layer_params() == 33472
+    assert m.embedding_params() == 256 * 64 + 64 * 64 == 20480
+    assert m.head_params() == 128                  # final LayerNorm only (tied)
+    assert m.total_params() == 4 * 33472 + 20480 + 128 == 154496
+
+
+def test_tiny_llama_params_by_hand():
+    m = tiny_model("llama")  # RMSNorm, SwiGLU, no biases, GQA with 2 KV heads, untied output
+    attn = 64 * (64 + 2 * 32) + 64 * 64            # q + k + v (kv width 32) + out
+    mlp = 3 * 64 * 128
+    assert m.layer_params() == 2 * 64 + attn + mlp == 36992
+    assert m.embedding_params() == 256 * 64
+    assert m.head_params() == 64 + 256 * 64
+    assert m.total_params() == 180800
+
+
+def test_tiny_moe_params_by_hand():
+    m = tiny_model("llama", num_experts=4, top_k=2)
+    expert = 3 * 64 * 128
+    layer = 2 * 64 + 12288 + 4 * expert + 64 * 4    # norms, attention, 4 experts, router
+    assert m.layer_params() == layer == 110976
+    assert m.total_params() == 4 * layer + 16384 + 16448 == 476736
+    # one token touches the router, attention, norms and 2 of the 4 experts
+    assert m.active_params() == 4 * (layer - 2 * expert) + 16384 + 16448 == 280128
+
+
+def test_tiny_bert_params_by_hand():
+    m = tiny_model("bert")
+    emb = 256 * 64 + 64 * 64 + 2 * 64 + 2 * 64     # tokens, positions, 2 token types, LayerNorm
+    head = 64 * 64 + 64 + 2 * 64 + 256             # MLM transform dense + LayerNorm, tied decoder's bias
+    assert m.embedding_params() == emb == 20736
+    assert m.head_params() == head == 4544
+    assert m.total_params() == 4 * 33472 + emb + head == 159168
+
+
+def test_flops_per_token_by_hand():
+    m = tiny_model("gpt")
+    seq = 32
+    layer_mm = 2 * 64 * 192 + 2 * 64 * 64 + 2 * 64 * 128 + 2 * 128 * 64   # QKV, out, fc1, fc2
+    assert m.layer_matmul_flops_per_token() == layer_mm == 65536
+    attn = 2 * seq * 64 + 2 * seq * 64                                      # QK^T and AV, full (not halved)
+    assert m.attention_core_flops_per_token(seq, causal_halved=False) == attn == 8192
+    assert m.attention_core_flops_per_token(seq, causal_halved=True) == attn / 2
+    head = 2 * 64 * 256
+    assert m.model_flops_per_token(seq) == 3 * (4 * (layer_mm + attn) + head) == 983040
+
+
+def test_moe_flops_count_top_k_experts_and_router():
+    m = tiny_model("llama", num_experts=4, top_k=2)
+    attn = 2 * 64 * 128 + 2 * 64 * 64
+    assert m.layer_matmul_flops_per_token() == attn + 2 * (2 * 3 * 64 * 128) + 2 * 64 * 4
+
+
+def test_flops_close_to_6n_for_a_large_dense_model():
+    m = CATALOGUE["llama3-70b"]
+    # 6 N plus attention (12 L h s): the usual estimate, within the embedding lookup's share
+    est = 6 * m.total_params() + 12 * m.num_layers * m.hidden * 8192
+    assert m.model_flops_per_token(8192) == pytest.approx(est, rel=0.02)
+
+
+# -- Hugging Face config.json import --------------------------------------------------------------------
+
+def _write(tmp_path, cfg, name="config.json"):
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    p = d / name
+    p.write_text(json.dumps(cfg) if not isinstance(cfg, str) else cfg)
+    return p
+
+
+LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+             "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False}
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+           "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+           "max_position_embeddings": 32768, "num_local_experts": 8, "num_experts_per_tok": 2}
+MISTRAL_7B = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+              "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+              "max_position_embeddings": 32768, "tie_word_embeddings": False}
+QWEN2_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+             "num_hidden_layers": 24, "num_key_value_heads": 2, "vocab_size": 151936,
+             "max_position_embeddings": 32768, "tie_word_embeddings": True}
+GPT2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024, "n_ctx": 1024,
+        "vocab_size": 50257}
+BERT_BASE = {"model_type": "bert", "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
+             "num_hidden_layers": 12, "vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2}
+
+
+def test_import_llama_matches_catalogue(tmp_path):
+    m = from_hf_config(_write(tmp_path, LLAMA3_8B))
+    assert m.family == "llama" and m.num_kv_heads == 8 and not m.tie_embeddings
+    assert m.total_params() == CATALOGUE["llama3-8b"].total_params() == 8_030_261_248
+    assert m.name == "model"  # the folder's name
+
+
+def test_import_mistral(tmp_path):
+    m = resolve_model(str(_write(tmp_path, MISTRAL_7B).parent))  # a folder holding config.json
+    assert m.total_params() == 7_241_732_096  # Mistral-7B-v0.1
+
+
+def test_import_mixtral(tmp_path):
+    m = from_hf_config(_write(tmp_path, MIXTRAL))
+    assert (m.num_experts, m.top_k) == (8, 2)
+    assert m.total_params() == CATALOGUE["mixtral-8x7b"].total_params()
+    assert m.active_params() == CATALOGUE["mixtral-8x7b"].active_params()
+
+
+def test_import_qwen2_dense(tmp_path):
+    m = from_hf_config(_write(tmp_path, QWEN2_05B))
+    assert m.tie_embeddings and m.num_kv_heads == 2 and m.head_dim == 64
+    # Qwen2-0.5B has 494,032,768 parameters; 5,376 of them are the q/k/v biases this spec leaves out
+    assert m.total_params() == 494_032_768 - 24 * (896 + 2 * 128)
+
+
+def test_import_qwen2_moe_keys(tmp_path):
+    cfg = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+           "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 24, "vocab_size": 151936,
+           "max_position_embeddings": 8192, "num_experts": 60, "num_experts_per_tok": 4}
+    m = from_hf_config(_write(tmp_path, cfg))
+    assert (m.num_experts, m.top_k, m.ffn_hidden) == (60, 4, 1408)  # expert width, not the dense width
+
+
+def test_import_head_dim_override(tmp_path):
+    cfg = dict(LLAMA3_8B, head_dim=256, num_attention_heads=8, num_key_value_heads=4)  # Gemma-style
+    m = from_hf_config(_write(tmp_path, cfg))
+    assert m.head_dim == 256 and m.q_width == 2048
+
+
+def test_import_gpt2(tmp_path):
+    m = from_hf_config(_write(tmp_path, GPT2))
+    assert (m.family, m.num_layers, m.hidden, m.num_heads, m.max_seq_len) == ("gpt", 12, 768, 12, 1024)
+    assert m.total_params() == 124_439_808  # GPT-2 small (GPT2Model, tied output)
+
+
+def test_import_bert(tmp_path):
+    m = from_hf_config(_write(tmp_path, BERT_BASE))
+    assert m.family == "bert" and not m.causal
+    assert m.total_params() == CATALOGUE["bert-base"].total_params()
+
+
+@pytest.mark.parametrize("cfg,needle", [
+    ({k: v for k, v in GPT2.items() if k != "n_layer"}, "lacks the key 'n_layer'"),
+    ({k: v for k, v in LLAMA3_8B.items() if k != "hidden_size"}, "lacks the key 'hidden_size'"),
+    ({k: v for k, v in BERT_BASE.items() if k != "vocab_size"}, "lacks the key 'vocab_size'"),
+    (dict(LLAMA3_8B, num_hidden_layers="many"), "wrong type"),
+    (dict(LLAMA3_8B, num_attention_heads=0), "gives 0 attention heads"),
+    (dict(LLAMA3_8B, num_hidden_layers=0), "num_layers must be a positive integer"),
+    (dict(LLAMA3_8B, num_key_value_heads=5), "not divisible by 5 KV heads"),
+    ("{not json", "is not readable JSON"),
+    ("[1, 2]", "is not a JSON object"),
+])
+def test_import_errors_are_one_sentence(tmp_path, cfg, needle):
+    p = _write(tmp_path, cfg)
+    with pytest.raises(PlanError) as e:
+        from_hf_config(p)
+    msg = str(e.value)
+    assert needle in msg and (str(p) in msg or "model 'model'" in msg) and "\n" not in msg
+
+
+def test_unknown_model_and_missing_file(tmp_path):
+    with pytest.raises(PlanError, match="unknown model 'gpt-7'; known models: gpt-1.3b"):
+        resolve_model("gpt-7")
+    with pytest.raises(PlanError, match="does not exist"):
+        resolve_model(str(tmp_path / "nope.json"))

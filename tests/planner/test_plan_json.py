@@ -1,0 +1,70 @@
+"""The plan file: round trip through to_dict/from_dict and save/load; tampered files refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cluster import ClusterSpec
+from planner.errors import PlanError
+from planner.model import tiny_model
+from planner.plan import Plan, TrainingShape
+from planner.search import Pins, search
+
+
+@pytest.fixture(scope="module")
+def plan(profile):
+    model = tiny_model("llama", num_layers=8, num_experts=4, top_k=2)
+    res = search(model, TrainingShape(32, 16), ClusterSpec(num_gpus=8, gpus_per_node=8), profile,
+                 Pins(pp=2, vpp=2, ep=2), top_k=1)
+    return res.plans[0]
+
+
+def test_round_trip_dict(plan):
+    d = plan.to_dict()
+    back = Plan.from_dict(json.loads(json.dumps(d)))
+    assert back.to_dict() == d
+    assert back.layout == plan.layout and back.stages == plan.stages and back.model == plan.model
+
+
+def test_save_load(plan, tmp_path):
+    p = tmp_path / "plan.json"
+    plan.save(p)
+    assert Plan.load(p).to_dict() == plan.to_dict()
+    with pytest.raises(PlanError, match="already exists; pass --force"):
+        plan.save(p)
+    plan.save(p, overwrite=True)
+
+
+def _tampered(plan, edit):
+    d = json.loads(json.dumps(plan.to_dict()))
+    edit(d)
+    return d
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: d.update(format="something/else"), "not a parallel-plan plan"),
+    (lambda d: d.update(version=99), "plan version 99 is not supported"),
+    (lambda d: d.pop("layout"), "lacks the field 'layout'"),
+    (lambda d: d["layout"].update(ep=3), "4 experts are not divisible by EP 3"),
+    (lambda d: d["layout"].update(tp=3), "does not equal the 8 GPUs"),
+    (lambda d: d["layout"].update(bogus=1), "malformed section"),
+    (lambda d: d["stages"][0].update(layers=d["stages"][0]["layers"] + 1), "stages hold 9 layers, the model has 8"),
+    (lambda d: d["stages"][1].update(full_recompute_layers=99), "recomputes more layers than it holds"),
+    (lambda d: d["model"].update(num_heads=5), "not divisible"),
+    (lambda d: d["model"].update(secret=1), "unknown fields"),
+    (lambda d: d["cluster"].update(num_gpus=16), "does not equal the 16 GPUs"),
+])
+def test_tampered_plan_refused(plan, edit, needle):
+    with pytest.raises(PlanError) as e:
+        Plan.from_dict(_tampered(plan, edit))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unreadable_plan_files(tmp_path):
+    p = tmp_path / "plan.json"
+    with pytest.raises(PlanError, match="does not exist"):
+        Plan.load(p)
+    p.write_text("{broken")
+    with pytest.raises(PlanError, match="is not readable JSON"):
+        Plan.load(p)

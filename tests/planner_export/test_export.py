@@ -1,0 +1,198 @@
+"""`plan export`: Megatron-LM arguments checked against the plan for several layouts; torchrun and Slurm
+outputs carry the plan's world size and node count; a bad plan file gives one sentence."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main as cli_main
+from planner.export import _layout_string, megatron_args
+from planner.model import CATALOGUE, tiny_model
+from planner.plan import Layout, Plan, StagePlan, TrainingShape, even_stages
+
+
+def make_plan(model, stages=None, gb=64, seq=None, **lay):
+    layout = Layout(**lay)
+    stages = stages or even_stages(model.num_layers, layout.pp * layout.vpp)
+    return Plan(model=model, cluster={"gpu": "h200-sxm", "num_gpus": layout.world_size, "gpus_per_node": 8},
+                training=TrainingShape(seq or model.default_seq_len, gb), layout=layout, stages=stages)
+
+
+def write(tmp_path, plan, name="p.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(plan.to_dict()))
+    return p
+
+
+def test_llama_gqa_swiglu_tp_pp_vpp_uniform_full_recompute():
+    m = CATALOGUE["llama3-8b"]
+    plan = make_plan(m, even_stages(32, 8, "full"), gb=512, tp=4, pp=4, vpp=2, dp=2, micro_batch=1)
+    ex = megatron_args(plan)
+    v = ex.value
+    assert v("--tensor-model-parallel-size") == "4" and v("--sequence-parallel") is True
+    assert v("--pipeline-model-parallel-size") == "4"
+    assert v("--num-layers-per-virtual-pipeline-stage") == "4"
+    assert v("--pipeline-model-parallel-layout") is None
+    assert v("--micro-batch-size") == "1" and v("--global-batch-size") == "512"
+    assert (v("--recompute-granularity"), v("--recompute-method"), v("--recompute-num-layers")) == ("full", "uniform", "1")
+    assert v("--group-query-attention") is True and v("--num-query-groups") == "8"
+    assert v("--swiglu") is True and v("--normalization") == "RMSNorm" and v("--position-embedding-type") == "rope"
+    assert v("--untie-embeddings-and-output-weights") is True and v("--disable-bias-linear") is True
+    assert (v("--num-layers"), v("--hidden-size"), v("--ffn-hidden-size"), v("--num-attention-heads")) == \
+        ("32", "4096", "14336", "32")
+    assert v("--seq-length") == "8192" and v("--bf16") is True
+    assert v("--use-distributed-optimizer") is True and v("--overlap-grad-reduce") is True
+    assert v("--overlap-param-gather") is True and v("--tp-comm-overlap") is True
+    assert v("--context-parallel-size") is None and v("--num-experts") is None
+
+
+def test_gpt_dense_no_pp_selective_and_no_gqa():
+    m = CATALOGUE["gpt-1.3b"]
+    plan = make_plan(m, even_stages(24, 1, "selective"), gb=64, tp=2, dp=4, micro_batch=4, sharding="none")
+    v = megatron_args(plan).value
+    assert v("--recompute-granularity") == "selective" and v("--recompute-method") is None
+    assert v("--recompute-modules") == ["core_attn", "layernorm"]
+    assert v("--group-query-attention") is None and v("--swiglu") is None
+    assert v("--normalization") == "LayerNorm" and v("--position-embedding-type") == "learned_absolute"
+    assert v("--untie-embeddings-and-output-weights") is None and v("--disable-bias-linear") is None
+    assert v("--use-distributed-optimizer") is None and v("--overlap-param-gather") is None
+    assert v("--overlap-grad-reduce") is True
+    assert v("--pipeline-model-parallel-size") == "1"
+
+
+def test_context_and_expert_parallel():
+    m = CATALOGUE["mixtral-8x7b"]
+    plan = make_plan(m, gb=256, tp=2, pp=2, dp=4, cp=2, ep=4, micro_batch=1)
+    v = megatron_args(plan).value
+    assert v("--context-parallel-size") == "2" and v("--cp-comm-type") == "p2p"
+    assert v("--num-experts") == "8" and v("--moe-router-topk") == "2"
+    assert v("--expert-model-parallel-size") == "4" and v("--expert-tensor-parallel-size") == "1"
+    assert v("--recompute-granularity") is None
+
+
+def test_uneven_ends_use_first_last_and_interior_uses_layout():
+    m = tiny_model("gpt", num_layers=12)
+    ends = make_plan(m, [StagePlan(2), StagePlan(4), StagePlan(4), StagePlan(2)], gb=8, pp=4, dp=1, micro_batch=1)
+    v = megatron_args(ends).value
+    assert v("--decoder-first-pipeline-num-layers") == "2" and v("--decoder-last-pipeline-num-layers") == "2"
+    assert v("--pipeline-model-parallel-layout") is None
+    inner = make_plan(m, [StagePlan(3), StagePlan(2), StagePlan(4), StagePlan(3)], gb=8, pp=4, dp=1, micro_batch=1)
+    ex = megatron_args(inner)
+    assert ex.value("--pipeline-model-parallel-layout") == "Et*3|t*2|t*4|t*3L"
+    assert ex.value("--decoder-first-pipeline-num-layers") is None
+    assert any("non-uniform split" in n for n in ex.notes)
+    # interleaved, non-uniform: the layout lists virtual stages in model order (stage j on rank j % pp)
+    vpp = make_plan(m, [StagePlan(n) for n in (1, 2, 2, 2, 2, 3)], gb=8, pp=2, vpp=3, dp=1, micro_batch=1)
+    assert megatron_args(vpp).value("--pipeline-model-parallel-layout") == "Et|t*2|t*2|t*2|t*2|t*3L"
+    assert _layout_string([1]) == "EtL"
+
+
+def test_per_stage_recompute_maps_to_block_and_says_so():
+    m = tiny_model("llama", num_layers=8)
+    st = [StagePlan(4, full_recompute_layers=3), StagePlan(4, full_recompute_layers=1, selective_recompute_layers=1)]
+    ex = megatron_args(make_plan(m, st, gb=8, pp=2, dp=1, micro_batch=1))
+    v = ex.value
+    # at least as much as planned on every stage: 3 full on stage 0, 1 full + 1 selective on stage 1
+    assert (v("--recompute-granularity"), v("--recompute-method"), v("--recompute-num-layers")) == ("full", "block", "3")
+    assert any("per-stage recompute differs" in n for n in ex.notes)
+    uniform_block = [StagePlan(4, full_recompute_layers=2), StagePlan(4, full_recompute_layers=2)]
+    ex2 = megatron_args(make_plan(m, uniform_block, gb=8, pp=2, dp=1, micro_batch=1))
+    assert ex2.value("--recompute-method") == "block" and ex2.value("--recompute-num-layers") == "2"
+    assert not any("per-stage recompute" in n for n in ex2.notes)
+
+
+def test_zero3_and_non_overlap_are_noted():
+    m = CATALOGUE["gpt-1.3b"]
+    plan = make_plan(m, gb=64, tp=1, pp=2, dp=4, micro_batch=1, sharding="full", overlap_pp=False)
+    ex = megatron_args(plan)
+    assert ex.value("--use-megatron-fsdp") is True
+    assert ex.value("--data-parallel-sharding-strategy") == "optim_grads_params"
+    assert ex.value("--no-overlap-p2p-communication") is True
+    assert any("ZeRO-3" in n for n in ex.notes)
+
+
+def test_cli_megatron_output_is_a_bash_array(tmp_path, capsys):
+    p = write(tmp_path, make_plan(CATALOGUE["llama3-8b"], gb=512, tp=2, pp=2, dp=2, micro_batch=1))
+    assert cli_main(["export", str(p), "--to", "megatron"]) == 0
+    out = capsys.readouterr().out
+    assert "MEGATRON_ARGS=(" in out and "megatron/training/arguments.py" in out
+    r = subprocess.run(["bash", "-n"], input=out, text=True, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["bash", "-c", out + '\necho "${MEGATRON_ARGS[@]}"'], text=True, capture_output=True)
+    assert "--tensor-model-parallel-size 2" in r.stdout
+
+
+def test_torchrun_is_plan_launch_command(tmp_path, capsys):
+    p = write(tmp_path, make_plan(tiny_model("gpt"), gb=8, tp=2, dp=2, micro_batch=1))
+    assert cli_main(["export", str(p), "--to", "torchrun"]) == 0
+    out = capsys.readouterr().out
+    assert "--nproc-per-node=4" in out and "--nnodes=1" in out and "--standalone" in out
+    # several nodes: world 32 on 4 nodes of 8
+    p2 = write(tmp_path, make_plan(CATALOGUE["gpt-1.3b"], gb=64, tp=2, pp=2, dp=8, micro_batch=1), "p2.json")
+    assert cli_main(["export", str(p2), "--to", "torchrun", "--rdzv-endpoint", "n0:29500", "--node-rank", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "--nproc-per-node=8" in out and "--nnodes=4" in out and "--node-rank=2" in out
+    assert "--rdzv-endpoint=n0:29500" in out
+
+
+def test_torchrun_matches_launch_dry_run(tmp_path, capsys):
+    p = write(tmp_path, make_plan(tiny_model("gpt"), gb=8, tp=2, dp=1, micro_batch=1, sharding="none"))
+    assert cli_main(["export", str(p), "--to", "torchrun", "--device-free-check"]) != 0  # unknown option: one sentence
+    capsys.readouterr()
+    assert cli_main(["export", str(p), "--to", "torchrun"]) == 0
+    exported = capsys.readouterr().out.splitlines()[-1]
+    from runtime.launch import main as launch_main
+    assert launch_main([str(p), "--device", "cpu", "--dry-run"]) == 0
+    dry = capsys.readouterr().out.strip()
+    assert exported.replace("--device cuda", "--device cpu") == dry
+
+
+def test_slurm_script(tmp_path, capsys):
+    p = write(tmp_path, make_plan(CATALOGUE["gpt-1.3b"], gb=64, tp=2, pp=2, dp=8, micro_batch=1))
+    assert cli_main(["export", str(p), "--to", "slurm", "--partition", "gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --nodes=4" in out and "#SBATCH --gpus-per-node=8" in out and "#SBATCH --partition=gpu" in out
+    assert "--nnodes 4" in out and "--nproc-per-node 8" in out and "plan launch" in out
+    assert '--node-rank "$SLURM_NODEID"' in out and "scontrol show hostnames" in out
+    assert subprocess.run(["bash", "-n"], input=out, text=True).returncode == 0
+    assert cli_main(["export", str(p), "--to", "slurm", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --nodes=2" in out and "#SBATCH --gpus-per-node=16" in out
+    assert cli_main(["export", str(p), "--to", "slurm", "--nodes", "3"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "do not split evenly over 3 nodes" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("content,expect", [
+    (None, "does not exist"),
+    ("{not json", "not readable JSON"),
+    ('{"format": "something-else"}', "not a parallel-plan plan"),
+])
+def test_bad_plan_file_is_one_sentence(tmp_path, capsys, content, expect):
+    p = tmp_path / "bad.json"
+    if content is not None:
+        p.write_text(content)
+    assert cli_main(["export", str(p), "--to", "megatron"]) == 1
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert expect in err and "\n" not in err and "Traceback" not in err and cap.out == ""
+
+
+def test_output_file_refuses_overwrite(tmp_path, capsys):
+    p = write(tmp_path, make_plan(tiny_model("gpt"), gb=8, tp=2, dp=1, micro_batch=1, sharding="none"))
+    o = tmp_path / "args.sh"
+    assert cli_main(["export", str(p), "--to", "megatron", "-o", str(o)]) == 0
+    assert "MEGATRON_ARGS" in o.read_text()
+    assert cli_main(["export", str(p), "--to", "megatron", "-o", str(o)]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert cli_main(["export", str(p), "--to", "megatron", "-o", str(o), "--force"]) == 0
+
+
+def test_export_does_not_import_torch(tmp_path):
+    p = write(tmp_path, make_plan(tiny_model("gpt"), gb=8, tp=2, dp=2, micro_batch=1))
+    code = ("import sys; from planner.cli import main; "
+            f"[main(['export', {str(p)!r}, '--to', t]) for t in ('megatron', 'torchrun', 'slurm')]; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
