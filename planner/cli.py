@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "profile": ("runtime.profiler.cli", "time this machine's kernels and collectives into a profile"),
     "launch": ("runtime.launch", "train from a plan file (torchrun underneath)"),
     "validate": ("runtime.validate", "run a plan for a few steps and compare with its prediction"),
+    "calibrate": ("planner.calibrate", "refit a profile's overlap fractions from measured runs"),
     "scaling": ("planner.scaling", "strong / weak scaling report over GPU counts"),
     "export": ("planner.export", "a plan as Megatron-LM arguments, a torchrun command or a Slurm script"),
 }

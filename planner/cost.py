@@ -189,15 +189,21 @@ class CostModel:
         s = self.shape.seq_len
         attn_f = prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, False)
         attn_b = prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, True)
-        # elementwise: 2 norms (read+write), 2 residual adds (2 reads + write), rotary on q and k,
-        # the MLP activation; backward moves about twice the bytes
+        # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel:
+        # 2 norms, 2 residual adds, the MLP activation, rotary on q and k (bytes as the profiler counts them)
         tok_t = T / t
-        act_width = (3 if m.gated_mlp else 2) * f * (m.top_k if m.is_moe else 1)
-        ew_bytes = BF16 * (tok_t * (2 * 2 * h + 2 * 3 * h) + T / t * act_width)
+        norm = "layernorm" if m.has_bias else "rmsnorm"
+        act = "swiglu" if m.gated_mlp else "gelu"
+        act_rows = T / t * f * (m.top_k if m.is_moe else 1)
+        k = prof.kernel_s
+        ew_f = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + 2 * k("residual_add", BF16 * 3 * tok_t * h) \
+            + k(f"{act}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows)
+        ew_b = 2 * k(f"{norm}_bwd", BF16 * 3 * tok_t * h) + k(f"{act}_bwd", BF16 * (5 if m.gated_mlp else 3) * act_rows)
         if not m.learned_positions:
-            ew_bytes += BF16 * 2 * T * (m.q_width + m.kv_width) / t
-        ew_f = prof.memory_bound_s(ew_bytes)
-        ew_b = 2 * ew_f
+            rot_bytes = BF16 * 2 * T * (m.q_width + m.kv_width) / t
+            ew_f += k("rotary_fwd", rot_bytes)
+            ew_b += k("rotary_bwd", rot_bytes)
+        ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + k(f"{act}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows)
         comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
         moe_f = moe_b = 0.0
         if m.is_moe:
@@ -238,7 +244,7 @@ class CostModel:
             cp_f = cp_b = 0.0
         comm["tp"], comm["cp"] = comm_tp_f + comm_tp_b, cp_f + cp_b
         ep_half = comm["ep"] / 2
-        sel = ew_f * 0.6 + attn_f  # norms + MLP activation (most of the elementwise bytes) and attention core
+        sel = ew_sel + attn_f  # selective recompute reruns the norms, the MLP activation and the attention core
         return LayerCosts(fwd_compute_s=compute_f, bwd_compute_s=compute_b,
                           fwd_comm_s=comm_tp_f + cp_f + ep_half, bwd_comm_s=comm_tp_b + cp_b + ep_half,
                           selective_recompute_s=sel, comm_by_dim_s=comm)
@@ -253,12 +259,12 @@ class CostModel:
         t, h, v = lay.tp, m.hidden, m.vocab_size
         T = int(self.tokens)
         # embedding: gather rows forward, scatter-add fp32 gradient backward (memory-bound)
-        emb = prof.memory_bound_s(BF16 * T * h * 2) + prof.memory_bound_s(FP32 * T * h * 3)
+        emb = prof.kernel_s("embedding_fwd", BF16 * T * h * 2) + prof.memory_bound_s(FP32 * T * h * 3)
         hf, hb = self._gemm_fwd_bwd_s(T, v // t, h)
         if m.family == "bert":
             a, b = self._gemm_fwd_bwd_s(T, h, h)
             hf, hb = hf + a, hb + b
-        ce = prof.memory_bound_s((BF16 + 3 * FP32) * T * v / t) * 2  # softmax forward and its gradient
+        ce = prof.kernel_s("cross_entropy_fwd_bwd", 8 * T * v / t)  # the profiler counts 8 bytes per logit
         comm = 0.0
         if t > 1:
             nbytes = BF16 * T * h
@@ -377,10 +383,22 @@ class CostModel:
         return total
 
     def optimizer_s(self, dense: float, expert: float) -> float:
+        """AdamW over the local master shard, plus the runtime's per-parameter bookkeeping around it."""
         lay = self.lay
         d = lay.dp * lay.cp if lay.sharding != "none" else 1
         de = max(d // lay.ep, 1) if lay.sharding != "none" else 1
-        return (dense / d + expert / de) * self.prof.optimizer_s_per_param
+        shard = dense / d + expert / de
+        num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
+        return shard * self.prof.optimizer_s_per_param + self.param_bookkeeping_s(dense + expert, shard, num_micro)
+
+    def param_bookkeeping_s(self, local: float, shard: float, num_micro: int) -> float:
+        """Memory traffic the runtime's mixed precision adds per step (counted from runtime/parallel/data.py):
+        every micro-batch each bf16 gradient is added into its fp32 main gradient (read 2 + 4, write 4 B);
+        once per step the main gradients are zeroed (4 B); over the local shard the gradient norm is read
+        (4 B), the clip scales it (read + write 8 B) and the fp32 master is cast back to the bf16 weights
+        (read 4, write 2 B). At the measured bandwidth of a residual add (a pure streaming kernel)."""
+        nbytes = local * (10 * num_micro + 4) + shard * (4 + 8 + 6)
+        return self.prof.kernel_s("residual_add", nbytes)
 
     def predict(self, stages: list[StagePlan]) -> Prediction:
         lay, m = self.lay, self.m

@@ -188,7 +188,9 @@ def in_flight_micro_batches(rank: int, chunk: int, lay: Layout, num_micro_batche
     p, v, mb = lay.pp, lay.vpp, num_micro_batches
     if v == 1:
         return min(p - rank, mb)
-    return _interleaved_in_flight(p, v, rank, mb)[chunk]
+    # beyond this many micro-batches the warm-up and one steady-state period no longer depend on m
+    m_cap = -(-(2 * (p - 1) + (2 * v - 1) * p) // v) + 1
+    return _interleaved_in_flight(p, v, rank, min(mb, m_cap))[chunk]
 
 
 @lru_cache(maxsize=65536)

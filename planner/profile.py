@@ -59,8 +59,18 @@ class CollectiveFit:
     """(bytes, seconds) pairs the fit came from; bytes = the full buffer (all-gather output, reduce-scatter input)."""
 
     def time_s(self, size_bytes: float) -> float:
+        """Between measured sizes: log-log interpolation of the measured points (NCCL switches protocol
+        and algorithm with size, which one straight line misses); outside them: the fitted line."""
         if size_bytes <= 0 or self.group_size <= 1:
             return 0.0
+        pts = self.points
+        if self.measured and len(pts) >= 2 and pts[0][0] <= size_bytes <= pts[-1][0]:
+            for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+                if b0 <= size_bytes <= b1:
+                    if b1 == b0:
+                        return t0
+                    w = math.log(size_bytes / b0) / math.log(b1 / b0)
+                    return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
         return self.latency_s + size_bytes * bus_factor(self.op, self.group_size) / self.bus_bandwidth_bytes_per_s
 
 
@@ -135,6 +145,27 @@ class Profile:
         w = (x - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
         return (r0 + w * (r1 - r0)) * 1e12
 
+    def kernel_s(self, name: str, nbytes: float) -> float:
+        """A memory-bound kernel of the runtime measured by name (extras.elementwise / embedding_and_loss:
+        layernorm_fwd, rmsnorm_bwd, gelu_fwd, swiglu_bwd, rotary_fwd, residual_add, embedding_fwd, ...),
+        scaled linearly from its measured bytes; the generic elementwise bandwidth when not measured."""
+        if nbytes <= 0:
+            return 0.0
+        rates = self.__dict__.get("_kernel_rates")
+        if rates is None:
+            rates = {}
+            for section in ("elementwise", "embedding_and_loss"):
+                kernels = self.extras.get(section, {})
+                kernels = kernels.get("kernels", kernels) if isinstance(kernels, dict) else {}
+                for k, v in kernels.items():
+                    if isinstance(v, dict) and v.get("seconds", 0) > 0 and v.get("bytes", 0) > 0:
+                        rates[k] = v["bytes"] / v["seconds"]
+            self.__dict__["_kernel_rates"] = rates
+        rate = rates.get(name)
+        if rate is None:
+            return self.memory_bound_s(nbytes)
+        return nbytes / rate + self.kernel_launch_s
+
     def memory_bound_s(self, nbytes: float) -> float:
         if nbytes <= 0:
             return 0.0
@@ -191,7 +222,7 @@ class Profile:
                                            latency_s=float(c["latency_s"]),
                                            bus_bandwidth_bytes_per_s=float(c["bus_bandwidth_bytes_per_s"]),
                                            measured=bool(c["measured"]),
-                                           points=tuple(tuple(p) for p in c.get("points", ())))
+                                           points=tuple(sorted((float(p[0]), float(p[1])) for p in c.get("points", ()))))
                              for c in d["collectives"]],
                 overlap_hidden_fraction={str(k): float(v) for k, v in d["overlap_hidden_fraction"].items()},
                 source_path=source, extras=dict(d.get("extras") or {}),
@@ -238,6 +269,29 @@ class _GemmTable:
         self.log_rate = np.log(2.0 * arr[:, 0] * arr[:, 1] * arr[:, 2] / arr[:, 3])
         self.exact = {(int(m), int(n), int(k)): t for m, n, k, t in points}
         self.copy_bw = copy_bw
+        # lines through the grid: the points sharing two dimensions, sorted along the third
+        self.lines: dict = {}
+        for (m, n, k), t in self.exact.items():
+            rate = math.log(2.0 * m * n * k / t)
+            for axis, (x, rest) in enumerate(((m, (n, k)), (n, (m, k)), (k, (m, n)))):
+                self.lines.setdefault((axis, rest), []).append((math.log2(x), rate))
+        for v in self.lines.values():
+            v.sort()
+
+    def along_line(self, m: int, n: int, k: int) -> float | None:
+        """Log rate interpolated along a measured line (two dimensions equal to the query's), linear in
+        log2 of the third; None when no line brackets the query."""
+        for axis, (x, rest) in enumerate(((m, (n, k)), (n, (m, k)), (k, (m, n)))):
+            line = self.lines.get((axis, rest))
+            if not line:
+                continue
+            lx = math.log2(x)
+            lo = [p for p in line if p[0] <= lx]
+            hi = [p for p in line if p[0] >= lx]
+            if lo and hi:
+                (x0, r0), (x1, r1) = lo[-1], hi[0]
+                return r0 if x1 == x0 else r0 + (lx - x0) / (x1 - x0) * (r1 - r0)
+        return None
 
 
 @lru_cache(maxsize=200_000)
@@ -249,7 +303,10 @@ def _gemm_s_cached(table: _GemmTable, m: int, n: int, k: int) -> float:
     exact = table.exact.get((m, n, k))
     if exact is not None:
         return exact + 5e-6
-    # inverse-distance weighting of log achieved rate over the 4 nearest measured shapes (log2 space)
+    line_rate = table.along_line(m, n, k)
+    if line_rate is not None:
+        return max(flops / math.exp(line_rate), t_mem) + 5e-6
+    # off the grid's lines: inverse-distance weighting of log rate over the 4 nearest shapes (log2 space)
     d2 = ((table.log_shape - np.log2([m, n, k])) ** 2).sum(axis=1)
     near = np.argsort(d2)[:4]
     w = 1.0 / np.maximum(d2[near], 1e-12)

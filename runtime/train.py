@@ -30,7 +30,10 @@ from runtime.parallel.data import AdamConfig, build_optimizer
 from runtime.step import select_train_step
 
 CSV_FIELDS = ["step", "loss", "grad_norm", "step_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib",
-              "data_wait_s", "lr"]
+              "data_wait_s", "lr", "peak_mem_max_gib", "peak_mem_by_rank", "optimizer_s", "bubble_frac"]
+"""peak_mem_gib is rank 0's; peak_mem_max_gib the max over all ranks and peak_mem_by_rank every rank's
+(';'-joined, global rank order), both CUDA only. optimizer_s: clip + AdamW of the slowest rank (CUDA events,
+no extra synchronisation). bubble_frac: the pipeline's measured bubble (pp > 1, from its action timeline)."""
 
 
 def stage_ranges(plan: Plan) -> list[tuple[int, int]]:
@@ -88,6 +91,50 @@ class _StopFlag:
         f = self.flag.clone()
         dist.all_reduce(f, op=dist.ReduceOp.MAX)
         return bool(f.item())
+
+
+class _OptimizerTimer:
+    """Times clip + AdamW (from the step's `before_step` hook to its return): CUDA events on GPU, so the
+    step is not synchronised any more than it already is; the wall clock on CPU."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.t0, self.t1 = cuda, None, None
+
+    def _mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def start(self):
+        self.t0 = self._mark()
+
+    def stop(self):
+        self.t1 = self._mark()
+
+    def seconds(self) -> float:
+        """Call after the step's synchronize."""
+        if self.t0 is None or self.t1 is None:
+            return 0.0
+        return self.t0.elapsed_time(self.t1) / 1e3 if self.cuda else self.t1 - self.t0
+
+
+def _per_rank_stats(cuda: bool, optimizer_s: float, world: int) -> list[tuple[float, float]]:
+    """(peak allocated GiB, optimizer seconds) of every rank, gathered after the timed step."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    mine = torch.tensor([peak, optimizer_s], dtype=torch.float64, device=dev)
+    if world == 1:
+        return [(peak, optimizer_s)]
+    out = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(out, mine)
+    return [(float(t[0]), float(t[1])) for t in out]
+
+
+def _bubble_fraction(groups) -> float:
+    from runtime.parallel.pipeline import gather_timeline, measured_bubble_fraction
+    return measured_bubble_fraction(gather_timeline(groups))
 
 
 def lr_at(step: int, base: float, warmup: int) -> float:
@@ -148,16 +195,24 @@ def main(argv=None) -> int:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 lr = lr_at(step, args.lr, args.warmup)
-                loss, norm = step_fn(stages, mbs, opt, groups, lr)
+                opt_mark = _OptimizerTimer(cuda)
+                loss, norm = step_fn(stages, mbs, opt, groups, lr, before_step=opt_mark.start)
+                opt_mark.stop()
                 if cuda:
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
+                per_rank = _per_rank_stats(cuda, opt_mark.seconds(), world)
+                bubble = _bubble_fraction(groups) if lay.pp > 1 else None
                 tflops = flops / dt / world / 1e12
                 row = dict(step=step + 1, loss=f"{loss:.6f}", grad_norm=f"{norm:.5g}", step_s=f"{dt:.5g}",
                            tokens_per_s=f"{tokens / dt:.6g}", tflops_per_gpu=f"{tflops:.4g}",
                            mfu=f"{tflops / args.peak_tflops:.4g}",
                            peak_mem_gib=f"{torch.cuda.max_memory_allocated() / 2**30:.4g}" if cuda else "",
-                           data_wait_s=f"{wait:.4g}", lr=f"{lr:.4g}")
+                           data_wait_s=f"{wait:.4g}", lr=f"{lr:.4g}",
+                           peak_mem_max_gib=f"{max(m for m, _ in per_rank):.4g}" if cuda else "",
+                           peak_mem_by_rank=";".join(f"{m:.4g}" for m, _ in per_rank) if cuda else "",
+                           optimizer_s=f"{max(o for _, o in per_rank):.4g}",
+                           bubble_frac=f"{bubble:.4g}" if bubble is not None else "")
                 if rank0:
                     print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
                     if writer:

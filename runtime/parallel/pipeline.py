@@ -347,6 +347,11 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
             st = stages[a.chunk]
             j = a.chunk * pp + r
             mb = micro_batches[a.mb]
+            # wait for this action's input before its start mark, so the recorded span is the compute
+            # only (on CUDA the wait is a stream dependency: the start event fires once the data is in)
+            pending = ("act", a.chunk, a.mb) if a.kind == "F" else ("grad", a.chunk, a.mb)
+            if pending in recvs:
+                recvs[pending][1].wait()
             t0 = clock.mark()
             if a.kind == "F":
                 if j == 0:

@@ -1,0 +1,259 @@
+"""Predict-vs-measure sweep: distinct plans for 1 or 2 GPUs and the script that validates each of them.
+
+    python benchmarks/validation_sweep.py --gpus 2 --out benchmarks/validation/2gpu
+    # then, on a machine with 2 GPUs, from the repository root (OUT defaults to DIR/out):
+    OUT=... bash benchmarks/validation/2gpu/run.sh
+
+Plans come from the planner's own search with every dimension pinned (tp, pp, vpp, dp, cp, ep,
+micro-batch, sharding, recompute), so each is exactly what `plan ... -o` would write for those pins (the
+search still chooses the layer split). Models: gpt-1.3b and bert-large from the catalogue, and two
+Hugging Face configs committed under benchmarks/models/: llama-1b-gqa (16 layers, hidden 2048, 16 heads,
+4 KV heads, SwiGLU 5632, vocab 32000) and moe-small (8 layers, hidden 1024, 8 experts top-2, 2816, vocab
+32000). Global batches are short so each run (torchrun start included) takes well under 25 s.
+
+Writes DIR/plans/NN-name.json and DIR/run.sh. run.sh runs `python -m runtime.validate` on each plan with
+a per-plan timeout, appending rows to $OUT/validation.csv (plans to $OUT/validation.plans.jsonl) and all
+output to ONE log, $OUT/validation.log; it skips plans whose world size differs from the GPUs present
+and, past a total time budget (BUDGET_S, default 540 s), the plans left. `--tiny` builds 3 plans of tiny
+models for a CPU check of the machinery (`DEVICE=cpu NGPUS=2 bash DIR/run.sh`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from planner.cluster import ClusterSpec  # noqa: E402
+from planner.errors import PlanError  # noqa: E402
+from planner.legality import check_plan, layout_violation  # noqa: E402
+from planner.model import resolve_model, tiny_model  # noqa: E402
+from planner.plan import Plan, TrainingShape  # noqa: E402
+from planner.profile import load_profile  # noqa: E402
+from planner.search import Pins, search  # noqa: E402
+
+MODELS = ROOT / "benchmarks" / "models"
+STARTUP_S = 14.0
+"""Assumed per-run overhead on the GPU machine: torchrun, torch import, NCCL init, model build, first step."""
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    seq: int
+    gb: int
+    pins: dict = field(default_factory=dict)
+
+
+def _m(name: str) -> str:
+    return str(MODELS / name / "config.json")
+
+
+GPT, LLAMA, MOE, BERT = "gpt-1.3b", _m("llama-1b-gqa"), _m("moe-small"), "bert-large"
+
+
+def cases(gpus: int, tiny: bool = False) -> list[Case]:
+    """Most informative first: if the time budget runs out, the later ones are the ones lost."""
+    P = lambda **k: {"tp": 1, "pp": 1, "vpp": 1, "dp": 1, "cp": 1, "ep": 1, "sharding": "none", **k}  # noqa: E731
+    if tiny:
+        return [Case("tiny-gpt-tp2-mb2-sel", "tiny:gpt", 32, 4, P(tp=2, micro_batch=2, recompute="selective")),
+                Case("tiny-llama-pp2-vpp2-mb1", "tiny:llama", 32, 4, P(pp=2, vpp=2, micro_batch=1, recompute="none")),
+                Case("tiny-gpt-dp2-opt-mb1-full", "tiny:gpt", 32, 4,
+                     P(dp=2, sharding="optimizer", micro_batch=1, recompute="full"))]
+    if gpus == 1:
+        return [
+            Case("gpt13-mb1-none", GPT, 2048, 4, P(micro_batch=1, recompute="none")),
+            Case("gpt13-mb2-sel", GPT, 2048, 8, P(micro_batch=2, recompute="selective")),
+            Case("gpt13-mb4-full", GPT, 2048, 8, P(micro_batch=4, recompute="full")),
+            Case("gpt13-mb4-none", GPT, 2048, 8, P(micro_batch=4, recompute="none")),
+            Case("llama1b-mb1-none", LLAMA, 2048, 4, P(micro_batch=1, recompute="none")),
+            Case("llama1b-mb2-sel", LLAMA, 2048, 8, P(micro_batch=2, recompute="selective")),
+            Case("llama1b-mb4-full", LLAMA, 2048, 8, P(micro_batch=4, recompute="full")),
+            Case("llama1b-s8192-mb1-none", LLAMA, 8192, 2, P(micro_batch=1, recompute="none")),
+            Case("moe-mb2-none", MOE, 2048, 8, P(micro_batch=2, recompute="none")),
+            Case("moe-mb4-sel", MOE, 2048, 8, P(micro_batch=4, recompute="selective")),
+            Case("bert-mb4-none", BERT, 512, 16, P(micro_batch=4, recompute="none")),
+            Case("bert-mb4-full", BERT, 512, 16, P(micro_batch=4, recompute="full")),
+        ]
+    if gpus == 2:
+        return [
+            Case("gpt13-tp2-mb1-none", GPT, 2048, 4, P(tp=2, micro_batch=1, recompute="none")),
+            Case("gpt13-tp2-mb2-sel", GPT, 2048, 8, P(tp=2, micro_batch=2, recompute="selective")),
+            Case("gpt13-tp2-mb4-full", GPT, 2048, 8, P(tp=2, micro_batch=4, recompute="full")),
+            Case("gpt13-pp2-mb1-none", GPT, 2048, 8, P(pp=2, micro_batch=1, recompute="none")),
+            Case("gpt13-pp2-vpp2-mb1-none", GPT, 2048, 8, P(pp=2, vpp=2, micro_batch=1, recompute="none")),
+            Case("gpt13-pp2-vpp2-mb2-sel", GPT, 2048, 8, P(pp=2, vpp=2, micro_batch=2, recompute="selective")),
+            Case("gpt13-dp2-none-mb2", GPT, 2048, 8, P(dp=2, sharding="none", micro_batch=2, recompute="none")),
+            Case("gpt13-dp2-opt-mb4-sel", GPT, 2048, 8, P(dp=2, sharding="optimizer", micro_batch=4, recompute="selective")),
+            Case("gpt13-dp2-opt-mb1-full", GPT, 2048, 4, P(dp=2, sharding="optimizer", micro_batch=1, recompute="full")),
+            Case("llama1b-tp2-mb2-none", LLAMA, 2048, 8, P(tp=2, micro_batch=2, recompute="none")),
+            Case("llama1b-dp2-opt-mb2-sel", LLAMA, 2048, 8, P(dp=2, sharding="optimizer", micro_batch=2, recompute="selective")),
+            Case("llama1b-pp2-mb1-full", LLAMA, 2048, 8, P(pp=2, micro_batch=1, recompute="full")),
+            Case("llama1b-pp2-vpp2-mb2-none", LLAMA, 2048, 8, P(pp=2, vpp=2, micro_batch=2, recompute="none")),
+            Case("llama1b-cp2-s8192-mb1-none", LLAMA, 8192, 2, P(cp=2, micro_batch=1, recompute="none")),
+            Case("llama1b-cp2-s8192-mb1-sel", LLAMA, 8192, 2, P(cp=2, micro_batch=1, recompute="selective")),
+            Case("moe-dp2-ep2-opt-mb2-none", MOE, 2048, 8, P(dp=2, ep=2, sharding="optimizer", micro_batch=2, recompute="none")),
+            Case("moe-dp2-ep2-none-mb4-sel", MOE, 2048, 8, P(dp=2, ep=2, sharding="none", micro_batch=4, recompute="selective")),
+            Case("moe-dp2-ep1-opt-mb2-none", MOE, 2048, 8, P(dp=2, ep=1, sharding="optimizer", micro_batch=2, recompute="none")),
+            Case("moe-tp2-mb2-none", MOE, 2048, 8, P(tp=2, micro_batch=2, recompute="none")),
+            Case("bert-tp2-mb4-none", BERT, 512, 16, P(tp=2, micro_batch=4, recompute="none")),
+            Case("bert-dp2-opt-mb4-none", BERT, 512, 16, P(dp=2, sharding="optimizer", micro_batch=4, recompute="none")),
+            Case("bert-pp2-mb2-sel", BERT, 512, 16, P(pp=2, micro_batch=2, recompute="selective")),
+        ]
+    raise PlanError(f"--gpus must be 1 or 2, got {gpus}")
+
+
+def _model(name: str):
+    if name.startswith("tiny:"):
+        return tiny_model(name.split(":", 1)[1])
+    return resolve_model(name)
+
+
+def build_plans(gpus: int, tiny: bool = False, profile_path: str | None = None) -> list[tuple[str, Plan]]:
+    """(file stem, plan) per case, each checked: pins honoured, legal, world size == gpus, distinct."""
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=gpus, gpus_per_node=gpus)
+    profile = load_profile(profile_path, cluster.gpu)
+    out, seen = [], set()
+    for i, c in enumerate(cases(gpus, tiny), 1):
+        model = _model(c.model)
+        shape = TrainingShape(seq_len=c.seq, global_batch=c.gb)
+        pins = Pins(**c.pins)
+        plan = search(model, shape, cluster, profile, pins, top_k=1).plans[0]
+        lay = plan.layout
+        for k, v in c.pins.items():
+            if k != "recompute" and getattr(lay, k) != v:
+                raise PlanError(f"case {c.name}: the search returned {k}={getattr(lay, k)}, pinned {v}")
+        why = layout_violation(model, shape, lay, gpus, gpus)
+        if why:
+            raise PlanError(f"case {c.name} is illegal: {why}")
+        check_plan(plan)
+        key = (model.name, shape, lay, tuple(plan.stages))
+        if key in seen:
+            raise PlanError(f"case {c.name} duplicates an earlier plan")
+        seen.add(key)
+        out.append((f"{i:02d}-{c.name}", plan))
+    return out
+
+
+def _commit() -> str:
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def estimate_s(plan: Plan, steps: int) -> float:
+    return STARTUP_S + (steps + 1) * plan.prediction.step_s * 1.5
+
+
+RUN_SH = """#!/usr/bin/env bash
+# Generated by: {cmd}
+# Runs `python -m runtime.validate` on each plan below; one row per finished run goes to $OUT/validation.csv,
+# every line of output to $OUT/validation.log. Override with env: DEVICE (cuda), NGPUS (detected), STEPS,
+# WARMUP, PLAN_TIMEOUT (s per plan), BUDGET_S (s for the whole sweep), PROFILE, OUT.
+set -u
+HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+cd "$HERE/{root_rel}"
+DEVICE="${{DEVICE:-cuda}}"
+STEPS="${{STEPS:-{steps}}}"
+WARMUP="${{WARMUP:-{warmup}}}"
+PLAN_TIMEOUT="${{PLAN_TIMEOUT:-{plan_timeout}}}"
+BUDGET_S="${{BUDGET_S:-{budget}}}"
+OUT="${{OUT:-$HERE/out}}"
+export PLAN_COMMIT="${{PLAN_COMMIT:-{commit}}}"
+PY="${{PYTHON:-python}}"
+if [ -z "${{NGPUS:-}}" ]; then
+  if [ "$DEVICE" = cuda ]; then NGPUS="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"; else NGPUS={gpus}; fi
+fi
+mkdir -p "$OUT"
+LOG="$OUT/validation.log"
+CSV="$OUT/validation.csv"
+PROFILE_ARGS=()
+if [ -n "${{PROFILE:-}}" ]; then PROFILE_ARGS=(--profile "$PROFILE"); fi
+echo "# sweep of {n} plans for {gpus} GPU(s), device $DEVICE, $NGPUS GPU(s) present, commit $PLAN_COMMIT, $(date -u +%FT%TZ)" >> "$LOG"
+ran=0; ok=0; skipped=0
+run_plan() {{  # plan file, world size
+  local f="$1" world="$2"
+  if [ "$world" != "$NGPUS" ]; then
+    echo "=== skip $f: world size $world != $NGPUS GPUs" >> "$LOG"; skipped=$((skipped+1)); return
+  fi
+  if [ $((SECONDS + PLAN_TIMEOUT)) -gt "$BUDGET_S" ]; then
+    echo "=== skip $f: time budget ($SECONDS s used of $BUDGET_S)" >> "$LOG"; skipped=$((skipped+1)); return
+  fi
+  local t0=$SECONDS
+  echo "=== $f (t=${{t0}}s)" >> "$LOG"
+  timeout -k 10 $((PLAN_TIMEOUT + 20)) "$PY" -m runtime.validate "$HERE/plans/$f" --steps "$STEPS" --warmup "$WARMUP" \\
+      --device "$DEVICE" --timeout "$PLAN_TIMEOUT" --append "$CSV" "${{PROFILE_ARGS[@]}}" >> "$LOG" 2>&1
+  local rc=$?
+  ran=$((ran+1)); [ $rc -eq 0 ] && ok=$((ok+1))
+  echo "=== $f rc=$rc ($((SECONDS - t0)) s)" >> "$LOG"
+  echo "$f rc=$rc $((SECONDS - t0))s"
+}}
+{calls}
+echo "# done: $ok of $ran runs recorded, $skipped skipped, ${{SECONDS}} s" | tee -a "$LOG"
+[ -f "$CSV" ] && cut -d, -f1-14 "$CSV"
+exit 0
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, required=True, choices=[1, 2])
+    ap.add_argument("--out", required=True, help="folder for plans/ and run.sh (inside the repository, so it travels)")
+    ap.add_argument("--tiny", action="store_true", help="3 tiny-model plans for a CPU check of the machinery")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--plan-timeout", type=int, default=45, help="seconds per plan before it is stopped (default 45)")
+    ap.add_argument("--budget", type=int, default=540, help="seconds for the whole sweep (default 540)")
+    ap.add_argument("--profile", help="profile for the plans (default: the shipped H200 one)")
+    ap.add_argument("--force", action="store_true", help="overwrite plans and run.sh already in --out")
+    args = ap.parse_args(argv)
+    try:
+        if args.tiny and args.gpus != 2:
+            raise PlanError("--tiny builds 2-rank plans; use it with --gpus 2")
+        plans = build_plans(args.gpus, args.tiny, args.profile)
+        out = Path(args.out)
+        pdir = out / "plans"
+        run_sh = out / "run.sh"
+        if not args.force and (run_sh.exists() or (pdir.exists() and any(pdir.iterdir()))):
+            raise PlanError(f"'{out}' already holds a sweep; pass --force to overwrite it")
+        pdir.mkdir(parents=True, exist_ok=True)
+        if args.force:
+            for old in pdir.glob("*.json"):
+                old.unlink()
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    calls, total = [], 0.0
+    print(f"{'plan':<36} {'layout':<22} {'stages':<22} {'pred step s':>11} {'pred GiB':>9} {'est run s':>9}")
+    for stem, plan in plans:
+        plan.save(pdir / f"{stem}.json", overwrite=True)
+        calls.append(f"run_plan {shlex.quote(stem + '.json')} {plan.layout.world_size}")
+        est = estimate_s(plan, args.steps)
+        total += est
+        from planner.calibrate import recompute_text
+        print(f"{stem:<36} {plan.layout.short() + ' mb' + str(plan.layout.micro_batch):<22} "
+              f"{recompute_text(plan.stages)[:22]:<22} {plan.prediction.step_s:>11.4f} "
+              f"{max(plan.prediction.memory_gib_per_rank):>9.2f} {est:>9.1f}")
+    cmd = "python benchmarks/validation_sweep.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    text = RUN_SH.format(cmd=cmd, root_rel=os.path.relpath(ROOT, out.resolve()), steps=args.steps, warmup=args.warmup,
+                         plan_timeout=args.plan_timeout, budget=args.budget, commit=_commit(), gpus=args.gpus,
+                         n=len(plans), calls="\n".join(calls))
+    run_sh.write_text(text)
+    run_sh.chmod(0o755)
+    print(f"wrote {len(plans)} plans to {pdir} and {run_sh}; estimated {total:.0f} s on {args.gpus} H200 "
+          f"(assuming {STARTUP_S:.0f} s start-up per run)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

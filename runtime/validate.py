@@ -1,0 +1,271 @@
+"""`plan validate plan.json`: run a plan for a few steps and compare the measurement with the prediction.
+
+    plan validate plan.json [--steps N] [--warmup W] [--device cuda|cpu] [--append FILE] [--profile P]
+
+Launches the plan through runtime.launch (its checks, then torchrun running runtime.train) into a per-step
+CSV in a temporary folder, then takes the steady state: the median step time and the largest peak memory
+over all ranks of the steps after the first W. The plan is re-predicted with the planner's cost model
+(`planner.cost.evaluate`, with --profile or the profile shipped for the plan's GPU) and both are printed
+with their relative error, per component where the runtime times it: the optimizer step (clip + AdamW,
+CUDA events) and the pipeline bubble (pp > 1, from the schedule's action timeline); the rest of the step
+(compute, recompute and exposed communication) is compared as one remainder, since the runtime does not
+time it apart.
+
+`--append FILE` adds one row (columns: planner.calibrate.RESULT_COLUMNS) to a results CSV, writing the
+header when the file is new and refusing a file with other columns; existing rows are never rewritten.
+Beside it, `<FILE stem>.plans.jsonl` gets the plan itself (row number -> plan), which `plan calibrate`
+needs to re-predict the row exactly (the CSV's columns do not carry the sharding level).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from planner.calibrate import RESULT_COLUMNS, recompute_text, sidecar_path
+from planner.errors import PlanError
+from planner.plan import Plan
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="plan validate", description="Run a plan for a few steps; predicted vs measured.")
+    ap.add_argument("plan", help="plan.json written by `plan -o`")
+    ap.add_argument("--steps", type=int, default=10, help="training steps to run (default 10)")
+    ap.add_argument("--warmup", type=int, default=3, help="first steps left out of the steady state (default 3)")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--append", metavar="FILE", help="add one row to this results CSV (created with its header if new)")
+    ap.add_argument("--profile", help="profile for the prediction (default: the one shipped for the plan's GPU)")
+    ap.add_argument("--data", default="synthetic")
+    ap.add_argument("--timeout", type=float, default=0, help="stop the run after this many seconds (0: no limit)")
+    ap.add_argument("--keep-steps", metavar="CSV", help="keep the per-step CSV at this path (must not exist)")
+    return ap
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("PLAN_COMMIT", "") or "unknown"
+
+
+def _gpu_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu"
+    import torch
+    return torch.cuda.get_device_name(0)
+
+
+def _check_results_file(path: Path) -> int:
+    """Data rows already in the results CSV (0 when it does not exist); refuses a file with other columns."""
+    if not path.exists():
+        return 0
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise PlanError(f"results file '{path}' exists but is empty; remove it or pick another --append file")
+        if header != RESULT_COLUMNS:
+            raise PlanError(f"results file '{path}' has other columns than a validation results CSV; "
+                            "pick another --append file")
+        return sum(1 for row in reader if row)
+
+
+def _run(cmd: list[str], env: dict, timeout: float) -> int:
+    """torchrun in its own process group; on timeout or SIGTERM the whole group is stopped (SIGTERM, then
+    SIGKILL after 15 s), so no worker outlives this process and holds the GPUs."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def stop(*_):
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    old = signal.signal(signal.SIGTERM, lambda *a: (stop(), sys.exit(143)))
+    try:
+        proc.wait(timeout if timeout > 0 else None)
+    except subprocess.TimeoutExpired:
+        stop()
+        raise PlanError(f"the run did not finish within --timeout {timeout:g} s and was stopped") from None
+    except KeyboardInterrupt:
+        stop()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return proc.returncode
+
+
+def _steady(rows: list[dict], warmup: int) -> dict:
+    steady = rows[warmup:]
+
+    def col(name):
+        vals = []
+        for r in steady:
+            try:
+                vals.append(float(r.get(name) or "nan"))
+            except ValueError:
+                pass
+        return [v for v in vals if v == v]
+
+    mem = col("peak_mem_max_gib") or col("peak_mem_gib")
+    opt, bubble = col("optimizer_s"), col("bubble_frac")
+    return {"steps": len(steady), "step_s": statistics.median(col("step_s")),
+            "step_s_min": min(col("step_s")), "step_s_max": max(col("step_s")),
+            "mem_gib": max(mem) if mem else None,
+            "mem_by_rank": steady[-1].get("peak_mem_by_rank", ""),
+            "optimizer_s": statistics.median(opt) if opt else None,
+            "bubble_frac": statistics.median(bubble) if bubble else None}
+
+
+def _err(pred: float | None, meas: float | None) -> str:
+    if pred is None or meas is None or meas <= 0:
+        return ""
+    return f"{(pred - meas) / meas:+.1%}"
+
+
+def _num(v: float | None, unit: str = "") -> str:
+    return "-" if v is None else f"{v:.4g}{unit}"
+
+
+def report(plan: Plan, pred, meas: dict) -> str:
+    b = pred.breakdown_s
+    lines = [f"{plan.model.name} {plan.layout.short()} mb{plan.layout.micro_batch} sharding {plan.layout.sharding} "
+             f"seq {plan.training.seq_len} global batch {plan.training.global_batch} recompute {recompute_text(plan.stages)}",
+             f"steady state: median of {meas['steps']} steps (range {meas['step_s_min']:.4g}-{meas['step_s_max']:.4g} s)",
+             f"{'':<34}{'predicted':>12}{'measured':>12}{'error':>9}",
+             f"{'step time (s)':<34}{pred.step_s:>12.4g}{meas['step_s']:>12.4g}{_err(pred.step_s, meas['step_s']):>9}"]
+    pmem = max(pred.memory_gib_per_rank)
+    lines.append(f"{'peak memory, max over ranks (GiB)':<34}{pmem:>12.4g}{_num(meas['mem_gib']):>12}"
+                 f"{_err(pmem, meas['mem_gib']):>9}")
+    if meas["mem_by_rank"]:
+        lines.append(f"  per rank measured: {meas['mem_by_rank'].replace(';', ', ')}; predicted per pipeline rank: "
+                     + ", ".join(f"{m:.4g}" for m in pred.memory_gib_per_rank))
+    lines.append("components (s, along the slowest pipeline rank):")
+    timed = 0.0
+    m_timed = 0.0
+    if meas["optimizer_s"] is not None:
+        lines.append(f"{'  optimizer (clip + AdamW)':<34}{b.get('optimizer', 0):>12.4g}{meas['optimizer_s']:>12.4g}"
+                     f"{_err(b.get('optimizer', 0), meas['optimizer_s']):>9}")
+        timed += b.get("optimizer", 0.0)
+        m_timed += meas["optimizer_s"]
+    if plan.layout.pp > 1 and meas["bubble_frac"] is not None:
+        mb = meas["bubble_frac"] * meas["step_s"]
+        lines.append(f"{'  pipeline bubble':<34}{b.get('bubble', 0):>12.4g}{mb:>12.4g}{_err(b.get('bubble', 0), mb):>9}")
+        timed += b.get("bubble", 0.0)
+        m_timed += mb
+    rest_p, rest_m = pred.step_s - timed, meas["step_s"] - m_timed
+    lines.append(f"{'  rest (compute + exposed comm)':<34}{rest_p:>12.4g}{rest_m:>12.4g}{_err(rest_p, rest_m):>9}")
+    untimed = [k for k in b if k not in ("optimizer", "bubble") and b[k] > 0]
+    if untimed:
+        lines.append("    predicted split of the rest (not timed apart by the runtime): "
+                     + ", ".join(f"{k} {b[k]:.4g}" for k in untimed))
+    return "\n".join(lines)
+
+
+def result_row(plan: Plan, pred, meas: dict, gpu: str, profile_label: str) -> dict:
+    lay = plan.layout
+    return {"model": plan.model.name, "gpus": lay.world_size, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp,
+            "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "micro_batch": lay.micro_batch,
+            "global_batch": plan.training.global_batch, "seq_len": plan.training.seq_len,
+            "recompute": recompute_text(plan.stages),
+            "predicted_step_s": f"{pred.step_s:.6g}", "measured_step_s": f"{meas['step_s']:.6g}",
+            "predicted_mem_gib": f"{max(pred.memory_gib_per_rank):.6g}",
+            "measured_mem_gib": f"{meas['mem_gib']:.6g}" if meas["mem_gib"] is not None else "",
+            "gpu": gpu, "profile": profile_label, "commit": _commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def append_row(path: Path, row: dict, plan: Plan) -> int:
+    """Append the row (header first when the file is new) and its plan to the sidecar; returns the row number."""
+    n = _check_results_file(path) + 1
+    new = not path.exists()
+    if new:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
+        if new:
+            w.writeheader()
+        w.writerow(row)
+    with open(sidecar_path(path), "a") as fh:
+        fh.write(json.dumps({"row": n, "plan": plan.to_dict()}) + "\n")
+    return n
+
+
+def validate(args) -> int:
+    from planner.cluster import ClusterSpec
+    from planner.cost import evaluate
+    from planner.profile import load_profile
+    from runtime import launch
+
+    if args.steps < 1 or args.warmup < 0 or args.steps <= args.warmup:
+        raise PlanError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) so that some steps are measured")
+    plan = Plan.load(Path(args.plan))
+    cluster = ClusterSpec.from_dict(plan.cluster)
+    profile = load_profile(args.profile, cluster.gpu)
+    profile_label = args.profile if args.profile else f"shipped:{cluster.gpu}"
+    pred = evaluate(plan, cluster, profile)
+    append = Path(args.append) if args.append else None
+    if append:
+        _check_results_file(append)  # refuse a foreign file before spending the run
+    if args.keep_steps and Path(args.keep_steps).exists():
+        raise PlanError(f"'{args.keep_steps}' already exists; pick another --keep-steps path")
+    with tempfile.TemporaryDirectory(prefix="plan-validate-") as tmp:
+        steps_csv = Path(args.keep_steps) if args.keep_steps else Path(tmp) / "steps.csv"
+        largs = launch.build_parser().parse_args([str(args.plan), "--steps", str(args.steps), "--device", args.device,
+                                                  "--data", args.data, "--results", str(steps_csv)])
+        _, nproc, results = launch.check(largs)
+        cmd = launch.torchrun_command(largs, nproc, results)
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if args.device == "cpu":
+            env.setdefault("OMP_NUM_THREADS", "1")
+        rc = _run(cmd, env, args.timeout)
+        if rc != 0:
+            raise PlanError(f"the training run exited with code {rc} (its output is above); nothing was recorded")
+        try:
+            with open(steps_csv, newline="") as fh:
+                rows = list(csv.DictReader(fh))
+        except FileNotFoundError:
+            raise PlanError("the training run wrote no per-step results") from None
+    if len(rows) <= args.warmup:
+        raise PlanError(f"the run recorded {len(rows)} steps, not more than the {args.warmup} warm-up steps")
+    meas = _steady(rows, args.warmup)
+    print(report(plan, pred, meas), flush=True)
+    if append:
+        row = result_row(plan, pred, meas, _gpu_name(args.device), profile_label)
+        n = append_row(append, row, plan)
+        print(f"appended row {n} to {append}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return validate(args)
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
