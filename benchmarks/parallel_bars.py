@@ -248,24 +248,35 @@ def worker(args) -> int:
         tokens = shape.global_batch * shape.seq_len
         m = plan.num_micro_batches
         total = args.warmup + args.steps
+        prof_sum: dict = {}
         try:
             for step in range(total + args.profile_steps):
                 profiling = step >= total
-                if profiling and step == total:
-                    from torch.profiler import ProfilerActivity, profile
-                    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-                    prof = profile(activities=acts)
-                    prof.__enter__()
                 mbs, wait = prefetch.next()
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
                     torch.cuda.synchronize()
                 dist.barrier()
+                if profiling:   # the trace covers exactly the train_step call (and its final synchronize)
+                    from torch.profiler import ProfilerActivity, profile
+                    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+                    prof.__enter__()
                 t0 = time.perf_counter()
                 loss, norm = step_fn(stages, mbs, opt, groups, lr_at(step, 3e-4, 10))
                 if cuda:
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
+                if profiling:
+                    prof.__exit__(None, None, None)
+                    path = os.path.join(args.tmp, f"{args.tag}-trace-{rank}.json")
+                    prof.export_chrome_trace(path)
+                    one = exposed_from_trace(path, cuda, 1)
+                    os.remove(path)
+                    for k, v in one.items():
+                        if isinstance(v, float):
+                            prof_sum[k] = prof_sum.get(k, 0.0) + v / args.profile_steps
+                        else:
+                            prof_sum[k] = v
                 dts = [None] * world
                 dist.all_gather_object(dts, dt)
                 dt = max(dts)
@@ -291,15 +302,8 @@ def worker(args) -> int:
                     print(f"[{args.tag}] step {step + 1}{' (profiled)' if profiling else ''} loss {loss:.4f} "
                           f"step_s {dt:.4f} tok/s/gpu {tokens / dt / world:.1f}{extra}", flush=True)
             if args.profile_steps:
-                if cuda:
-                    torch.cuda.synchronize()
-                prof.__exit__(None, None, None)
-                path = os.path.join(args.tmp, f"{args.tag}-trace-{rank}.json")
-                prof.export_chrome_trace(path)
-                mine = exposed_from_trace(path, cuda, args.profile_steps)
-                os.remove(path)
                 allr = [None] * world
-                dist.all_gather_object(allr, mine)
+                dist.all_gather_object(allr, prof_sum)
                 emit(kind="profile", per_rank=allr, steps=args.profile_steps)
         finally:
             prefetch.close()
