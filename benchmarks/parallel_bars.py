@@ -223,11 +223,11 @@ def worker(args) -> int:
     else:
         dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))
     rank, world = dist.get_rank(), dist.get_world_size()
-    recs = []
 
-    def emit(**kw):
+    def emit(**kw):   # written at once, so a run that dies or times out keeps what it measured
         if rank == 0:
-            recs.append(dict(run=args.tag, **kw))
+            with open(args.record, "a") as f:
+                f.write(json.dumps(dict(run=args.tag, **kw)) + "\n")
 
     try:
         groups = build_groups(lay, "cuda" if cuda else "cpu")
@@ -307,10 +307,6 @@ def worker(args) -> int:
                 emit(kind="profile", per_rank=allr, steps=args.profile_steps)
         finally:
             prefetch.close()
-        if rank == 0:
-            with open(args.record, "a") as f:
-                for r in recs:
-                    f.write(json.dumps(r) + "\n")
         return 0
     finally:
         dist.destroy_process_group()
@@ -397,6 +393,16 @@ def summarise(tag, recs, world):
     return out
 
 
+def _gpu_names() -> list[str]:
+    """From nvidia-smi, so that this parent process holds no CUDA context while the workers run."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+        return [ln.strip() for ln in out.splitlines() if ln.strip()]
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
 def driver(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -420,7 +426,7 @@ def driver(args) -> int:
     import torch
     meta = dict(kind="meta", date=datetime.datetime.now().isoformat(timespec="seconds"), device=args.device,
                 tiny=args.tiny, torch=torch.__version__, cuda=torch.version.cuda,
-                gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if args.device == "cuda" else [],
+                gpus=_gpu_names() if args.device == "cuda" else [],
                 steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps, micro_batches_pp=args.m,
                 env={k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")},
                 timeline_clock="CUDA events on the compute stream (runtime.parallel.pipeline._Clock), start mark after "

@@ -3,7 +3,7 @@
 - megatron: the Megatron-LM `pretrain_gpt.py` arguments that realise the plan (parallel sizes, the layer
   split, micro/global batch, sequence parallel, distributed optimizer, overlap flags, recompute, model
   shape), as a bash array with a comment block naming what Megatron cannot express.
-- torchrun: the exact command `plan launch` runs (built by runtime.launch's own builder).
+- torchrun: the exact command `plan launch` runs (built by planner.launch_command, which `plan launch` uses too).
 - slurm: an sbatch script running the plan on N nodes: srun starts one `plan launch` per node, torchrun
   underneath, rendezvous on the first node.
 
@@ -300,9 +300,8 @@ def launch_argv(plan_path: str, args, nodes: int, nproc: int, node_rank="0", rdz
 
 
 def torchrun_command(plan: Plan, plan_path: str, args) -> list[str]:
-    """The command `plan launch` runs, from runtime.launch's own builder (runtime.launch imports no torch
-    at import time; it is the one runtime module the planner touches, for this export only)."""
-    from runtime import launch
+    """The command `plan launch` runs, from the builder `plan launch` itself uses (planner.launch_command)."""
+    from planner import launch_command as launch
 
     nodes = _nodes(plan, args)
     nproc = plan.layout.world_size // nodes

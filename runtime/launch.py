@@ -8,37 +8,14 @@ nodes with --nnodes, --node-rank and --rdzv-endpoint) and returns its exit code.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from planner.errors import PlanError
+from planner.launch_command import build_parser, torchrun_command  # noqa: F401 (re-exported)
 from planner.plan import Plan
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="plan launch", description="Train from a plan (torchrun underneath).")
-    ap.add_argument("plan", help="plan.json written by `plan -o`")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    ap.add_argument("--data", default="synthetic",
-                    help="synthetic, a token file, a Megatron .bin/.idx prefix, or W1:SRC1,W2:SRC2 blends")
-    ap.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None)
-    ap.add_argument("--ckpt-dir", default=None)
-    ap.add_argument("--save-every", type=int, default=0)
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--results", default=None, help="CSV of per-step results (default: beside the plan)")
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak used for MFU")
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
-    ap.add_argument("--nproc-per-node", type=int, default=None)
-    ap.add_argument("--nnodes", type=int, default=1)
-    ap.add_argument("--node-rank", type=int, default=0)
-    ap.add_argument("--rdzv-endpoint", default=None, help="host:port of the rendezvous (several nodes)")
-    ap.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
-    return ap
 
 
 def check(args) -> tuple[Plan, int, Path]:
@@ -68,28 +45,6 @@ def check(args) -> tuple[Plan, int, Path]:
     if args.save_every and not args.ckpt_dir:
         raise PlanError("--save-every needs --ckpt-dir")
     return plan, nproc, results
-
-
-def torchrun_command(args, nproc: int, results: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={args.nnodes}"]
-    if args.nnodes > 1:
-        if not args.rdzv_endpoint:
-            raise PlanError("a launch on several nodes needs --rdzv-endpoint host:port")
-        cmd += [f"--node-rank={args.node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
-    else:
-        cmd += ["--standalone"]
-    cmd += ["-m", "runtime.train", "--plan", str(args.plan), "--steps", str(args.steps), "--device", args.device,
-            "--data", args.data, "--results", str(results), "--peak-tflops", str(args.peak_tflops),
-            "--lr", str(args.lr)]
-    if args.data_dtype:
-        cmd += ["--data-dtype", args.data_dtype]
-    if args.ckpt_dir:
-        cmd += ["--ckpt-dir", args.ckpt_dir, "--save-every", str(args.save_every)]
-    if args.resume:
-        cmd += ["--resume"]
-    if args.compile:
-        cmd += ["--compile"]
-    return cmd
 
 
 def main(argv=None) -> int:

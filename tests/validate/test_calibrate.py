@@ -1,0 +1,113 @@
+"""plan calibrate on a synthetic results CSV: recovers a known overlap fraction, reports held-out accuracy,
+records its provenance, and refuses to overwrite its output."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.calibrate import RESULT_COLUMNS, main as calibrate_main, recompute_text, parse_recompute_text
+from planner.cluster import ClusterSpec
+from planner.cost import evaluate
+from planner.errors import PlanError
+from planner.model import resolve_model
+from planner.plan import Layout, Plan, TrainingShape, even_stages
+from planner.profile import load_profile, shipped_profile_path
+
+REPO = Path(__file__).resolve().parents[2]
+TRUE_TP = 0.6
+
+
+def _rows(profile):
+    """TP2 runs of gpt-1.3b whose 'measured' step is the prediction with overlap_hidden_fraction['tp'] = 0.6."""
+    from dataclasses import replace
+
+    truth = replace(profile, overlap_hidden_fraction={**profile.overlap_hidden_fraction, "tp": TRUE_TP})
+    model = resolve_model("gpt-1.3b")
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2)
+    rows = []
+    for mb, gb, rc in [(1, 4, "none"), (2, 8, "selective"), (4, 8, "full"), (1, 8, "none"), (2, 4, "none"),
+                       (4, 16, "selective"), (1, 2, "full"), (2, 16, "full"), (4, 4, "none"), (1, 16, "selective")]:
+        plan = Plan(model=model, cluster=cluster.to_dict(), training=TrainingShape(2048, gb),
+                    layout=Layout(tp=2, micro_batch=mb, sharding="none"), stages=even_stages(24, 1, rc))
+        meas = evaluate(plan, cluster, truth).step_s
+        pred = evaluate(plan, cluster, profile)
+        rows.append({"model": model.name, "gpus": 2, "tp": 2, "pp": 1, "vpp": 1, "dp": 1, "cp": 1, "ep": 1,
+                     "micro_batch": mb, "global_batch": gb, "seq_len": 2048, "recompute": recompute_text(plan.stages),
+                     "predicted_step_s": pred.step_s, "measured_step_s": meas,
+                     "predicted_mem_gib": max(pred.memory_gib_per_rank), "measured_mem_gib": "",
+                     "gpu": "synthetic", "profile": "shipped:h200-sxm", "commit": "test", "date": "2026-01-01"})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    profile = load_profile(None, "h200-sxm")
+    assert abs(profile.overlap_hidden_fraction["tp"] - TRUE_TP) > 0.2
+    path = tmp_path_factory.mktemp("cal") / "results.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
+        w.writeheader()
+        w.writerows(_rows(profile))
+    return path
+
+
+def test_recompute_text_roundtrip():
+    from planner.plan import StagePlan
+
+    stages = [StagePlan(7, 2, 3), StagePlan(5), StagePlan(6, 6, 0), StagePlan(4, 0, 4)]
+    assert recompute_text(stages) == "7f2s3+5+6f6+4s4"
+    assert parse_recompute_text("7f2s3+5+6f6+4s4") == stages
+    with pytest.raises(PlanError):
+        parse_recompute_text("7x2")
+
+
+def test_calibrate_recovers_tp_fraction_and_reports_holdout(results, tmp_path, capsys):
+    out = tmp_path / "calibrated.json"
+    assert calibrate_main([str(results), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(out),
+                           "--holdout-fraction", "0.3", "--seed", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "held-out runs" in text
+    d = json.loads(out.read_text())
+    assert abs(d["overlap_hidden_fraction"]["tp"] - TRUE_TP) <= 0.01
+    base = load_profile(None, "h200-sxm")
+    for k in ("dp", "pp", "cp", "ep"):  # no run exercises them: left alone
+        assert d["overlap_hidden_fraction"][k] == base.overlap_hidden_fraction[k]
+    assert d["gemm"] == base.to_dict()["gemm"]          # measured kernel times untouched
+    assert d["collectives"] == base.to_dict()["collectives"]
+    rec = d["provenance"]["calibrations"][-1]
+    assert set(rec["changed"]) == {"tp"}
+    assert len(rec["holdout_rows"]) == 3 and len(rec["calibration_rows"]) == 7
+    assert not set(rec["holdout_rows"]) & set(rec["calibration_rows"])
+    held = rec["accuracy"]["holdout_after"]
+    assert held["n"] == 3 and held["worst_abs_rel_error"] < 0.01
+    assert rec["accuracy"]["holdout_before"]["median_abs_rel_error"] > held["median_abs_rel_error"]
+    # the calibrated profile loads and plans with it say what was calibrated
+    from planner.profile import Profile
+    from planner.search import plan_provenance
+    prov = plan_provenance(Profile.load(out))
+    assert any("calibrated" in m for m in prov["modelled"])
+
+
+def test_calibrate_refuses_to_overwrite(results, tmp_path):
+    out = tmp_path / "exists.json"
+    out.write_text("{}")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "planner.cli", "calibrate", str(results), "--profile",
+                        str(shipped_profile_path("h200-sxm")), "-o", str(out)], capture_output=True, text=True,
+                       env=env, cwd=REPO, timeout=120)
+    assert p.returncode == 1
+    assert "already exists" in p.stderr and "Traceback" not in p.stderr
+    assert out.read_text() == "{}"
+
+
+def test_calibrate_rejects_foreign_csv(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(PlanError, match="results columns"):
+        calibrate_main([str(bad), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(tmp_path / "o.json")])

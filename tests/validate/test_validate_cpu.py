@@ -1,0 +1,104 @@
+"""plan validate on CPU: a real (tiny) run appends a well-formed results row and its plan; refusals are one
+sentence; the sweep's plans are legal and distinct."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.calibrate import RESULT_COLUMNS, read_results, read_sidecar, sidecar_path
+from planner.cluster import ClusterSpec
+from planner.model import tiny_model
+from planner.plan import Plan, TrainingShape
+from planner.profile import load_profile
+from planner.search import Pins, search
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "planner.cli", *map(str, args)], capture_output=True, text=True,
+                       cwd=REPO, env=env, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tmp_path_factory) -> Path:
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1)
+    res = search(tiny_model("llama"), TrainingShape(32, 4), cluster, load_profile(None, "h200-sxm"),
+                 Pins(micro_batch=2, recompute="selective"), top_k=1)
+    path = tmp_path_factory.mktemp("val") / "plan.json"
+    res.plans[0].save(path)
+    return path
+
+
+def test_validate_cpu_appends_row(tiny_plan, tmp_path):
+    out = tmp_path / "sub" / "results.csv"
+    rc, so, se = _cli("validate", tiny_plan, "--steps", "4", "--warmup", "1", "--device", "cpu", "--append", out)
+    assert rc == 0, se
+    assert "step time (s)" in so and "appended row 1" in so
+    rows = read_results(out)  # checks the exact header
+    assert len(rows) == 1
+    r = rows[0]
+    assert list(r)[:-1] == RESULT_COLUMNS
+    plan = Plan.load(tiny_plan)
+    assert r["model"] == "tiny-llama" and int(r["gpus"]) == 1 and int(r["micro_batch"]) == 2
+    assert r["recompute"] == "4s4" and int(r["seq_len"]) == 32 and int(r["global_batch"]) == 4
+    assert float(r["measured_step_s"]) > 0 and float(r["predicted_step_s"]) > 0
+    assert abs(float(r["predicted_mem_gib"]) - max(plan.prediction.memory_gib_per_rank)) < 1e-3 * max(
+        plan.prediction.memory_gib_per_rank)
+    assert r["measured_mem_gib"] == ""  # no CUDA allocator on CPU
+    assert r["gpu"] == "cpu" and r["profile"] == "shipped:h200-sxm" and r["commit"] and r["date"]
+    side = read_sidecar(sidecar_path(out))
+    assert Plan.from_dict(side[1]).layout == plan.layout
+
+
+def test_append_numbers_rows_and_never_rewrites(tiny_plan, tmp_path):
+    from runtime.validate import append_row
+
+    plan = Plan.load(tiny_plan)
+    path = tmp_path / "r.csv"
+    row = {k: "x" for k in RESULT_COLUMNS}
+    assert append_row(path, row, plan) == 1
+    first = path.read_text()
+    assert append_row(path, row, plan) == 2
+    assert path.read_text().startswith(first)
+    assert path.read_text().count("model,gpus") == 1
+    assert sorted(read_sidecar(sidecar_path(path))) == [1, 2]
+
+
+def test_validate_refusals_are_one_sentence(tiny_plan, tmp_path):
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("step,loss\n1,2\n")
+    rc, so, se = _cli("validate", tiny_plan, "--device", "cpu", "--append", foreign)
+    assert rc == 1 and "other columns" in se and "Traceback" not in se
+    assert foreign.read_text() == "step,loss\n1,2\n"
+    rc, so, se = _cli("validate", tiny_plan, "--steps", "2", "--warmup", "2", "--device", "cpu")
+    assert rc == 1 and "must exceed --warmup" in se and "Traceback" not in se
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_sweep_plans_are_legal_distinct_and_sized(gpus):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import validation_sweep as vs
+
+    plans = vs.build_plans(gpus)
+    assert len(plans) >= (20 if gpus == 2 else 12)
+    assert len({stem for stem, _ in plans}) == len(plans)
+    models = {p.model.name for _, p in plans}
+    assert {"gpt-1.3b", "llama-1b-gqa", "moe-small", "bert-large"} <= models
+    for _, p in plans:
+        assert p.layout.world_size == gpus
+        Plan.from_dict(json.loads(json.dumps(p.to_dict())))  # legality re-checked on load
+        assert vs.estimate_s(p, 6) < 25
+    if gpus == 2:
+        lays = [p.layout for _, p in plans]
+        assert any(l.tp == 2 for l in lays) and any(l.pp == 2 and l.vpp == 1 for l in lays)
+        assert any(l.vpp == 2 for l in lays) and any(l.cp == 2 for l in lays) and any(l.ep == 2 for l in lays)
+        assert {l.sharding for l in lays if l.dp == 2} >= {"none", "optimizer"}
