@@ -139,21 +139,16 @@ def bench_collectives(profile, device, gpus, out_dir):
 
 
 def _layer_prediction(p: Profile, spec: ModelSpec, b: int, s: int) -> dict:
-    T, h, f, d = b * s, spec.hidden, spec.ffn_hidden, spec.head_dim
-    q, kv, es = spec.q_width, spec.kv_width, 2
-    lin = [(q + 2 * kv, h), (h, q), ((2 if spec.gated_mlp else 1) * f, h), (h, f)]
-    gemm = sum(p.gemm_s(T, n, k) + p.gemm_s(T, k, n) + p.gemm_s(n, k, T) for n, k in lin)
-    att = p.attention_s(b, spec.num_heads, s, s, d, spec.causal, False) + \
-        p.attention_s(b, spec.num_heads, s, s, d, spec.causal, True)
-    mb = p.memory_bound_s
-    act = (mb(3 * T * f * es) + mb(5 * T * f * es)) if spec.gated_mlp else (mb(2 * T * f * es) + mb(3 * T * f * es))
-    mem = 2 * (mb(2 * T * h * es) + mb(3 * T * h * es))            # two norms fwd + bwd
-    mem += 4 * mb(3 * T * h * es)                                   # residual adds fwd, gradient adds bwd
-    mem += act
-    mem += 2 * (mb(2 * T * (q + 2 * kv) * es) + mb(2 * T * q * es))  # q/k/v and output layout copies fwd + bwd
-    if not spec.learned_positions:
-        mem += 2 * (mb(2 * T * (q + kv) * es))                     # rotary on q and k, fwd + bwd
-    return {"gemm_s": gemm, "attention_s": att, "memory_bound_s": mem, "total_s": gemm + att + mem}
+    """The planner's own prediction of one layer's forward + backward at TP1 (planner.cost.CostModel),
+    so this checks the rule the search uses rather than a second copy of it."""
+    from planner.cluster import ClusterSpec
+    from planner.cost import CostModel
+    from planner.plan import Layout, TrainingShape
+
+    cm = CostModel(spec, TrainingShape(s, b), Layout(micro_batch=b, sharding="none"),
+                   ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1), p)
+    L = cm.layer
+    return {"fwd_s": L.fwd_compute_s, "bwd_s": L.bwd_compute_s, "total_s": L.fwd_compute_s + L.bwd_compute_s}
 
 
 def bench_layer(profile, device, out_dir):
