@@ -132,13 +132,15 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
     qkv = a * (m.q_width + 2 * m.kv_width) * tok_t
     attn_out = a * m.q_width * tok_t + FP32_BYTES * lay.micro_batch * (m.num_heads / t) * shape.seq_len / lay.cp
     if m.is_moe:
+        # as runtime/parallel/expert.py keeps them: the router's fp32 copy of its input, its fp32 logits and
+        # probabilities; per routed token copy the gathered expert input (and the received copy under EP),
+        # the SwiGLU's gate and up outputs, the SiLU output and the product, and the expert output that the
+        # weighted combine keeps. The MoE layer keeps all of this under selective recompute too.
         routed = tok_t * m.top_k  # token copies this rank's experts see, on average
-        router = FP32_BYTES * tok_t * m.num_experts * 2  # logits and probabilities
-        expert_in = a * h * routed
-        act_in = a * 2 * f * routed
-        act_out = a * f * routed
-        mlp = router + expert_in + act_in + act_out
-        act_out_total = act_out
+        router = FP32_BYTES * tok_t * (h + 2 * m.num_experts)
+        expert_width = (4 if m.gated_mlp else 2) * f + (3 if lay.ep > 1 else 2) * h
+        mlp = router + a * expert_width * routed
+        act_out_total = 0.0
     elif m.gated_mlp:
         act_in = a * 2 * f / t * tokens
         act_out_total = a * f / t * tokens
@@ -148,7 +150,9 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         act_out_total = a * f / t * tokens
         mlp = act_in + act_out_total
     none = norms_in + gemm_in + qkv + attn_out + mlp
-    selective = none - gemm_in - act_out_total
+    # selective drops the norm outputs (GEMM inputs) and the activation output; the MoE layer applies its
+    # norm itself and keeps the output, so there only the attention norm's output goes
+    selective = none - (gemm_in / 2 if m.is_moe else gemm_in) - act_out_total
     full = a * h * tok_t
     widest = max(h, (2 if m.gated_mlp else 1) * f * (m.top_k if m.is_moe else 1), m.q_width + 2 * m.kv_width)
     working = 3 * a * widest * tokens / t
