@@ -72,6 +72,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
+    ap.add_argument("--trace-step", type=int, default=0,
+                    help="run this step (1-based) under torch.profiler and write its op tables (diagnosis)")
+    ap.add_argument("--trace-out", default=None, help="text file for --trace-step's tables (rank 0)")
     return ap.parse_args(argv)
 
 
@@ -141,6 +144,24 @@ def lr_at(step: int, base: float, warmup: int) -> float:
     return base * min(1.0, (step + 1) / max(1, warmup))
 
 
+def _traced(args, cuda: bool, fn):
+    """One step under torch.profiler; rank 0 writes the ops by device time and by host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+    if dist.get_rank() == 0 and args.trace_out:
+        ka = prof.key_averages()
+        with open(args.trace_out, "w") as fh:
+            if cuda:
+                fh.write(ka.table(sort_by="self_cuda_time_total", row_limit=30) + "\n")
+            fh.write(ka.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     plan = Plan.load(Path(args.plan))
@@ -196,7 +217,11 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 lr = lr_at(step, args.lr, args.warmup)
                 opt_mark = _OptimizerTimer(cuda)
-                loss, norm = step_fn(stages, mbs, opt, groups, lr, before_step=opt_mark.start)
+                if args.trace_step == step + 1:
+                    loss, norm = _traced(args, cuda, lambda: step_fn(stages, mbs, opt, groups, lr,
+                                                                     before_step=opt_mark.start))
+                else:
+                    loss, norm = step_fn(stages, mbs, opt, groups, lr, before_step=opt_mark.start)
                 opt_mark.stop()
                 if cuda:
                     torch.cuda.synchronize()
