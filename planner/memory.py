@@ -136,10 +136,12 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         # probabilities; per routed token copy the gathered expert input (and the received copy under EP),
         # the SwiGLU's gate and up outputs, the SiLU output and the product, and the expert output that the
         # weighted combine keeps. The MoE layer keeps all of this under selective recompute too.
+        # (checked against runtime.memory.saved_bytes_per_token in tests/runtime/test_memory_model.py,
+        # which measured one more hidden-sized tensor per token and the fp32 routing masks)
         routed = tok_t * m.top_k  # token copies this rank's experts see, on average
-        router = FP32_BYTES * tok_t * (h + 2 * m.num_experts)
+        router = FP32_BYTES * tok_t * (h + 2 * m.num_experts + 2 * m.top_k * m.num_experts)
         expert_width = (4 if m.gated_mlp else 2) * f + (3 if lay.ep > 1 else 2) * h
-        mlp = router + a * expert_width * routed
+        mlp = router + a * expert_width * routed + a * h * tok_t
         act_out_total = 0.0
     elif m.gated_mlp:
         act_in = a * 2 * f / t * tokens
@@ -178,6 +180,15 @@ def embedding_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) 
         return 0.0
     tokens = lay.micro_batch * shape.seq_len / lay.cp
     return BF16_BYTES * m.hidden * tokens / lay.tp
+
+
+def rotary_table_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> float:
+    """Rotary cos/sin tables (fp32, one row of head_dim per token of the micro-batch's sequence), built once
+    per forward of a stage and kept by every layer's attention for backward: counted once per chunk and
+    micro-batch in flight."""
+    if m.learned_positions:
+        return 0.0
+    return FP32_BYTES * 2 * m.head_dim * lay.micro_batch * shape.seq_len / lay.cp
 
 
 def in_flight_micro_batches(rank: int, chunk: int, lay: Layout, num_micro_batches: int) -> int:
