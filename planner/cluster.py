@@ -7,12 +7,10 @@ on the paths between its ranks.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from pathlib import Path
 
-from planner.errors import PlanError
+from planner.errors import PlanError, read_json
 
 
 @dataclass(frozen=True)
@@ -82,12 +80,7 @@ def validate_cluster(c: ClusterSpec) -> None:
 
 
 def load_cluster_file(path: str) -> ClusterSpec:
-    try:
-        d = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise PlanError(f"cluster file '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError(f"cluster file '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+    d = read_json(path, "cluster file")
     if not isinstance(d, dict):
         raise PlanError(f"cluster file '{path}' is not a JSON object")
     return ClusterSpec.from_dict(d)

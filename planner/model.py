@@ -8,11 +8,10 @@ the counts of the tensors it allocates (tests check this against `sum(p.numel())
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from planner.errors import PlanError
+from planner.errors import PlanError, read_json
 
 
 @dataclass(frozen=True)
@@ -248,12 +247,7 @@ def _first(cfg: dict, *keys, default=None):
 
 def from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json: llama/mistral/mixtral/qwen keys, gpt2 keys or BERT keys."""
-    try:
-        cfg = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise PlanError(f"model config '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError(f"model config '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+    cfg = read_json(path, "model config")
     if not isinstance(cfg, dict):
         raise PlanError(f"model config '{path}' is not a JSON object")
     name = Path(path).parent.name or Path(path).stem

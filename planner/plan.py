@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from planner.errors import PlanError
+from planner.errors import PlanError, read_json
 from planner.model import ModelSpec
 
 PLAN_FORMAT = "parallel-plan/plan"
@@ -192,12 +192,7 @@ class Plan:
 
     @staticmethod
     def load(path: Path) -> "Plan":
-        try:
-            d = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise PlanError(f"plan file '{path}' does not exist") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PlanError(f"plan file '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+        d = read_json(path, "plan file")
         return Plan.from_dict(d)
 
 

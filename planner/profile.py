@@ -24,7 +24,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from planner.errors import PlanError
+from planner.errors import PlanError, read_json
 
 PROFILE_FORMAT = "parallel-plan/profile"
 PROFILE_VERSION = 1
@@ -234,12 +234,7 @@ class Profile:
 
     @staticmethod
     def load(path: Path) -> "Profile":
-        try:
-            d = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise PlanError(f"profile '{path}' does not exist") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PlanError(f"profile '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+        d = read_json(path, "profile")
         return Profile.from_dict(d, str(path))
 
 
