@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         pins.add_argument(f"--{name}", type=_positive_int(f"--{name}"))
     pins.add_argument("--recompute", choices=["none", "selective", "full"])
     pins.add_argument("--sharding", choices=["none", "optimizer", "optimizer+grads", "full"])
+    pins.add_argument("--no-overlap", default="", metavar="DIMS",
+                      help="comma list of tp, dp, pp whose communication is not overlapped with compute")
     ap.add_argument("--top", type=_positive_int("--top"), default=4, help="plans to show (default 4)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("-o", "--output", help="write the best plan to this file")
@@ -127,8 +129,12 @@ def run_plan(argv: list[str]) -> int:
     threading.Thread(target=lambda: (__import__("ortools.sat.python.cp_model"), __import__("numpy")), daemon=True).start()
     args = build_parser().parse_args(argv)
     model, cluster, shape, profile = resolve_inputs(args)
+    no_overlap = frozenset(d.strip() for d in args.no_overlap.split(",") if d.strip())
+    if no_overlap - {"tp", "dp", "pp"}:
+        raise PlanError(f"--no-overlap takes tp, dp and pp, not {', '.join(sorted(no_overlap - {'tp', 'dp', 'pp'}))}")
     pins = Pins(tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp, cp=args.cp, ep=args.ep,
-                micro_batch=args.micro_batch, sharding=args.sharding, recompute=args.recompute)
+                micro_batch=args.micro_batch, sharding=args.sharding, recompute=args.recompute,
+                no_overlap=no_overlap)
     if args.output:
         from pathlib import Path
         if Path(args.output).exists() and not args.force:

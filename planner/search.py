@@ -50,6 +50,9 @@ class Pins:
     sharding: str | None = None
     recompute: str | None = None
     """none / selective / full for every layer, or None to let the search choose per stage."""
+    no_overlap: frozenset = frozenset()
+    """Dimensions ('tp', 'dp', 'pp') whose communication must not be overlapped with compute; the search
+    otherwise turns every overlap on (in this cost model overlap never costs time)."""
 
 
 @dataclass
@@ -120,7 +123,10 @@ def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSp
                     for ep in eps:
                         for mb in mbs:
                             for sh in shards:
-                                yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, micro_batch=mb, sharding=sh)
+                                yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, micro_batch=mb, sharding=sh,
+                                             overlap_tp="tp" not in pins.no_overlap,
+                                             overlap_dp="dp" not in pins.no_overlap,
+                                             overlap_pp="pp" not in pins.no_overlap)
 
 
 @dataclass
@@ -390,7 +396,8 @@ def plan_provenance(profile: Profile) -> dict:
     return {"profile": profile.source_path or profile.gpu, "profile_gpu": profile.gpu,
             "profile_measured_on": prov.get("gpu_name", prov.get("measured_on", "")),
             "profile_date": prov.get("date", ""), "profile_commit": prov.get("git_commit", ""),
-            "profile_kind": prov.get("kind", prov.get("mode", "measured")),
+            "profile_kind": ("derived from " + str(prov["derived_from"].get("gpu_name", "another GPU"))
+                             if isinstance(prov.get("derived_from"), dict) else prov.get("kind", prov.get("mode", "measured"))),
             "measured": measured,
             "modelled": modelled + [f"memory allowance: {mem.RESERVED_GIB} GiB outside the allocator, "
                                     f"{mem.FRAGMENTATION:.0%} fragmentation"]}

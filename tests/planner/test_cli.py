@@ -99,3 +99,20 @@ def test_planner_never_imports_torch():
             "print('ok')\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr
+
+
+def test_no_overlap_pin_reaches_the_plan_and_costs_time():
+
+    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--tp", "2", "--dp", "4", "--json")
+    assert rc == 0, err
+    on = json.loads(out)["plans"][0]
+    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--tp", "2", "--dp", "4", "--json", "--no-overlap", "tp,dp")
+    assert rc == 0, err
+    off = json.loads(out)["plans"][0]
+    assert (off["layout"]["overlap_tp"], off["layout"]["overlap_dp"], off["layout"]["overlap_pp"]) == (False, False, True)
+    assert off["prediction"]["step_s"] > on["prediction"]["step_s"]
+
+
+def test_no_overlap_rejects_unknown_dimension():
+
+    assert_one_sentence_error(*run_cli("--model", "gpt-13b", "--gpus", "8", "--no-overlap", "cp"))
