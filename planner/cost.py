@@ -324,7 +324,10 @@ class CostModel:
         total = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay)
         acts = self.activations
         last = lay.pp * lay.vpp - 1
-        transient = acts.working_bytes
+        # transients: a layer's backward working set, together with the gradient-reduction buffers that
+        # grow while backward runs; or the output layer's logits
+        dp_t = mem.dp_reduction_transient_bytes(dense, expert, lay)
+        transient = acts.working_bytes + dp_t
         for chunk, (j, st) in enumerate(rank_stages):
             inflight = mem.in_flight_micro_batches(rank, chunk, lay, num_micro)
             n_none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
@@ -338,7 +341,7 @@ class CostModel:
                 per_mb += kept
                 transient = max(transient, trans)
             if st.full_recompute_layers:
-                transient = max(transient, acts.working_bytes + acts.none_bytes)
+                transient = max(transient, acts.working_bytes + acts.none_bytes + dp_t)
             total += inflight * per_mb
         return total + transient
 
@@ -352,7 +355,9 @@ class CostModel:
         dense_l, expert_l = self.per_layer_params
         return MemoryTerms(
             base_bytes=self.rank_memory_bytes(rank, [(j, StagePlan(0)) for j in js], num_micro),
-            state_per_layer_bytes=mem.state_bytes(dense_l, expert_l, lay),
+            # the reduction buffers grow with the rank's parameters: charged per layer (an upper bound)
+            state_per_layer_bytes=mem.state_bytes(dense_l, expert_l, lay)
+            + (mem.dp_reduction_transient_bytes(dense_l, expert_l, lay) if lay.sharding == "optimizer" else 0.0),
             in_flight=[mem.in_flight_micro_batches(rank, c, lay, num_micro) for c in range(lay.vpp)],
             none_bytes=acts.none_bytes, sel_saving_bytes=acts.none_bytes - acts.selective_bytes,
             full_saving_bytes=acts.none_bytes - acts.full_bytes)

@@ -125,15 +125,19 @@ def test_rank_memory_of_a_small_plan_by_hand():
     none, _, full, working = _acts_by_hand(1)
     bpp = 2 + 4 + 12 / 2
     # rank 0: 2 layers + embedding (tokens and positions); 2 micro-batches in flight (1F1B: pp - 0)
-    rank0 = (2 * 33472 + 256 * 64 + 64 * 64) * bpp + 2 * (2 * none) + working
+    # transients include the ZeRO-1 reduce-scatter outputs alive at the end of backward: 4 B per element
+    # of the local shard (params / 2)
+    params0 = 2 * 33472 + 256 * 64 + 64 * 64
+    rank0 = params0 * bpp + 2 * (2 * none) + working + params0 * 4 / 2
     # rank 1: 2 layers + final norm + its own copy of the tied output layer; 1 micro-batch in flight,
     # holding one plain layer, one recomputed layer's input and the head's kept tensors (final-norm input
     # and output bf16, fp32 softmax over the vocabulary); transient: the recomputed layer's activations
     # on top of the backward working set
     head_kept = 2 * 2 * 64 * 64 + 4 * 256 * 64
-    rank1 = (2 * 33472 + 128 + 256 * 64) * bpp + (none + full + head_kept) + (working + none)
-    assert cm.rank_memory_bytes(0, [(0, stages[0])], 2) == rank0 == 1_524_224
-    assert cm.rank_memory_bytes(1, [(1, stages[1])], 2) == rank1 == 1_366_016
+    params1 = 2 * 33472 + 128 + 256 * 64
+    rank1 = params1 * bpp + (none + full + head_kept) + (working + none + params1 * 4 / 2)
+    assert cm.rank_memory_bytes(0, [(0, stages[0])], 2) == rank0 == 1_524_224 + 2 * params0
+    assert cm.rank_memory_bytes(1, [(1, stages[1])], 2) == rank1 == 1_366_016 + 2 * params1
 
 
 @pytest.mark.parametrize("pp,vpp", [(2, 1), (2, 2), (3, 2)])
