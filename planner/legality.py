@@ -53,6 +53,10 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
     m = shape.global_batch // (lay.micro_batch * lay.dp)
     if lay.vpp > 1 and m % lay.pp:
         return f"interleaved schedule needs micro-batches ({m}) divisible by PP {lay.pp}"
+    if lay.sharding == "full" and lay.ep > 1:
+        # runtime/parallel/data.py's FSDP path shards expert weights over all data x context ranks instead
+        # of the expert-data-parallel group; refuse the layout rather than plan what the runtime gets wrong
+        return "fully sharded data parallelism with expert parallelism is not supported by the runtime yet"
     if lay.sharding != "none" and lay.dp * lay.cp == 1:
         return f"sharding '{lay.sharding}' needs more than one data-parallel rank"
     return None

@@ -124,3 +124,13 @@ def test_check_layout_raises_one_sentence():
         check_layout(tiny_model("gpt", ffn_hidden=256), SHAPE, Layout(tp=8))
     with pytest.raises(PlanError, match="recompute 'some' is not one of none, selective, full"):
         check_recompute_name("some")
+
+
+def test_full_sharding_with_expert_parallelism_is_refused():
+    from planner.legality import layout_violation
+    from planner.model import CATALOGUE
+    from planner.plan import Layout, TrainingShape
+    m = CATALOGUE["mixtral-8x7b"]
+    why = layout_violation(m, TrainingShape(4096, 64), Layout(dp=8, ep=2, sharding="full"))
+    assert why and "expert parallelism" in why
+    assert layout_violation(m, TrainingShape(4096, 64), Layout(dp=8, ep=2, sharding="optimizer")) is None
