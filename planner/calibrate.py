@@ -186,11 +186,55 @@ def _resolve(name: str, model_dirs: list[Path], resolve_model):
 
 
 # -- fitting ------------------------------------------------------------------------------------------------
-def with_overlap(profile, fractions: dict):
-    """A copy of the profile with other overlap fractions; shares the GEMM lookup table (and its cache)."""
-    new = replace(profile, overlap_hidden_fraction=dict(fractions))
+def with_overlap(profile, fractions: dict, efficiency: dict | None = None):
+    """A copy of the profile with other overlap fractions (and efficiency factors); shares the GEMM lookup
+    table (and its cache)."""
+    new = replace(profile, overlap_hidden_fraction=dict(fractions),
+                  efficiency=dict(profile.efficiency if efficiency is None else efficiency))
     new.__dict__["_gk"] = profile._gemm_key()
     return new
+
+
+EFFICIENCY_GRID = [round(2 ** (i / 8), 4) for i in range(-4, 25)]
+"""Candidate factors, 0.71x to 8x in steps of 2^(1/8) (9%)."""
+
+
+def sensitive_terms(runs: list[Run], profile) -> list[str]:
+    """Efficiency terms whose factor changes at least one run's prediction."""
+    from planner.profile import EFFICIENCY_TERMS
+
+    base = predict_all(runs, profile)
+    out = []
+    for term in EFFICIENCY_TERMS:
+        eff = {**profile.efficiency, term: 2.0 * profile.eff(term)}
+        if any(abs(a - b) > 1e-9 * max(a, 1e-30) for a, b in zip(base, predict_all(runs, with_overlap(
+                profile, profile.overlap_hidden_fraction, eff)))):
+            out.append(term)
+    return out
+
+
+def fit_efficiency(runs: list[Run], profile, terms: list[str], passes: int = 4) -> dict:
+    """Coordinate descent of the efficiency factors over EFFICIENCY_GRID, minimising the median absolute
+    relative step-time error (ties: smaller mean error, then the factor nearest 1)."""
+    cur = {t: profile.eff(t) for t in terms}
+    cur = {**profile.efficiency, **cur}
+
+    def best_over(t):
+        scored = []
+        for v in EFFICIENCY_GRID:
+            med, mean = _objective(runs, with_overlap(profile, profile.overlap_hidden_fraction, {**cur, t: v}))
+            scored.append((round(med, 12), round(mean, 12), abs(math.log(v)), v))
+        return min(scored)[3]
+
+    for _ in range(passes):
+        changed = False
+        for t in terms:
+            v = best_over(t)
+            if v != cur.get(t, 1.0):
+                cur[t], changed = v, True
+        if not changed:
+            break
+    return {k: v for k, v in cur.items() if abs(v - 1.0) > 1e-12}
 
 
 def predict_all(runs: list[Run], profile) -> list[float]:
@@ -288,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folder of <name>/config.json model configs for rows without a sidecar plan (repeatable)")
     ap.add_argument("--grid-step", type=float, default=0.05, help="grid step of the fractions (default 0.05)")
     ap.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    ap.add_argument("--no-efficiency", action="store_true",
+                    help="fit only the overlap fractions, not the efficiency factors of the cost terms")
     return ap
 
 
@@ -324,16 +370,20 @@ def main(argv=None) -> int:
     before_cal, before_hold = accuracy(cal, profile), accuracy(hold, profile)
     fitted = fit_overlap(cal, profile, dims, args.grid_step) if dims else dict(profile.overlap_hidden_fraction)
     new = with_overlap(profile, fitted)
+    terms = [] if args.no_efficiency else sensitive_terms(cal, new)
+    if terms:
+        new = with_overlap(new, fitted, fit_efficiency(cal, new, terms))
     after_cal, after_hold = accuracy(cal, new), accuracy(hold, new)
     old_f = profile.overlap_hidden_fraction
     changed = {d: {"from": old_f.get(d, 0.0), "to": fitted[d]} for d in dims if abs(fitted[d] - old_f.get(d, 0.0)) > 1e-12}
+    eff_changed = {t: {"from": profile.eff(t), "to": new.eff(t)} for t in terms if abs(new.eff(t) - profile.eff(t)) > 1e-12}
 
     record = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tool": "plan calibrate", "results": str(results), "plans": str(side_path) if sidecar else "",
         "from_profile": str(args.profile), "seed": args.seed, "holdout_fraction": args.holdout_fraction,
         "grid_step": args.grid_step, "objective": "median |predicted - measured| / measured step time",
-        "changed": changed, "fitted_dims": dims, "unchanged": "measured kernel and collective times",
+        "changed": changed, "fitted_dims": dims, "efficiency_changed": eff_changed, "fitted_terms": terms, "unchanged": "measured kernel and collective times",
         "calibration_rows": [r.row for r in cal], "holdout_rows": [r.row for r in hold],
         "skipped_rows": skipped,
         "accuracy": {"calibration_before": before_cal, "calibration_after": after_cal,
@@ -344,6 +394,10 @@ def main(argv=None) -> int:
     parts = list(prov.get("parts", []))
     if changed:
         parts.append({"part": "overlap_hidden_fraction " + ", ".join(changed),
+                      "status": f"calibrated on {len(cal)} measured runs of {results.name} "
+                                f"(rows {','.join(str(r.row) for r in cal)})"})
+    if eff_changed:
+        parts.append({"part": "efficiency " + ", ".join(eff_changed),
                       "status": f"calibrated on {len(cal)} measured runs of {results.name} "
                                 f"(rows {','.join(str(r.row) for r in cal)})"})
     prov["parts"] = parts
@@ -359,6 +413,8 @@ def main(argv=None) -> int:
     for d in dims:
         a, b = old_f.get(d, 0.0), fitted[d]
         print(f"  overlap_hidden_fraction[{d}]: {a:.3f} -> {b:.3f}" + ("" if d in changed else " (unchanged)"))
+    for t in terms:
+        print(f"  efficiency[{t}]: {profile.eff(t):.3f} -> {new.eff(t):.3f}" + ("" if t in eff_changed else " (unchanged)"))
     print(f"calibration runs  before: {_fmt(before_cal)}")
     print(f"                  after:  {_fmt(after_cal)}")
     print(f"held-out runs     before: {_fmt(before_hold)}")

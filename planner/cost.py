@@ -213,18 +213,20 @@ class CostModel:
             rf, rb = self._gemm_fwd_bwd_s(int(tok_t), m.num_experts, h)
             e1f, e1b = self._gemm_fwd_bwd_s(per_expert, 2 * f, h, local_experts)
             e2f, e2b = self._gemm_fwd_bwd_s(per_expert, h, f, local_experts)
-            moe_f, moe_b = rf + e1f + e2f, rb + e1b + e2b
+            moe_f, moe_b = (rf + e1f + e2f) * prof.eff("expert"), (rb + e1b + e2b) * prof.eff("expert")
             # dispatch and combine all-to-alls, each way in forward and again in backward
-            a2a = self.group_collective_s("all_to_all", BF16 * routed * h, lay.ep, self.strides["ep"])
+            a2a = self.group_collective_s("all_to_all", BF16 * routed * h, lay.ep, self.strides["ep"]) * prof.eff("ep")
             comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
+        ce = prof.eff("compute")  # calibrated: what the runtime spends beyond its measured kernels
+        fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel = (x * ce for x in (fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel))
         compute_f = fwd + attn_f + ew_f + moe_f
         compute_b = bwd + attn_b + ew_b + moe_b
         # tensor parallel (sequence parallel): forward all-gathers before QKV and FC1, reduce-scatters after
         # out-proj and FC2; backward mirrors them and re-gathers the saved sharded inputs for wgrad
         if t > 1:
             nbytes = BF16 * T * h
-            ag = self.group_collective_s("all_gather", nbytes, t, 1)
-            rs = self.group_collective_s("reduce_scatter", nbytes, t, 1)
+            ag = self.group_collective_s("all_gather", nbytes, t, 1) * prof.eff("tp")
+            rs = self.group_collective_s("reduce_scatter", nbytes, t, 1) * prof.eff("tp")
             n_pairs = 1 if m.is_moe else 2
             frac = prof.overlap_hidden_fraction.get("tp", 0.0)
             tp_f = n_pairs * (ag + rs)
@@ -236,7 +238,7 @@ class CostModel:
         # context parallel: cp-1 ring steps pass K and V forward; backward passes K, V and dK, dV
         if lay.cp > 1:
             kv_bytes = BF16 * 2 * lay.micro_batch * (m.num_kv_heads // t) * (s // lay.cp) * m.head_dim
-            step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"])
+            step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
             frac = prof.overlap_hidden_fraction.get("cp", 0.0)
             cp_f = exposed_s((lay.cp - 1) * step, attn_f, frac, True)
             cp_b = exposed_s(2 * (lay.cp - 1) * step, attn_b, frac, True)
@@ -271,7 +273,8 @@ class CostModel:
             comm = 2 * (self.group_collective_s("all_gather", nbytes, t, 1)
                         + self.group_collective_s("reduce_scatter", nbytes, t, 1))
             comm += 3 * self.group_collective_s("all_reduce", FP32 * T, t, 1)  # max, sum, target logit
-        return EndCosts(embedding_s=emb, head_s=hf + hb + ce, head_comm_s=comm)
+        c = prof.eff("compute")
+        return EndCosts(embedding_s=emb * c, head_s=(hf + hb + ce) * c, head_comm_s=comm * prof.eff("tp"))
 
     @cached_property
     def p2p_s(self) -> float:
@@ -279,7 +282,7 @@ class CostModel:
         if self.lay.pp == 1:
             return 0.0
         nbytes = BF16 * self.tokens * self.m.hidden / self.lay.tp
-        send = self.group_collective_s("send_recv", nbytes, 2, self.strides["pp"])
+        send = self.group_collective_s("send_recv", nbytes, 2, self.strides["pp"]) * self.prof.eff("pp")
         frac = self.prof.overlap_hidden_fraction.get("pp", 0.0)
         return send * (1 - frac) if self.lay.overlap_pp else send
 
@@ -373,10 +376,10 @@ class CostModel:
         for params, group, stride in ((dense, d, lay.tp), (expert, d // lay.ep, lay.tp * lay.ep)):
             if group <= 1 or params <= 0:
                 continue
-            rs = self.group_collective_s("reduce_scatter", FP32 * params, group, stride)
-            ag = self.group_collective_s("all_gather", BF16 * params, group, stride)
+            rs = self.group_collective_s("reduce_scatter", FP32 * params, group, stride) * self.prof.eff("dp")
+            ag = self.group_collective_s("all_gather", BF16 * params, group, stride) * self.prof.eff("dp")
             if lay.sharding == "none":
-                ar = self.group_collective_s("all_reduce", FP32 * params, group, stride)
+                ar = self.group_collective_s("all_reduce", FP32 * params, group, stride) * self.prof.eff("dp")
                 total += exposed_s(ar, window_bwd_s, frac, lay.overlap_dp)
             elif lay.sharding == "optimizer":
                 total += exposed_s(rs, window_bwd_s, frac, lay.overlap_dp) + exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
@@ -395,7 +398,8 @@ class CostModel:
         de = max(d // lay.ep, 1) if lay.sharding != "none" else 1
         shard = dense / d + expert / de
         num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
-        return shard * self.prof.optimizer_s_per_param + self.param_bookkeeping_s(dense + expert, shard, num_micro)
+        return (shard * self.prof.optimizer_s_per_param
+                + self.param_bookkeeping_s(dense + expert, shard, num_micro)) * self.prof.eff("optimizer")
 
     def param_bookkeeping_s(self, local: float, shard: float, num_micro: int) -> float:
         """Memory traffic the runtime's mixed precision adds per step (counted from runtime/parallel/data.py):

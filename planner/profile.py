@@ -29,6 +29,8 @@ from planner.errors import PlanError, read_json
 PROFILE_FORMAT = "parallel-plan/profile"
 PROFILE_VERSION = 1
 
+EFFICIENCY_TERMS = ("compute", "expert", "tp", "cp", "ep", "pp", "dp", "optimizer")
+
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
@@ -92,10 +94,18 @@ class Profile:
     """Per dimension ('tp', 'dp', 'pp', 'cp', 'ep'): fraction of the communication that an overlapped
     implementation hides behind the compute beside it (at most that compute's time)."""
     kernel_launch_s: float = 5e-6
+    efficiency: dict = field(default_factory=dict)
+    """Calibrated multipliers (`plan calibrate`) on the cost model's terms, 1.0 when absent: 'compute'
+    (dense layer and end kernels), 'expert' (MoE expert compute), 'tp', 'cp', 'ep', 'pp', 'dp'
+    (communication of that dimension) and 'optimizer'. They absorb what the runtime spends beyond its
+    measured kernels (host time, contention); the measured kernel and collective times stay untouched."""
     source_path: str = ""
     extras: dict = field(default_factory=dict)
 
     # -- queries -------------------------------------------------------------
+    def eff(self, term: str) -> float:
+        return self.efficiency.get(term, 1.0)
+
     @property
     def peak_gemm_flops(self) -> float:
         return max(2.0 * m * n * k / t for m, n, k, t in self.gemm_points)
@@ -193,6 +203,7 @@ class Profile:
                              "bus_bandwidth_bytes_per_s": c.bus_bandwidth_bytes_per_s, "measured": c.measured,
                              "points": [list(p) for p in c.points]} for c in self.collectives],
             "overlap_hidden_fraction": self.overlap_hidden_fraction,
+            "efficiency": self.efficiency,
             "extras": self.extras,
         }
 
@@ -225,6 +236,7 @@ class Profile:
                                            points=tuple(sorted((float(p[0]), float(p[1])) for p in c.get("points", ()))))
                              for c in d["collectives"]],
                 overlap_hidden_fraction={str(k): float(v) for k, v in d["overlap_hidden_fraction"].items()},
+                efficiency={str(k): float(v) for k, v in (d.get("efficiency") or {}).items()},
                 source_path=source, extras=dict(d.get("extras") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -248,6 +260,9 @@ def _validate(p: Profile, where: str) -> None:
     for c in p.collectives:
         if c.op not in COLLECTIVE_OPS or c.latency_s < 0 or c.bus_bandwidth_bytes_per_s <= 0:
             raise PlanError(f"{where} is corrupted: collective entry {c.op}/{c.link}/{c.group_size} is invalid")
+    for k, v in p.efficiency.items():
+        if k not in EFFICIENCY_TERMS or not 0.1 <= v <= 50:
+            raise PlanError(f"{where} is corrupted: efficiency '{k}' = {v} is not a known term in [0.1, 50]")
     for k, v in p.overlap_hidden_fraction.items():
         if not 0 <= v <= 1:
             raise PlanError(f"{where} is corrupted: overlap fraction for '{k}' is {v}, not within [0, 1]")
@@ -361,6 +376,9 @@ def load_profile(path: str | None, gpu: str) -> Profile:
             raise PlanError(f"no profile ships for GPU '{gpu}'; run `plan profile` on one and pass --profile")
         prof = Profile.load(p)
     else:
+        # a bare name of a shipped profile (e.g. h200-sxm-calibrated) works as well as a path
+        if not Path(path).exists() and shipped_profile_path(path).exists():
+            path = str(shipped_profile_path(path))
         prof = Profile.load(Path(path))
         if prof.gpu != gpu:
             warnings.warn(f"profile '{path}' was measured on {prof.gpu}, but the plan is for {gpu}", stacklevel=2)

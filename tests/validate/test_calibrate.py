@@ -111,3 +111,39 @@ def test_calibrate_rejects_foreign_csv(tmp_path):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(PlanError, match="results columns"):
         calibrate_main([str(bad), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(tmp_path / "o.json")])
+
+
+def test_calibrate_recovers_a_compute_efficiency_factor(tmp_path, capsys):
+    """One-GPU runs whose 'measured' step is the prediction with every compute kernel 1.3x slower (what a
+    runtime spending time beyond its kernels looks like): the efficiency factor comes back, the overlap
+    fractions (no communication in these runs) and the measured tables stay."""
+    from dataclasses import replace
+
+    profile = load_profile(None, "h200-sxm")
+    truth = replace(profile, efficiency={"compute": 1.3})
+    model = resolve_model("gpt-1.3b")
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1)
+    rows = []
+    for mb, gb, rc in [(1, 4, "none"), (2, 8, "selective"), (4, 8, "full"), (1, 8, "none"), (2, 4, "none"),
+                       (4, 16, "selective"), (1, 2, "full"), (2, 16, "full")]:
+        plan = Plan(model=model, cluster=cluster.to_dict(), training=TrainingShape(2048, gb),
+                    layout=Layout(micro_batch=mb, sharding="none"), stages=even_stages(24, 1, rc))
+        pred = evaluate(plan, cluster, profile)
+        rows.append({"model": model.name, "gpus": 1, "tp": 1, "pp": 1, "vpp": 1, "dp": 1, "cp": 1, "ep": 1,
+                     "micro_batch": mb, "global_batch": gb, "seq_len": 2048, "recompute": recompute_text(plan.stages),
+                     "predicted_step_s": pred.step_s, "measured_step_s": evaluate(plan, cluster, truth).step_s,
+                     "predicted_mem_gib": max(pred.memory_gib_per_rank), "measured_mem_gib": "",
+                     "gpu": "synthetic", "profile": "shipped:h200-sxm", "commit": "test", "date": "2026-01-01"})
+    path = tmp_path / "results.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    out = tmp_path / "cal.json"
+    assert calibrate_main([str(path), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["efficiency"]["compute"] == pytest.approx(1.3, rel=0.03)
+    assert d["overlap_hidden_fraction"] == profile.overlap_hidden_fraction
+    assert d["gemm"] == profile.to_dict()["gemm"]
+    rec = d["provenance"]["calibrations"][-1]
+    assert rec["accuracy"]["holdout_after"]["median_abs_rel_error"] < 0.03
