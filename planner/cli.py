@@ -123,10 +123,6 @@ def run_plan(argv: list[str]) -> int:
     from planner.search import Pins, search
 
     t0 = time.perf_counter()
-    import threading
-
-    # OR-Tools takes a third of a second to import: load it while the arguments and profile are read
-    threading.Thread(target=lambda: (__import__("ortools.sat.python.cp_model"), __import__("numpy")), daemon=True).start()
     args = build_parser().parse_args(argv)
     model, cluster, shape, profile = resolve_inputs(args)
     no_overlap = frozenset(d.strip() for d in args.no_overlap.split(",") if d.strip())
