@@ -299,7 +299,7 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
 
 
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
-           pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_time_s: float = 0.05,
+           pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_time_s: float = 0.03,
            progress=None) -> SearchResult:
     """Best plans first. Phases: enumerate and bound every legal layout; a greedy split for each layout
     whose bound could still beat the k-th best; CP-SAT on the `top_k + refine` best of those (hinted with
