@@ -9,7 +9,8 @@ from planner.search import SearchResult
 BREAKDOWN_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
 BREAKDOWN_LABEL = {"compute": "compute", "recompute": "recompute", "tp_comm": "exposed TP comm",
                    "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm", "pp_comm": "exposed PP comm",
-                   "bubble": "pipeline bubble", "dp_comm": "exposed DP comm", "optimizer": "optimizer step"}
+                   "bubble": "pipeline bubble", "dp_comm": "exposed DP comm",
+                   "optimizer": "optimizer + fp32 grad accumulation"}
 
 
 def _stage_summary(plan: Plan) -> str:
@@ -45,7 +46,10 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = console or Console()
+    import sys
+
+    # a pipe or a file gets a fixed width wide enough for the tables (rich would fold them at 80)
+    con = console or (Console() if sys.stdout.isatty() else Console(width=140))
     best = result.plans[0]
     p, lay, shape = best.prediction, best.layout, best.training
     con.print(f"[bold]{best.model.name}[/] ({best.model.total_params() / 1e9:.1f}B params) on "
