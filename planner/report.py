@@ -72,6 +72,8 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
     mems = p.memory_gib_per_rank
     t.add_row("memory per GPU", f"max {max(mems):.1f} GiB of {p.memory_limit_gib:.1f} GiB allowed"
               + (f" (ranks {min(mems):.1f}-{max(mems):.1f})" if len(mems) > 1 else ""))
+    if 1 < len(mems) <= 16:
+        t.add_row("memory per pipeline rank", " ".join(f"{x:.0f}" for x in mems) + " GiB")
     con.print(t)
 
     b = Table(title="Where the step goes (slowest pipeline rank)", title_justify="left")
