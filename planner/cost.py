@@ -337,6 +337,8 @@ class CostModel:
             per_mb = n_none * acts.none_bytes + st.selective_recompute_layers * acts.selective_bytes \
                 + st.full_recompute_layers * acts.full_bytes
             per_mb += mem.rotary_table_bytes(m, shape, lay)
+            if j != last:
+                per_mb += mem.pipeline_output_bytes(m, shape, lay)
             if j == 0:
                 per_mb += mem.embedding_activation_bytes(m, shape, lay)
             if j == last:

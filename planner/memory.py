@@ -199,6 +199,14 @@ def embedding_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) 
     return BF16_BYTES * m.hidden * tokens / lay.tp
 
 
+def pipeline_output_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> float:
+    """A pipeline chunk keeps its output (sent to the next stage) until its backward, one per micro-batch
+    in flight (runtime/parallel/pipeline.py keeps (input, output) per chunk and micro-batch)."""
+    if lay.pp == 1:
+        return 0.0
+    return BF16_BYTES * m.hidden * lay.micro_batch * shape.seq_len / lay.cp / lay.tp
+
+
 def rotary_table_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> float:
     """Rotary cos/sin tables (fp32, one row of head_dim per token of the micro-batch's sequence), built once
     per forward of a stage and kept by every layer's attention for backward: counted once per chunk and
