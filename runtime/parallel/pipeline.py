@@ -244,6 +244,12 @@ class _Batch:
                 q.wait()
             self.done = True
 
+    def finished(self) -> bool:
+        """True once every request has completed (polled, never waited twice)."""
+        if not self.done and all(q.is_completed() for q in self.reqs):
+            self.done = True
+        return self.done
+
 
 def _act_dtype(stages, opt):
     dt = getattr(opt, "compute_dtype", None)
@@ -327,7 +333,7 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
 
     recvs = {}        # (kind, chunk, mb) -> (buffer, reqs)
     outgoing = {}     # (kind, chunk, mb) -> tensor to send (produced by this rank's action)
-    sends = []        # sent tensors, kept alive until their batch completed
+    sends = []        # (batch, sent tensor): each kept alive only until its batch has completed
     batches = []
     saved = {}        # (chunk, mb) -> (input, output, aux)
     total = torch.zeros((), dtype=torch.float32, device=device)
@@ -389,12 +395,12 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
                 del x, out, aux
             if record_timeline:
                 timeline.append(dict(rank=r, kind=a.kind, chunk=a.chunk, stage=j, mb=a.mb, start=t0, end=clock.mark()))
-        ops, new_recvs = [], []
+        ops, new_recvs, sent = [], [], []
         for (what, kind, other, chunk, mbi) in tick_ops.get(t, ()):
             if what == "send":
                 tensor = outgoing.pop((kind, chunk, mbi)).contiguous()
                 ops.append(dist.P2POp(dist.isend, tensor, peer(other), pg))
-                sends.append(tensor)
+                sent.append(tensor)
             else:
                 buf = torch.empty(act_shape, dtype=dtype, device=device)
                 ops.append(dist.P2POp(dist.irecv, buf, peer(other), pg))
@@ -404,6 +410,10 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
             for key, buf in new_recvs:
                 recvs[key] = (buf, batch)
             batches.append(batch)
+            sends.extend((batch, tensor) for tensor in sent)
+        # drop sent activations and gradients as soon as their transfer is done: holding them to the end of
+        # the step kept every micro-batch's boundary tensors alive (m x chunks of them)
+        sends = [(b, x) for b, x in sends if not b.finished()]
     for batch in batches:
         batch.wait()
     del sends
