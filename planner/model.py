@@ -271,6 +271,10 @@ def from_hf_config(path: Path) -> ModelSpec:
         else:
             heads = int(cfg["num_attention_heads"])
             experts = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=1))
+            if int(_first(cfg, "shared_expert_intermediate_size", "n_shared_experts", default=0) or 0) > 0:
+                # counting them as absent would under-count memory; refuse until the runtime builds them
+                raise PlanError(f"model config '{path}' has shared experts, which parallel-plan does not "
+                                "model or run yet")
             max_seq = int(_first(cfg, "max_position_embeddings", default=4096))
             hidden = int(cfg["hidden_size"])
             head_dim = int(_first(cfg, "head_dim", default=hidden // heads))

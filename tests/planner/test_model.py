@@ -176,6 +176,15 @@ def test_import_qwen2_moe_keys(tmp_path):
     assert (m.num_experts, m.top_k, m.ffn_hidden) == (60, 4, 1408)  # expert width, not the dense width
 
 
+def test_import_refuses_shared_experts(tmp_path):
+    cfg = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+           "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 24, "vocab_size": 151936,
+           "max_position_embeddings": 8192, "num_experts": 60, "num_experts_per_tok": 4,
+           "shared_expert_intermediate_size": 5632}
+    with pytest.raises(PlanError, match="shared experts"):
+        from_hf_config(_write(tmp_path, cfg))
+
+
 def test_import_head_dim_override(tmp_path):
     cfg = dict(LLAMA3_8B, head_dim=256, num_attention_heads=8, num_key_value_heads=4)  # Gemma-style
     m = from_hf_config(_write(tmp_path, cfg))
