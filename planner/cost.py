@@ -408,9 +408,11 @@ class CostModel:
         every micro-batch each bf16 gradient is added into its fp32 main gradient (read 2 + 4, write 4 B);
         once per step the main gradients are zeroed (4 B); over the local shard the gradient norm is read
         (4 B), the clip scales it (read + write 8 B) and the fp32 master is cast back to the bf16 weights
-        (read 4, write 2 B). At the measured bandwidth of a residual add (a pure streaming kernel)."""
-        nbytes = local * (10 * num_micro + 4) + shard * (4 + 8 + 6)
-        return self.prof.kernel_s("residual_add", nbytes)
+        (read 4, write 2 B). The accumulation at the measured rate of that mixed-precision add
+        ('grad_accumulate'), the rest at the rate of a residual add (a pure streaming kernel)."""
+        accumulate = local * 10 * num_micro
+        rest = local * 4 + shard * (4 + 8 + 6)
+        return self.prof.kernel_s("grad_accumulate", accumulate) + self.prof.kernel_s("residual_add", rest)
 
     def predict(self, stages: list[StagePlan]) -> Prediction:
         lay, m = self.lay, self.m

@@ -227,8 +227,11 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     sin = torch.randn(tokens, hd, device=device)
     as_heads = lambda t: t.view(tokens, hidden // hd, hd).permute(1, 0, 2).unsqueeze(0)  # noqa: E731
 
+    acc = [torch.zeros(tokens, hidden, device=device, dtype=torch.float32) for _ in range(2)]
     out: dict[str, tuple] = {
         "residual_add": (lambda i: x[i % 2] + y[i % 2], 3 * N * es),
+        # the data-parallel code's fp32 gradient accumulation: main_grad.add_(bf16 grad)
+        "grad_accumulate": (lambda i: acc[i % 2].add_(x[i % 2]), N * (es + 8)),
         "layernorm_fwd": (lambda i: F.layer_norm(x[i % 2], (hidden,), w, b), 2 * N * es),
         "rmsnorm_fwd": (lambda i: F.rms_norm(x[i % 2], (hidden,), w), 2 * N * es),
         "gelu_fwd": (lambda i: F.gelu(x[i % 2], approximate="tanh"), 2 * N * es),
