@@ -62,6 +62,8 @@ def add_model_cluster_args(ap: argparse.ArgumentParser, gpus_required: bool = Tr
     ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), default=8, help="default 8")
     ap.add_argument("--inter-node-gbps", type=_positive_float("--inter-node-gbps"), default=50.0,
                     help="network bandwidth per GPU in GB/s, one direction (default 50 = 400 Gb/s NDR)")
+    ap.add_argument("--headroom-gib", type=float, default=0.0,
+                    help="memory per GPU to leave free beyond the planner's allowance (default 0)")
     ap.add_argument("--cluster", help="JSON file with the whole cluster description (overrides the above)")
     ap.add_argument("--profile", help="profile JSON (default: the one shipped for --gpu)")
     ap.add_argument("--seq-len", type=_positive_int("--seq-len"), help="tokens per sequence (default: the model's)")
@@ -105,7 +107,7 @@ def resolve_inputs(args):
         if getattr(args, "gpus", None) is None:
             raise PlanError("--gpus is required (or give --cluster with num_gpus)")
         cluster = ClusterSpec(gpu=args.gpu, num_gpus=args.gpus, gpus_per_node=args.gpus_per_node,
-                              inter_node_gb_per_s=args.inter_node_gbps)
+                              inter_node_gb_per_s=args.inter_node_gbps, memory_headroom_gib=args.headroom_gib)
     if cluster.num_gpus < cluster.gpus_per_node:
         cluster = replace(cluster, gpus_per_node=cluster.num_gpus)
     validate_cluster(cluster)

@@ -43,6 +43,13 @@ class ClusterSpec:
     inter_node_gb_per_s: float = 50.0
     """Network bandwidth per GPU, unidirectional (default one 400 Gb/s NDR InfiniBand NIC per GPU)."""
     inter_node_latency_us: float = 10.0
+    memory_headroom_gib: float = 0.0
+    """Memory per GPU the plan must leave free beyond the planner's own allowance (other processes,
+    a safety margin the user wants)."""
+
+    @property
+    def usable_memory_gib(self) -> float:
+        return self.kind.memory_gib - self.memory_headroom_gib
 
     @property
     def kind(self) -> GPUKind:
@@ -75,6 +82,9 @@ def validate_cluster(c: ClusterSpec) -> None:
     if c.num_gpus > c.gpus_per_node and c.num_gpus % c.gpus_per_node:
         raise PlanError(f"{c.num_gpus} GPUs do not fill whole nodes of {c.gpus_per_node}; "
                         f"use a multiple of {c.gpus_per_node}")
+    if not 0 <= c.memory_headroom_gib < c.kind.memory_gib:
+        raise PlanError(f"memory headroom {c.memory_headroom_gib} GiB is not within the {c.kind.memory_gib:.0f} GiB "
+                        f"of a {c.gpu}")
     if c.inter_node_gb_per_s <= 0:
         raise PlanError(f"inter-node bandwidth must be positive, got {c.inter_node_gb_per_s}")
 

@@ -307,7 +307,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     plan's step over the lowest bound of every layout that CP-SAT did not settle."""
     stats = SearchStats()
     t0 = time.perf_counter()
-    limit = mem.memory_limit_bytes(cluster.kind.memory_gib)
+    limit = mem.memory_limit_bytes(cluster.usable_memory_gib)
     candidates: list[_Candidate] = []
     shared: dict = {}
     first_violation = None

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 import subprocess
 import sys
 
@@ -116,3 +118,12 @@ def test_no_overlap_pin_reaches_the_plan_and_costs_time():
 def test_no_overlap_rejects_unknown_dimension():
 
     assert_one_sentence_error(*run_cli("--model", "gpt-13b", "--gpus", "8", "--no-overlap", "cp"))
+
+
+def test_headroom_lowers_the_memory_limit():
+    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--json", "--headroom-gib", "20")
+    assert rc == 0, err
+    base = json.loads(run_cli("--model", "gpt-13b", "--gpus", "8", "--json")[1])["plans"][0]["prediction"]
+    pred = json.loads(out)["plans"][0]["prediction"]
+    assert pred["memory_limit_gib"] == pytest.approx(base["memory_limit_gib"] - 20 * 0.95)
+    assert max(pred["memory_gib_per_rank"]) <= pred["memory_limit_gib"]
