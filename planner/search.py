@@ -412,11 +412,11 @@ def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_me
         return PlanError(f"no layout of {model.name} exists on {cluster.num_gpus} GPUs with the given pins")
     need_gib = min_mem[0] / mem.GIB if min_mem else float("nan")
     fewest = _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit)
-    where = f"; it would fit on {fewest} GPUs" if fewest else ""
+    where = f"; it needs at least {fewest} GPUs" if fewest else ""
     return NoFitError(
         f"no layout of {model.name} fits in memory on {cluster.num_gpus} {cluster.gpu} GPUs: the binding "
-        f"constraint is per-GPU memory, the smallest peak any layout reaches is {need_gib:.1f} GiB "
-        f"({min_mem[1].short()}, full recompute) against the {limit / mem.GIB:.1f} GiB allowed{where}")
+        f"constraint is per-GPU memory, every layout needs at least {need_gib:.1f} GiB per GPU "
+        f"(least: {min_mem[1].short()} with full recompute) against the {limit / mem.GIB:.1f} GiB allowed{where}")
 
 
 def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit) -> int | None:
