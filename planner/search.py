@@ -409,6 +409,15 @@ def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_me
             lay, why = first_violation
             return PlanError(f"no legal layout of {model.name} on {cluster.num_gpus} GPUs"
                              f"{' with the given pins' if pins != Pins() else ''}: {why}")
+        pinned = {k: getattr(pins, k) for k in ("tp", "pp", "dp", "cp") if getattr(pins, k)}
+        product = 1
+        for v in pinned.values():
+            product *= v
+        if pinned and cluster.num_gpus % product:
+            what = " x ".join(f"{k.upper()} {v}" for k, v in pinned.items())
+            return PlanError(f"the pinned degrees ({what} = {product}) do not divide {cluster.num_gpus} GPUs")
+        if pins.tp and pins.tp > cluster.gpus_per_node:
+            return PlanError(f"TP {pins.tp} would span nodes of {cluster.gpus_per_node} GPUs")
         return PlanError(f"no layout of {model.name} exists on {cluster.num_gpus} GPUs with the given pins")
     need_gib = min_mem[0] / mem.GIB if min_mem else float("nan")
     fewest = _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit)

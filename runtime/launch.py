@@ -53,7 +53,7 @@ def main(argv=None) -> int:
         plan, nproc, results = check(args)
         cmd = torchrun_command(args, nproc, results)
     except PlanError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"plan: {exc}", file=sys.stderr)
         return exc.exit_code
     if args.dry_run:
         print(" ".join(cmd))

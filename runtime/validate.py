@@ -263,7 +263,7 @@ def main(argv=None) -> int:
     try:
         return validate(args)
     except PlanError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"plan: {exc}", file=sys.stderr)
         return exc.exit_code
 
 

@@ -125,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except PlanError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"plan: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; no profile written", file=sys.stderr)
+        print("plan: interrupted; no profile written", file=sys.stderr)
         return 130
     return 0
 
