@@ -215,13 +215,9 @@ def worker(args) -> int:
     plan = Plan.load(Path(args.plan))
     spec, lay, shape = plan.model, plan.layout, plan.training
     cuda = args.device == "cuda"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local_rank),
-                                timeout=datetime.timedelta(minutes=5))
-    else:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))
+    from runtime.mesh import init_distributed
+
+    local_rank = init_distributed(cuda, timeout_min=5)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def emit(**kw):   # written at once, so a run that dies or times out keeps what it measured

@@ -14,11 +14,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from planner.plan import Layout
 
+
+
+def init_distributed(cuda: bool, timeout_min: float = 10) -> int:
+    """The torchrun worker's default process group: NCCL for CUDA tensors with a gloo side for CPU ones
+    (checkpoint staging), or gloo alone on CPU. Returns the local rank (its GPU on CUDA)."""
+    import datetime
+    import os
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    timeout = datetime.timedelta(minutes=timeout_min)
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local_rank), timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    return local_rank
 
 @dataclass
 class ParallelGroups:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
-import os
 import signal
 import sys
 import time
@@ -168,13 +166,9 @@ def main(argv=None) -> int:
     spec, lay, shape = plan.model, plan.layout, plan.training
     source = open_source(args.data, spec.vocab_size, shape.seq_len, args.data_dtype, seed=args.seed)
     cuda = args.device == "cuda"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local_rank),
-                                timeout=datetime.timedelta(minutes=10))
-    else:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
+    from runtime.mesh import init_distributed
+
+    local_rank = init_distributed(cuda, timeout_min=10)
     rank0 = dist.get_rank() == 0
     try:
         groups = build_groups(lay, "cuda" if cuda else "cpu")
