@@ -393,25 +393,36 @@ class CostModel:
                                       + exposed_s(ag + rs, window_bwd_s, frac, lay.overlap_dp))
         return total
 
-    def optimizer_s(self, dense: float, expert: float) -> float:
-        """AdamW over the local master shard, plus the runtime's per-parameter bookkeeping around it."""
+    def fused_wgrad_params(self, layers: float, last: bool) -> float:
+        """GEMM weights whose gradient the weight-gradient GEMM accumulates into fp32 itself: the runtime does
+        so when a full fp32 main-gradient buffer exists (sharding 'none' and 'optimizer')."""
+        if self.lay.sharding not in ("none", "optimizer"):
+            return 0.0
+        return layers * mem.layer_gemm_weights_local(self.m, self.lay.tp) \
+            + (mem.head_gemm_weights_local(self.m, self.lay.tp) if last else 0.0)
+
+    def optimizer_s(self, dense: float, expert: float, fused: float = 0.0) -> float:
+        """AdamW over the local master shard, plus the runtime's per-parameter bookkeeping around it
+        (`fused`: the rank's GEMM weights with gradient-accumulation fusion, see fused_wgrad_params)."""
         lay = self.lay
         d = lay.dp * lay.cp if lay.sharding != "none" else 1
         de = max(d // lay.ep, 1) if lay.sharding != "none" else 1
         shard = dense / d + expert / de
         num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
         return (shard * self.prof.optimizer_s_per_param
-                + self.param_bookkeeping_s(dense + expert, shard, num_micro)) * self.prof.eff("optimizer")
+                + self.param_bookkeeping_s(dense + expert, shard, num_micro, fused)) * self.prof.eff("optimizer")
 
-    def param_bookkeeping_s(self, local: float, shard: float, num_micro: int) -> float:
+    def param_bookkeeping_s(self, local: float, shard: float, num_micro: int, fused: float = 0.0) -> float:
         """Memory traffic the runtime's mixed precision adds per step (counted from runtime/parallel/data.py):
-        every micro-batch each bf16 gradient is added into its fp32 main gradient (read 2 + 4, write 4 B);
-        once per step the main gradients are zeroed (4 B); over the local shard the gradient norm is read
-        (4 B), the clip scales it (read + write 8 B) and the fp32 master is cast back to the bf16 weights
-        (read 4, write 2 B). The accumulation at the measured rate of that mixed-precision add
-        ('grad_accumulate'), the rest at the rate of a residual add (a pure streaming kernel)."""
-        accumulate = local * 10 * num_micro
-        rest = local * 4 + shard * (4 + 8 + 6)
+        every micro-batch each bf16 gradient is added into its fp32 main gradient (read 2 + 4, write 4 B),
+        except the `fused` GEMM weights whose weight-gradient GEMM accumulates into the fp32 main gradient
+        itself (that cost is in the profiled wgrad GEMM times); once per step the main gradients are zeroed
+        (4 B); over the local shard the gradient norm is read (4 B) and the fp32 master is cast back to the
+        bf16 weights (read 4, write 2 B); clipping is folded into the fused AdamW. The accumulation at the
+        measured rate of that mixed-precision add ('grad_accumulate'), the rest at the rate of a residual add
+        (a pure streaming kernel)."""
+        accumulate = (local - fused) * 10 * num_micro
+        rest = local * 4 + shard * (4 + 6)
         return self.prof.kernel_s("grad_accumulate", accumulate) + self.prof.kernel_s("residual_add", rest)
 
     def predict(self, stages: list[StagePlan]) -> Prediction:
@@ -427,7 +438,8 @@ class CostModel:
             L = self.layer
             layers = sum(st.layers for _, st in rs)
             dp_t.append(self.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro))
-            opt_t.append(self.optimizer_s(dense, expert))
+            last = any(j == lay.pp * lay.vpp - 1 for j, _ in rs)
+            opt_t.append(self.optimizer_s(dense, expert, self.fused_wgrad_params(layers, last)))
         t_max = max(per_rank_t)
         pipe = num_micro * t_max + (sum(per_rank_t) - t_max) / lay.vpp
         step = pipe + max(dp_t) + max(opt_t)

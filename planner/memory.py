@@ -58,6 +58,21 @@ def mlp_params_local(m: ModelSpec, tp: int) -> float:
     return 2 * h * f / tp + ((f / tp + h) if m.has_bias else 0)
 
 
+def layer_gemm_weights_local(m: ModelSpec, tp: int) -> float:
+    """Weights of one layer's column- and row-parallel GEMMs (qkv, out-proj, and the dense MLP's fc1, fc2)
+    on one TP rank: the runtime accumulates their gradients inside the weight-gradient GEMM."""
+    h, f = m.hidden, m.ffn_hidden
+    attn = h * (m.q_width + 2 * m.kv_width) / tp + m.q_width * h / tp
+    if m.is_moe:
+        return attn
+    return attn + (3 if m.gated_mlp else 2) * h * f / tp
+
+
+def head_gemm_weights_local(m: ModelSpec, tp: int) -> float:
+    """The output layer's own weight (untied models only; a tied one is the embedding's, used twice)."""
+    return 0.0 if m.tie_embeddings else m.vocab_size * m.hidden / tp
+
+
 def layer_expert_params_local(m: ModelSpec, ep: int) -> float:
     """Expert weights of one layer on one rank: num_experts / ep experts, replicated across TP ranks."""
     return m.num_experts // ep * m.expert_params() if m.is_moe else 0.0

@@ -149,10 +149,11 @@ def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins) -> tuple[float, flo
     avg = total / lay.pp
     pipe = (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * avg
     # data-parallel traffic and optimizer at the average rank
-    dense, expert = cm.params_of(max(m.num_layers // stages, 1) * lay.vpp, True, lay.pp == 1)
+    bound_layers = max(m.num_layers // stages, 1) * lay.vpp
+    dense, expert = cm.params_of(bound_layers, True, lay.pp == 1)
     layers = m.num_layers / lay.pp
     dp = cm.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro)
-    time_lb = pipe + dp + cm.optimizer_s(dense, expert)
+    time_lb = pipe + dp + cm.optimizer_s(dense, expert, cm.fused_wgrad_params(bound_layers, lay.pp == 1))
     # memory: the busiest rank holds at least the mean over ranks; every layer keeps at least its
     # recompute mode's activations for at least one micro-batch in flight
     acts = cm.activations

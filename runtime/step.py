@@ -52,7 +52,7 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None):
         before_step()
     norm = opt.clip_grad_norm()
     opt.step(lr)
-    return float(total), norm
+    return float(total), float(norm)
 
 
 def select_train_step(layout):

@@ -43,16 +43,16 @@ class AdamConfig:
         self.lr, self.betas, self.eps, self.weight_decay, self.grad_clip = lr, betas, eps, weight_decay, grad_clip
 
 
-def _adam_(master, grad, m, v, step, lr, cfg: AdamConfig, decay_segments):
-    """AdamW (decoupled weight decay on the given [a, z) segments), in place on flat fp32 shards."""
-    b1, b2 = cfg.betas
-    m.lerp_(grad, 1 - b1)
-    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    denom = (v.sqrt() / math.sqrt(1 - b2 ** step)).add_(cfg.eps)
-    if cfg.weight_decay:
-        for a, z in decay_segments:
-            master[a:z].mul_(1 - lr * cfg.weight_decay)
-    master.addcdiv_(m, denom, value=-lr / (1 - b1 ** step))
+def _complement(segments: list, size: int) -> list:
+    """The parts of [0, size) not covered by the sorted, disjoint segments."""
+    out, pos = [], 0
+    for a, z in segments:
+        if a > pos:
+            out.append((pos, a))
+        pos = z
+    if pos < size:
+        out.append((pos, size))
+    return out
 
 
 def _add_segment(segs: list, a: int, z: int) -> None:
@@ -110,6 +110,11 @@ class _Buffer:
             p.data = self.param_data[o:o + p.numel()].view_as(p)
         zero2 = sharding == "optimizer+grads"
         self.main_grad = None if zero2 else torch.zeros(self.total, dtype=torch.float32, device=device)
+        for p in self.params:  # gradient-accumulation fusion (runtime/parallel/tensor.py: weight_grad)
+            if self.main_grad is not None and getattr(p, "wgrad_fusable", False):
+                p.main_grad = self.main_grad[self.offset[p]:self.offset[p] + p.numel()].view_as(p)
+            elif hasattr(p, "main_grad"):
+                del p.main_grad
         # per bucket: this rank's shard [lo, hi) in buffer coordinates, and its optimizer tensors
         tp_rank = group_rank(tp_group)
         self.shard, self.master, self.m, self.v, self.grad_shard, self.decay, self.counted = [], [], [], [], [], [], []
@@ -181,6 +186,7 @@ class DistributedOptimizer:
         self.inflight: list[tuple[_Buffer, _Bucket]] = []
         self.pending_gathers: dict[int, tuple] = {}
         self.step_count = 0
+        self._views, self._step_t, self._grad_divisor = None, None, None
         for buf in self.buffers:
             for p in buf.params:
                 p.register_post_accumulate_grad_hook(self._on_grad)
@@ -208,7 +214,10 @@ class DistributedOptimizer:
     def _on_grad(self, p):
         buf = self.buffer_of[p]
         dst = buf.grad_view(p)
-        dst.add_(p.grad.reshape(-1))
+        if getattr(p, "grad_in_main_grad", False):  # the weight-gradient GEMM accumulated it already
+            p.grad_in_main_grad = False
+        else:
+            dst.add_(p.grad.reshape(-1))
         p.grad = None
         if not self.sync:
             return
@@ -265,17 +274,17 @@ class DistributedOptimizer:
             self._complete_oldest()
 
     # -- optimizer step ------------------------------------------------------------------------------
-    def clip_grad_norm(self, max_norm: float | None = None) -> float:
-        """Global gradient norm over all ranks (TP-replicated parameters counted once); scale if above."""
+    def clip_grad_norm(self, max_norm: float | None = None) -> torch.Tensor:
+        """Global gradient norm over all ranks (TP-replicated parameters counted once), as a 0-d tensor
+        (no host synchronisation). Clipping is not a separate pass: `step` hands the clip factor to the
+        fused AdamW kernel, which divides the gradients by it as it reads them."""
         max_norm = self.cfg.grad_clip if max_norm is None else max_norm
         dev = self.buffers[0].param_data.device
         total = torch.zeros((), dtype=torch.float32, device=dev)
         for k, buf in enumerate(self.buffers):
-            sq = torch.zeros((), dtype=torch.float32, device=dev)
-            for i in range(len(buf.buckets)):
-                g = buf.shard_grad(i)
-                for a, z in buf.counted[i]:
-                    sq += torch.linalg.vector_norm(g[a:z], dtype=torch.float32) ** 2
+            views = [buf.shard_grad(i)[a:z] for i in range(len(buf.buckets)) for a, z in buf.counted[i]]
+            sq = torch.stack(torch._foreach_norm(views)).square().sum() if views else \
+                torch.zeros((), dtype=torch.float32, device=dev)
             if buf.n > 1:
                 dist.all_reduce(sq, group=buf.group)
             if k > 0 and group_size(self.groups.ep) > 1:
@@ -284,22 +293,45 @@ class DistributedOptimizer:
         for g in (self.groups.tp, self.groups.pp):
             if group_size(g) > 1:
                 dist.all_reduce(total, group=g)
-        norm = float(total.sqrt())
-        if max_norm and norm > max_norm:
-            scale = max_norm / (norm + 1e-6)
+        norm = total.sqrt()
+        # grads are divided by this in the update: norm / max_norm when above max_norm, else 1
+        self._grad_divisor = (norm / max_norm).clamp_min(1.0) if max_norm else None
+        return norm
+
+    def _adam_views(self):
+        """Per weight-decay class, the lists (master, grad, m, v) of flat shard segments the fused AdamW
+        updates (views into persistent buffers, so they are built once)."""
+        if self._views is None:
+            self._views = {True: ([], [], [], []), False: ([], [], [], [])}
             for buf in self.buffers:
                 for i in range(len(buf.buckets)):
-                    buf.shard_grad(i).mul_(scale)
-        return norm
+                    size = buf.shard[i][1] - buf.shard[i][0]
+                    tensors = (buf.master[i], buf.shard_grad(i), buf.m[i], buf.v[i])
+                    for decay, segs in ((True, buf.decay[i]), (False, _complement(buf.decay[i], size))):
+                        for a, z in segs:
+                            for lst, t in zip(self._views[decay], tensors):
+                                lst.append(t[a:z])
+        return self._views
 
     @torch.no_grad()
     def step(self, lr: float | None = None):
+        """AdamW (decoupled weight decay on matrices only) with PyTorch's fused multi-tensor kernel over the
+        local fp32 shards, then the updated master weights cast into the bf16 parameters."""
         lr = self.cfg.lr if lr is None else lr
         self.step_count += 1
+        if self._step_t is None:
+            self._step_t = torch.zeros((), dtype=torch.float32, device=self.buffers[0].param_data.device)
+        self._step_t.fill_(float(self.step_count))
+        b1, b2 = self.cfg.betas
+        for decay, (master, grad, m, v) in self._adam_views().items():
+            if master:
+                torch._fused_adamw_(master, grad, m, v, [], [self._step_t] * len(master), lr=lr, beta1=b1,
+                                    beta2=b2, weight_decay=self.cfg.weight_decay if decay else 0.0,
+                                    eps=self.cfg.eps, amsgrad=False, maximize=False,
+                                    grad_scale=self._grad_divisor)
+        self._grad_divisor = None
         for buf in self.buffers:
-            for i, b in enumerate(buf.buckets):
-                _adam_(buf.master[i], buf.shard_grad(i), buf.m[i], buf.v[i], self.step_count, lr, self.cfg,
-                       buf.decay[i])
+            for i in range(len(buf.buckets)):
                 lo, hi = buf.shard[i]
                 buf.param_data[lo:hi].copy_(buf.master[i])
         self._gather_params()

@@ -94,6 +94,40 @@ def _recompute(fn, saved):
         return fn(saved)
 
 
+_FP32_OUT_ADDMM = [True]  # cleared once if this torch/device has no addmm with an fp32 output for bf16 inputs
+
+
+def _accumulate_mm_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """main_grad += a @ b, accumulated in main_grad's precision (fp32) by the GEMM itself."""
+    if a.dtype == main_grad.dtype:
+        main_grad.addmm_(a, b)
+        return
+    if _FP32_OUT_ADDMM[0]:
+        try:
+            torch.ops.aten.addmm.dtype_out(main_grad, a, b, main_grad.dtype, out=main_grad)
+            return
+        except (RuntimeError, NotImplementedError):
+            _FP32_OUT_ADDMM[0] = False
+    main_grad.add_(a @ b)
+
+
+def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, inp: torch.Tensor):
+    """The weight gradient dY^T X of a linear layer (tokens are the reduction dimension).
+
+    Gradient-accumulation fusion (Megatron's): when the optimizer gave the weight an fp32 `main_grad`
+    (a view into its flat gradient buffer), the GEMM accumulates straight into it, so there is no bf16
+    gradient tensor and no separate fp32 add per micro-batch. The returned placeholder only lets autograd
+    run the optimizer's per-parameter hook (which sees `grad_in_main_grad` and skips its own add)."""
+    g2 = grad_out.reshape(-1, grad_out.shape[-1])
+    x2 = inp.reshape(-1, inp.shape[-1])
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        return g2.t().matmul(x2)
+    _accumulate_mm_(main_grad, g2.t(), x2)
+    weight.grad_in_main_grad = True
+    return torch.empty_like(weight)
+
+
 class _ColumnParallelFn(torch.autograd.Function):
     """y[s, b, out/t] = gather_seq(x[s/t, b, in]) @ W_local^T (+ b_local).
 
@@ -119,9 +153,8 @@ class _ColumnParallelFn(torch.autograd.Function):
         gather.wait()
         # (2) reduce-scatter the input gradient while the weight-gradient GEMM runs
         grad_x, scatter = reduce_scatter_seq(grad_x_full, ctx.group, async_op=ctx.overlap)
-        g2 = grad_y.reshape(-1, grad_y.shape[-1])
-        grad_w = g2.t().matmul(x_full.reshape(-1, x_full.shape[-1]))
-        grad_b = g2.sum(0) if ctx.has_bias else None
+        grad_w = weight_grad(weight, grad_y, x_full)
+        grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         scatter.wait()
         return grad_x, grad_w, grad_b, None, None, None, None
 
@@ -142,8 +175,7 @@ class _RowParallelFn(torch.autograd.Function):
         x = _recompute(ctx.recompute_fn, saved) if ctx.recompute_fn is not None else saved
         grad_full, _ = gather_seq(grad_y, ctx.group)  # needed by both GEMMs: exposed
         grad_x = grad_full.matmul(weight)
-        grad_w = grad_full.reshape(-1, grad_full.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
-        return grad_x, grad_w, None, None, None
+        return grad_x, weight_grad(weight, grad_full, x), None, None, None
 
 
 PARAM_ATTRS = ("tp_dim", "tp_parts", "init", "sequence_parallel", "logical_name", "tied_copy", "expert")
@@ -177,6 +209,7 @@ class ColumnParallelLinear(nn.Module):
         self.group, self.overlap = group, overlap
         self.out_local = sum(out_parts) // t
         self.weight = _tp_param((self.out_local, in_features), 0, list(out_parts), ("normal", std))
+        self.weight.wgrad_fusable = True  # used once per forward: its gradient may go straight to main_grad
         self.bias = _tp_param((self.out_local,), 0, list(out_parts), ("zeros",)) if bias else None
 
     def forward(self, x, recompute=None, weight=None):
@@ -195,6 +228,7 @@ class RowParallelLinear(nn.Module):
         assert in_features % t == 0
         self.group = group
         self.weight = _tp_param((out_features, in_features // t), 1, None, ("normal", std))
+        self.weight.wgrad_fusable = True
         self.bias = _tp_param((out_features,), None, None, ("zeros",), sequence_parallel=True) if bias else None
 
     def forward(self, x, recompute=None):

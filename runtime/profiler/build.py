@@ -208,7 +208,8 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
         "tokens": [min(grid_spec.tokens), max(grid_spec.tokens)], "flops_cap": grid_spec.flops_cap,
         "shapes": len(grid), "timed": len(points), "skipped_by_budget": skipped,
         "convention": "as runtime/parallel/tensor.py: forward (m=tokens, n=n_out, k=k_in) = F.linear(x, W); "
-                      "dgrad (tokens, k_in, n_out) = dY @ W; wgrad (n_out, k_in, tokens) = dY^T @ X",
+                      "dgrad (tokens, k_in, n_out) = dY @ W; wgrad (n_out, k_in, tokens) = main_grad += dY^T @ X "
+                      "(accumulated into an fp32 main gradient by the GEMM: gradient-accumulation fusion)",
     }
     parts.append({"part": "gemm", "status": "measured",
                   "how": f"{len(points)} of {len(grid)} catalogue shapes (TP {list(grid_spec.tp_degrees)}, fwd/dgrad/"

@@ -88,7 +88,10 @@ def gemm_call(shape: GemmShape, pool: RandomPool, device, sets: int):
         return lambda i: F.linear(*pairs[i % sets])
     if shape.kind == "dgrad":
         return lambda i: torch.matmul(*pairs[i % sets])
-    return lambda i: torch.matmul(pairs[i % sets][0].t(), pairs[i % sets][1])
+    # wgrad as the runtime runs it (gradient-accumulation fusion): accumulated into an fp32 main gradient
+    from runtime.parallel.tensor import _accumulate_mm_
+    grads = [torch.zeros(m, n, device=device, dtype=torch.float32) for _ in range(min(sets, 2))]
+    return lambda i: _accumulate_mm_(grads[i % len(grads)], pairs[i % sets][0].t(), pairs[i % sets][1])
 
 
 def rotation_sets(set_bytes: int, device) -> int:
