@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def torchrun_command(args, nproc: int, results: Path) -> list[str]:
+def torchrun_command(args, nproc: int, results: Path, plans: list[str] | None = None) -> list[str]:
+    """The torchrun command for args.plan, or for several `plans` run one after another by one worker
+    (`results` is then a folder)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={args.nnodes}"]
     if args.nnodes > 1:
         if not args.rdzv_endpoint:
@@ -40,7 +42,7 @@ def torchrun_command(args, nproc: int, results: Path) -> list[str]:
         cmd += [f"--node-rank={args.node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
     else:
         cmd += ["--standalone"]
-    cmd += ["-m", "runtime.train", "--plan", str(args.plan), "--steps", str(args.steps), "--device", args.device,
+    cmd += ["-m", "runtime.train", "--plan", *(plans or [str(args.plan)]), "--steps", str(args.steps), "--device", args.device,
             "--data", args.data, "--results", str(results), "--peak-tflops", str(args.peak_tflops),
             "--lr", str(args.lr)]
     if args.data_dtype:

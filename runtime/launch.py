@@ -19,6 +19,19 @@ from planner.plan import Plan
 
 
 def check(args) -> tuple[Plan, int, Path]:
+    plan, nproc, _ = check_plan_on_machine(args)
+    results = Path(args.results) if args.results else Path(args.plan).with_suffix(".results.csv")
+    if results.exists() and not args.resume:
+        raise PlanError(f"results file '{results}' already exists; move it away or pass --results")
+    if args.resume and not args.ckpt_dir:
+        raise PlanError("--resume needs --ckpt-dir")
+    if args.save_every and not args.ckpt_dir:
+        raise PlanError("--save-every needs --ckpt-dir")
+    return plan, nproc, results
+
+
+def check_plan_on_machine(args) -> tuple[Plan, int, None]:
+    """The checks that do not concern output files: plan, world size, GPUs, data source."""
     plan = Plan.load(Path(args.plan))
     world = plan.layout.world_size
     if args.nnodes < 1:
@@ -37,14 +50,7 @@ def check(args) -> tuple[Plan, int, Path]:
                             f"{torch.cuda.device_count()} GPU(s)")
     from runtime.data import open_source
     open_source(args.data, plan.model.vocab_size, plan.training.seq_len, args.data_dtype)
-    results = Path(args.results) if args.results else Path(args.plan).with_suffix(".results.csv")
-    if results.exists() and not args.resume:
-        raise PlanError(f"results file '{results}' already exists; move it away or pass --results")
-    if args.resume and not args.ckpt_dir:
-        raise PlanError("--resume needs --ckpt-dir")
-    if args.save_every and not args.ckpt_dir:
-        raise PlanError("--save-every needs --ckpt-dir")
-    return plan, nproc, results
+    return plan, nproc, None
 
 
 def main(argv=None) -> int:

@@ -56,7 +56,7 @@ def build_rank_stages(plan: Plan, groups, device, overlap_tp: bool, seed: int, c
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="runtime.train")
-    ap.add_argument("--plan", required=True)
+    ap.add_argument("--plan", required=True, nargs="+", help="plan file(s); several run one after another")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     ap.add_argument("--data", default="synthetic")
@@ -160,99 +160,139 @@ def _traced(args, cuda: bool, fn):
     return out
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    plan = Plan.load(Path(args.plan))
+def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_path: str | None) -> None:
+    """Build this rank's stages and optimizer for `plan` and train args.steps steps (every rank calls it)."""
     spec, lay, shape = plan.model, plan.layout, plan.training
+    rank0 = dist.get_rank() == 0
     source = open_source(args.data, spec.vocab_size, shape.seq_len, args.data_dtype, seed=args.seed)
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    stages = build_rank_stages(plan, groups, device, lay.overlap_tp, args.seed, args.compile)
+    compute = torch.bfloat16 if cuda else torch.float32
+    opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(lr=args.lr), compute, lay.overlap_dp)
+    start = 0
+    if args.resume and args.ckpt_dir and checkpoint.latest_step(args.ckpt_dir) is not None:
+        start = checkpoint.load(args.ckpt_dir, opt, groups)
+        if rank0:
+            print(f"resumed from {checkpoint.step_dir(args.ckpt_dir, start)}", flush=True)
+    step_fn = select_train_step(lay)
+
+    def make_step(step):
+        return step_micro_batches(source, spec.family, spec.vocab_size, shape.seq_len, shape.global_batch,
+                                  lay.micro_batch, lay.dp, groups.dp_rank, step, lay.cp, groups.cp_rank,
+                                  seed=args.seed)
+
+    prefetch = Prefetcher(make_step, start, device)
+    writer, results = None, None
+    if rank0 and results_path:
+        new = not Path(results_path).exists()
+        results = open(results_path, "a", newline="")
+        writer = csv.DictWriter(results, fieldnames=CSV_FIELDS)
+        if new:
+            writer.writeheader()
+    tokens = shape.global_batch * shape.seq_len
+    flops = spec.model_flops_per_token(shape.seq_len) * tokens
+    world = dist.get_world_size()
+    step = start
+    last_saved = start if args.resume else None
+    stop = _StopFlag(device)
+    try:
+        for step in range(start, start + args.steps):
+            mbs, wait = prefetch.next()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            lr = lr_at(step, args.lr, args.warmup)
+            opt_mark = _OptimizerTimer(cuda)
+            if args.trace_step == step + 1:
+                loss, norm = _traced(args, cuda, lambda: step_fn(stages, mbs, opt, groups, lr,
+                                                                 before_step=opt_mark.start))
+            else:
+                loss, norm = step_fn(stages, mbs, opt, groups, lr, before_step=opt_mark.start)
+            opt_mark.stop()
+            if cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            per_rank = _per_rank_stats(cuda, opt_mark.seconds(), world)
+            bubble = _bubble_fraction(groups) if lay.pp > 1 else None
+            tflops = flops / dt / world / 1e12
+            row = dict(step=step + 1, loss=f"{loss:.6f}", grad_norm=f"{norm:.5g}", step_s=f"{dt:.5g}",
+                       tokens_per_s=f"{tokens / dt:.6g}", tflops_per_gpu=f"{tflops:.4g}",
+                       mfu=f"{tflops / args.peak_tflops:.4g}",
+                       peak_mem_gib=f"{torch.cuda.max_memory_allocated() / 2**30:.4g}" if cuda else "",
+                       data_wait_s=f"{wait:.4g}", lr=f"{lr:.4g}",
+                       peak_mem_max_gib=f"{max(m for m, _ in per_rank):.4g}" if cuda else "",
+                       peak_mem_by_rank=";".join(f"{m:.4g}" for m, _ in per_rank) if cuda else "",
+                       optimizer_s=f"{max(o for _, o in per_rank):.4g}",
+                       bubble_frac=f"{bubble:.4g}" if bubble is not None else "")
+            if rank0:
+                print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+                if writer:
+                    writer.writerow(row)
+                    results.flush()
+            if args.ckpt_dir and args.save_every and (step + 1) % args.save_every == 0:
+                checkpoint.save(args.ckpt_dir, step + 1, opt, groups)
+                last_saved = step + 1
+            if stop.agreed():  # SIGTERM / SIGINT on any rank: every rank stops after this step
+                if rank0:
+                    print(f"stopping after step {step + 1} (signal)", flush=True)
+                break
+        else:
+            step = start + args.steps - 1
+        step += 1
+    finally:
+        prefetch.close()
+        if results:
+            results.close()
+    if args.ckpt_dir and last_saved != step:
+        checkpoint.save(args.ckpt_dir, step, opt, groups)  # at exit
+
+
+def _release(cuda: bool) -> None:
+    """Between plans of one worker: free the previous plan's tensors so its peak does not leak into the next."""
+    import gc
+
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def main(argv=None) -> int:
+    """One plan (`plan launch`), or several in a row (`plan validate` of several plans: one start-up, the
+    process groups reused between plans of the same degrees). With several plans --results is a folder:
+    plan i writes DIR/<plan file stem>.csv and, once finished, DIR/<stem>.done."""
+    args = parse_args(argv)
+    paths = [Path(p) for p in args.plan]
+    plans = [Plan.load(p) for p in paths]
+    many = len(plans) > 1
+    if many and (args.ckpt_dir or args.resume):
+        raise PlanError("checkpoints (--ckpt-dir, --resume) need a single --plan")
+    if many and not args.results:
+        raise PlanError("several plans need --results FOLDER for their per-step CSVs")
     cuda = args.device == "cuda"
     from runtime.mesh import init_distributed
 
     local_rank = init_distributed(cuda, timeout_min=10)
     rank0 = dist.get_rank() == 0
+    groups_of: dict[tuple, object] = {}
     try:
-        groups = build_groups(lay, "cuda" if cuda else "cpu")
-        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-        stages = build_rank_stages(plan, groups, device, lay.overlap_tp, args.seed, args.compile)
-        compute = torch.bfloat16 if cuda else torch.float32
-        opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(lr=args.lr), compute, lay.overlap_dp)
-        start = 0
-        if args.resume and args.ckpt_dir and checkpoint.latest_step(args.ckpt_dir) is not None:
-            start = checkpoint.load(args.ckpt_dir, opt, groups)
-            if rank0:
-                print(f"resumed from {checkpoint.step_dir(args.ckpt_dir, start)}", flush=True)
-        step_fn = select_train_step(lay)
-
-        def make_step(step):
-            return step_micro_batches(source, spec.family, spec.vocab_size, shape.seq_len, shape.global_batch,
-                                      lay.micro_batch, lay.dp, groups.dp_rank, step, lay.cp, groups.cp_rank,
-                                      seed=args.seed)
-
-        prefetch = Prefetcher(make_step, start, device)
-        writer, results = None, None
-        if rank0 and args.results:
-            new = not Path(args.results).exists()
-            results = open(args.results, "a", newline="")
-            writer = csv.DictWriter(results, fieldnames=CSV_FIELDS)
-            if new:
-                writer.writeheader()
-        tokens = shape.global_batch * shape.seq_len
-        flops = spec.model_flops_per_token(shape.seq_len) * tokens
-        world = dist.get_world_size()
-        step = start
-        last_saved = start if args.resume else None
-        stop = _StopFlag(device)
-        try:
-            for step in range(start, start + args.steps):
-                mbs, wait = prefetch.next()
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                lr = lr_at(step, args.lr, args.warmup)
-                opt_mark = _OptimizerTimer(cuda)
-                if args.trace_step == step + 1:
-                    loss, norm = _traced(args, cuda, lambda: step_fn(stages, mbs, opt, groups, lr,
-                                                                     before_step=opt_mark.start))
-                else:
-                    loss, norm = step_fn(stages, mbs, opt, groups, lr, before_step=opt_mark.start)
-                opt_mark.stop()
-                if cuda:
-                    torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
-                per_rank = _per_rank_stats(cuda, opt_mark.seconds(), world)
-                bubble = _bubble_fraction(groups) if lay.pp > 1 else None
-                tflops = flops / dt / world / 1e12
-                row = dict(step=step + 1, loss=f"{loss:.6f}", grad_norm=f"{norm:.5g}", step_s=f"{dt:.5g}",
-                           tokens_per_s=f"{tokens / dt:.6g}", tflops_per_gpu=f"{tflops:.4g}",
-                           mfu=f"{tflops / args.peak_tflops:.4g}",
-                           peak_mem_gib=f"{torch.cuda.max_memory_allocated() / 2**30:.4g}" if cuda else "",
-                           data_wait_s=f"{wait:.4g}", lr=f"{lr:.4g}",
-                           peak_mem_max_gib=f"{max(m for m, _ in per_rank):.4g}" if cuda else "",
-                           peak_mem_by_rank=";".join(f"{m:.4g}" for m, _ in per_rank) if cuda else "",
-                           optimizer_s=f"{max(o for _, o in per_rank):.4g}",
-                           bubble_frac=f"{bubble:.4g}" if bubble is not None else "")
+        for path, plan in zip(paths, plans):
+            lay = plan.layout
+            key = (lay.tp, lay.cp, lay.dp, lay.pp, lay.ep)
+            if key not in groups_of:
+                groups_of[key] = build_groups(lay, "cuda" if cuda else "cpu")
+            groups = groups_of[key]
+            groups.layout = lay  # same degrees; the rest of the layout is this plan's
+            results = str(Path(args.results) / f"{path.stem}.csv") if many else args.results
+            if many and rank0:
+                print(f"=== plan {path.stem}: {plan.model.name} {lay.short()} mb{lay.micro_batch}", flush=True)
+            train_plan(plan, args, groups, cuda, local_rank, results)
+            if many:
+                _release(cuda)
                 if rank0:
-                    print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
-                    if writer:
-                        writer.writerow(row)
-                        results.flush()
-                if args.ckpt_dir and args.save_every and (step + 1) % args.save_every == 0:
-                    checkpoint.save(args.ckpt_dir, step + 1, opt, groups)
-                    last_saved = step + 1
-                if stop.agreed():  # SIGTERM / SIGINT on any rank: every rank stops after this step
-                    if rank0:
-                        print(f"stopping after step {step + 1} (signal)", flush=True)
-                    break
-            else:
-                step = start + args.steps - 1
-            step += 1
-        finally:
-            prefetch.close()
-            if results:
-                results.close()
-        if args.ckpt_dir and last_saved != step:
-            checkpoint.save(args.ckpt_dir, step, opt, groups)  # at exit
+                    (Path(args.results) / f"{path.stem}.done").touch()
         return 0
     finally:
         dist.destroy_process_group()

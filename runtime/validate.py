@@ -1,6 +1,12 @@
 """`plan validate plan.json`: run a plan for a few steps and compare the measurement with the prediction.
 
-    plan validate plan.json [--steps N] [--warmup W] [--device cuda|cpu] [--append FILE] [--profile P]
+    plan validate plan.json [more.json ...] [--steps N] [--warmup W] [--device cuda|cpu] [--append FILE]
+                  [--profile P]
+
+Several plans are run by one torchrun per world size, one plan after another in the same workers (one
+start-up instead of one per plan; a sweep of 80 small plans fits in minutes). If a plan fails (out of
+memory, a crash, its share of --timeout), the plans after it start again in a new torchrun; each plan's
+result is reported on its own, and the exit code is non-zero if any failed.
 
 Launches the plan through runtime.launch (its checks, then torchrun running runtime.train) into a per-step
 CSV in a temporary folder, then takes the steady state: the median step time and the largest peak memory
@@ -37,14 +43,15 @@ from planner.plan import Plan
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="plan validate", description="Run a plan for a few steps; predicted vs measured.")
-    ap.add_argument("plan", help="plan.json written by `plan -o`")
+    ap.add_argument("plan", nargs="+", help="plan.json written by `plan -o` (several: run one after another)")
     ap.add_argument("--steps", type=int, default=10, help="training steps to run (default 10)")
     ap.add_argument("--warmup", type=int, default=3, help="first steps left out of the steady state (default 3)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--append", metavar="FILE", help="add one row to this results CSV (created with its header if new)")
     ap.add_argument("--profile", help="profile for the prediction (default: the one shipped for the plan's GPU)")
     ap.add_argument("--data", default="synthetic")
-    ap.add_argument("--timeout", type=float, default=0, help="stop the run after this many seconds (0: no limit)")
+    ap.add_argument("--timeout", type=float, default=0,
+                    help="stop a run after this many seconds per plan (0: no limit)")
     ap.add_argument("--keep-steps", metavar="CSV", help="keep the per-step CSV at this path (must not exist)")
     return ap
 
@@ -83,9 +90,9 @@ def _check_results_file(path: Path) -> int:
         return sum(1 for row in reader if row)
 
 
-def _run(cmd: list[str], env: dict, timeout: float) -> int:
-    """torchrun in its own process group; on timeout or SIGTERM the whole group is stopped (SIGTERM, then
-    SIGKILL after 15 s), so no worker outlives this process and holds the GPUs."""
+def _run(cmd: list[str], env: dict, timeout: float) -> int | None:
+    """torchrun in its own process group; on timeout (returns None) or SIGTERM the whole group is stopped
+    (SIGTERM, then SIGKILL after 15 s), so no worker outlives this process and holds the GPUs."""
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def stop(*_):
@@ -105,7 +112,7 @@ def _run(cmd: list[str], env: dict, timeout: float) -> int:
         proc.wait(timeout if timeout > 0 else None)
     except subprocess.TimeoutExpired:
         stop()
-        raise PlanError(f"the run did not finish within --timeout {timeout:g} s and was stopped") from None
+        return None
     except KeyboardInterrupt:
         stop()
         raise
@@ -210,51 +217,104 @@ def append_row(path: Path, row: dict, plan: Plan) -> int:
     return n
 
 
+def _env(device: str) -> dict:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _run_plans(args, files: list[Path], world: int, out: Path) -> dict[str, str]:
+    """Run plan files of one world size in as few torchruns as failures allow. Returns stem -> failure
+    sentence for the plans that did not finish (their per-step CSVs, if any, are ignored)."""
+    from runtime import launch
+
+    failed: dict[str, str] = {}
+    remaining = list(files)
+    while remaining:
+        largs = launch.build_parser().parse_args([str(remaining[0]), "--steps", str(args.steps), "--device",
+                                                  args.device, "--data", args.data, "--results", str(out)])
+        _, nproc, _ = launch.check_plan_on_machine(largs)
+        many = len(files) > 1
+        cmd = launch.torchrun_command(largs, nproc, out if many else out / f"{remaining[0].stem}.csv",
+                                      plans=[str(f) for f in remaining] if many else None)
+        rc = _run(cmd, _env(args.device), args.timeout * len(remaining) + (30 if args.timeout else 0))
+        done = [f for f in remaining if not many or (out / f"{f.stem}.done").exists()]
+        if rc == 0 and len(done) == len(remaining):
+            break
+        left = [f for f in remaining if f not in done] if many else remaining
+        if not left:
+            break
+        why = "did not finish within its --timeout share" if rc is None else f"exited with code {rc}"
+        failed[left[0].stem] = f"the training run {why} (its output is above); nothing was recorded"
+        remaining = left[1:]
+    return failed
+
+
 def validate(args) -> int:
     from planner.cluster import ClusterSpec
     from planner.cost import evaluate
     from planner.profile import load_profile
-    from runtime import launch
 
     if args.steps < 1 or args.warmup < 0 or args.steps <= args.warmup:
         raise PlanError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) so that some steps are measured")
-    plan = Plan.load(Path(args.plan))
-    cluster = ClusterSpec.from_dict(plan.cluster)
-    profile = load_profile(args.profile, cluster.gpu)
-    profile_label = args.profile if args.profile else f"shipped:{cluster.gpu}"
-    pred = evaluate(plan, cluster, profile)
+    plans = [Plan.load(Path(p)) for p in args.plan]
+    preds, profile_label = [], args.profile if args.profile else None
+    for plan in plans:
+        cluster = ClusterSpec.from_dict(plan.cluster)
+        preds.append(evaluate(plan, cluster, load_profile(args.profile, cluster.gpu)))
     append = Path(args.append) if args.append else None
     if append:
         _check_results_file(append)  # refuse a foreign file before spending the run
-    if args.keep_steps and Path(args.keep_steps).exists():
-        raise PlanError(f"'{args.keep_steps}' already exists; pick another --keep-steps path")
+    if args.keep_steps and (len(plans) > 1 or Path(args.keep_steps).exists()):
+        raise PlanError(f"'{args.keep_steps}' already exists; pick another --keep-steps path" if len(plans) == 1
+                        else "--keep-steps takes a single plan")
+    failures = 0
     with tempfile.TemporaryDirectory(prefix="plan-validate-") as tmp:
-        steps_csv = Path(args.keep_steps) if args.keep_steps else Path(tmp) / "steps.csv"
-        largs = launch.build_parser().parse_args([str(args.plan), "--steps", str(args.steps), "--device", args.device,
-                                                  "--data", args.data, "--results", str(steps_csv)])
-        _, nproc, results = launch.check(largs)
-        cmd = launch.torchrun_command(largs, nproc, results)
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        if args.device == "cpu":
-            env.setdefault("OMP_NUM_THREADS", "1")
-        rc = _run(cmd, env, args.timeout)
-        if rc != 0:
-            raise PlanError(f"the training run exited with code {rc} (its output is above); nothing was recorded")
-        try:
-            with open(steps_csv, newline="") as fh:
-                rows = list(csv.DictReader(fh))
-        except FileNotFoundError:
-            raise PlanError("the training run wrote no per-step results") from None
-    if len(rows) <= args.warmup:
-        raise PlanError(f"the run recorded {len(rows)} steps, not more than the {args.warmup} warm-up steps")
-    meas = _steady(rows, args.warmup)
-    print(report(plan, pred, meas), flush=True)
-    if append:
-        row = result_row(plan, pred, meas, _gpu_name(args.device), profile_label)
-        n = append_row(append, row, plan)
-        print(f"appended row {n} to {append}")
+        tmp = Path(tmp)
+        files = []
+        for i, (src, plan) in enumerate(zip(args.plan, plans)):  # unique stems, in the order given
+            f = tmp / f"{i:04d}.json"
+            f.write_text(Path(src).read_text())
+            files.append(f)
+        failed: dict[str, str] = {}
+        for world in dict.fromkeys(p.layout.world_size for p in plans):
+            failed.update(_run_plans(args, [f for f, p in zip(files, plans) if p.layout.world_size == world],
+                                     world, tmp))
+        for src, f, plan, pred in zip(args.plan, files, plans, preds):
+            head = f"--- {src}" if len(plans) > 1 else None
+            try:
+                if f.stem in failed:
+                    raise PlanError(failed[f.stem])
+                steps_csv = tmp / f"{f.stem}.csv"
+                try:
+                    with open(steps_csv, newline="") as fh:
+                        rows = list(csv.DictReader(fh))
+                except FileNotFoundError:
+                    raise PlanError("the training run wrote no per-step results") from None
+                if len(rows) <= args.warmup:
+                    raise PlanError(f"the run recorded {len(rows)} steps, not more than the {args.warmup} warm-up steps")
+                if args.keep_steps:
+                    Path(args.keep_steps).write_text(steps_csv.read_text())
+                meas = _steady(rows, args.warmup)
+                if head:
+                    print(head)
+                print(report(plan, pred, meas), flush=True)
+                if append:
+                    label = profile_label or f"shipped:{ClusterSpec.from_dict(plan.cluster).gpu}"
+                    row = result_row(plan, pred, meas, _gpu_name(args.device), label)
+                    n = append_row(append, row, plan)
+                    print(f"appended row {n} to {append}")
+            except PlanError as exc:
+                if len(plans) == 1:
+                    raise
+                failures += 1
+                print(f"{head}\nplan: {exc}", file=sys.stderr, flush=True)
+    if failures:
+        print(f"plan: {failures} of {len(plans)} plans failed; the others are reported above", file=sys.stderr)
+        return 1
     return 0
 
 

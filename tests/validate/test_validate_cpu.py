@@ -102,3 +102,24 @@ def test_sweep_plans_are_legal_distinct_and_sized(gpus):
         assert any(l.tp == 2 for l in lays) and any(l.pp == 2 and l.vpp == 1 for l in lays)
         assert any(l.vpp == 2 for l in lays) and any(l.cp == 2 for l in lays) and any(l.ep == 2 for l in lays)
         assert {l.sharding for l in lays if l.dp == 2} >= {"none", "optimizer"}
+
+
+def test_validate_several_plans_of_two_world_sizes_in_one_call(tiny_plan, tmp_path):
+    """One torchrun per world size runs its plans back to back; every plan gets its own row, in order."""
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2)
+    profile = load_profile(None, "h200-sxm")
+    paths = []
+    for i, pins in enumerate([Pins(tp=2, micro_batch=1, recompute="none"),
+                              Pins(dp=2, sharding="optimizer", micro_batch=1, recompute="full")]):
+        plan = search(tiny_model("gpt"), TrainingShape(32, 4), cluster, profile, pins, top_k=1).plans[0]
+        paths.append(tmp_path / f"p{i}.json")
+        plan.save(paths[-1])
+    out = tmp_path / "results.csv"
+    rc, so, se = _cli("validate", paths[0], tiny_plan, paths[1], "--steps", "3", "--warmup", "1", "--device",
+                      "cpu", "--append", out, timeout=600)
+    assert rc == 0, se
+    rows = read_results(out)
+    assert [(r["model"], int(r["gpus"]), int(r["tp"]), int(r["dp"])) for r in rows] == [
+        ("tiny-gpt", 2, 2, 1), ("tiny-llama", 1, 1, 1), ("tiny-gpt", 2, 1, 2)]
+    assert so.count("step time (s)") == 3
+    assert so.count("=== plan") == 2  # the two 2-process plans ran in one worker
