@@ -157,6 +157,15 @@ def _traced(args, cuda: bool, fn):
             if cuda:
                 fh.write(ka.table(sort_by="self_cuda_time_total", row_limit=30) + "\n")
             fh.write(ka.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+            if cuda:
+                from runtime.trace_analysis import exposed_communication, kernels_of
+                x = exposed_communication(kernels_of(prof))
+                span = x["span"] or 1.0
+                fh.write(f"GPU timeline of the traced step (rank 0): span {1e3 * x['span']:.2f} ms, busy "
+                         f"{1e3 * x['busy']:.2f} ms, compute kernels {1e3 * x['compute']:.2f} ms, communication "
+                         f"kernels {1e3 * x['communication']:.2f} ms, exposed communication "
+                         f"{1e3 * x['exposed_communication']:.2f} ms ({100 * x['exposed_communication'] / span:.1f}% "
+                         "of the span)\n")
     return out
 
 
