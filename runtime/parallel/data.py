@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from runtime.parallel.adamw import Segment, adamw_
 from runtime.parallel.tensor import group_rank, group_size, param_meta, restore_param_meta
 
 _ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -89,10 +90,16 @@ class _Buffer:
         current = []
         align = max(n, 1) * 64
         for i, p in enumerate(self.params):
-            self.offset[p] = pos
             pos += p.numel()
             current.append(p)
             if pos - start >= bucket_elems or i == len(self.params) - 1:
+                # inside a bucket the weight-decayed matrices come first: each shard then has at most one
+                # decayed and one undecayed segment (two optimizer kernel launches)
+                current.sort(key=lambda q: q.dim() < 2)
+                o = start
+                for q in current:
+                    self.offset[q] = o
+                    o += q.numel()
                 end = start + math.ceil((pos - start) / align) * align
                 b = _Bucket(len(self.buckets), start, end, current)
                 self.buckets.append(b)
@@ -101,12 +108,24 @@ class _Buffer:
                 start = pos = end
                 current = []
         self.total = pos
-        fp32 = torch.zeros(self.total, dtype=torch.float32, device=device)  # initial master values
-        for p in self.params:
-            fp32[self.offset[p]:self.offset[p] + p.numel()].copy_(p.data.reshape(-1))
-        self.param_data = fp32.to(compute_dtype)
+        # fp32 master shards straight from the initial (fp32) parameters, then the compute-dtype flat buffer
+        # that the parameters become views of; no full-size fp32 copy ever exists besides the originals
+        # (a 6.7B model builds within one H200 this way)
+        master_of = []
+        for b in self.buckets:
+            size = b.size // self.n
+            lo = b.start + self.r * size
+            master = torch.zeros(size, dtype=torch.float32, device=device)
+            for p in b.params:
+                a, z = max(self.offset[p], lo), min(self.offset[p] + p.numel(), lo + size)
+                if a < z:
+                    o = self.offset[p]
+                    master[a - lo:z - lo].copy_(p.data.reshape(-1)[a - o:z - o])
+            master_of.append(master)
+        self.param_data = torch.zeros(self.total, dtype=compute_dtype, device=device)
         for p in self.params:
             o = self.offset[p]
+            self.param_data[o:o + p.numel()].copy_(p.data.reshape(-1))
             p.data = self.param_data[o:o + p.numel()].view_as(p)
         zero2 = sharding == "optimizer+grads"
         self.main_grad = None if zero2 else torch.zeros(self.total, dtype=torch.float32, device=device)
@@ -122,7 +141,7 @@ class _Buffer:
             size = b.size // self.n
             lo = b.start + self.r * size
             self.shard.append((lo, lo + size))
-            self.master.append(fp32[lo:lo + size].clone())
+            self.master.append(master_of[b.index])
             self.m.append(torch.zeros(size, device=device))
             self.v.append(torch.zeros(size, device=device))
             self.grad_shard.append(torch.zeros(size, device=device) if zero2 else None)
@@ -186,7 +205,7 @@ class DistributedOptimizer:
         self.inflight: list[tuple[_Buffer, _Bucket]] = []
         self.pending_gathers: dict[int, tuple] = {}
         self.step_count = 0
-        self._views, self._step_t, self._grad_divisor = None, None, None
+        self._segs, self._step_t, self._grad_divisor = None, None, None
         for buf in self.buffers:
             for p in buf.params:
                 p.register_post_accumulate_grad_hook(self._on_grad)
@@ -298,42 +317,32 @@ class DistributedOptimizer:
         self._grad_divisor = (norm / max_norm).clamp_min(1.0) if max_norm else None
         return norm
 
-    def _adam_views(self):
-        """Per weight-decay class, the lists (master, grad, m, v) of flat shard segments the fused AdamW
-        updates (views into persistent buffers, so they are built once)."""
-        if self._views is None:
-            self._views = {True: ([], [], [], []), False: ([], [], [], [])}
+    def _segments(self) -> list[Segment]:
+        """The contiguous pieces of every local shard the AdamW kernel updates (views into persistent buffers,
+        built once): per bucket the decayed matrices, then the rest (vectors and alignment padding)."""
+        if self._segs is None:
+            self._segs = []
             for buf in self.buffers:
                 for i in range(len(buf.buckets)):
-                    size = buf.shard[i][1] - buf.shard[i][0]
-                    tensors = (buf.master[i], buf.shard_grad(i), buf.m[i], buf.v[i])
-                    for decay, segs in ((True, buf.decay[i]), (False, _complement(buf.decay[i], size))):
+                    lo, hi = buf.shard[i]
+                    grad = buf.shard_grad(i)
+                    for decay, segs in ((True, buf.decay[i]), (False, _complement(buf.decay[i], hi - lo))):
                         for a, z in segs:
-                            for lst, t in zip(self._views[decay], tensors):
-                                lst.append(t[a:z])
-        return self._views
+                            self._segs.append(Segment(buf.master[i][a:z], grad[a:z], buf.m[i][a:z], buf.v[i][a:z],
+                                                      buf.param_data[lo + a:lo + z], decay))
+        return self._segs
 
     @torch.no_grad()
     def step(self, lr: float | None = None):
-        """AdamW (decoupled weight decay on matrices only) with PyTorch's fused multi-tensor kernel over the
-        local fp32 shards, then the updated master weights cast into the bf16 parameters."""
+        """AdamW (decoupled weight decay on matrices only) over the local fp32 shards, writing the bf16
+        parameters in the same pass (runtime/parallel/adamw.py); then the ZeRO parameter all-gathers."""
         lr = self.cfg.lr if lr is None else lr
         self.step_count += 1
         if self._step_t is None:
             self._step_t = torch.zeros((), dtype=torch.float32, device=self.buffers[0].param_data.device)
-        self._step_t.fill_(float(self.step_count))
-        b1, b2 = self.cfg.betas
-        for decay, (master, grad, m, v) in self._adam_views().items():
-            if master:
-                torch._fused_adamw_(master, grad, m, v, [], [self._step_t] * len(master), lr=lr, beta1=b1,
-                                    beta2=b2, weight_decay=self.cfg.weight_decay if decay else 0.0,
-                                    eps=self.cfg.eps, amsgrad=False, maximize=False,
-                                    grad_scale=self._grad_divisor)
+        adamw_(self._segments(), self.step_count, lr, self.cfg.betas, self.cfg.eps, self.cfg.weight_decay,
+               self._grad_divisor, self._step_t)
         self._grad_divisor = None
-        for buf in self.buffers:
-            for i in range(len(buf.buckets)):
-                lo, hi = buf.shard[i]
-                buf.param_data[lo:hi].copy_(buf.master[i])
         self._gather_params()
 
     def _gather_params(self):

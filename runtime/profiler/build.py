@@ -188,7 +188,8 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
          "how": "LayerNorm, RMSNorm, GELU, SwiGLU, rotary, residual add, forward and backward; "
                 "minimum bytes moved / time / copy bandwidth (per kernel in extras.elementwise)"},
         {"part": "optimizer_s_per_param", "status": "measured",
-         "how": f"torch.optim.AdamW({opt_impl}) step over fp32 parameters and gradients, per parameter"},
+         "how": f"the runtime's AdamW step, {opt_impl}: fp32 master, gradient, m, v and the compute-dtype "
+                "weights in one pass, per parameter"},
         {"part": "kernel_launch_s", "status": "measured", "how": "host time per small eager op"},
     ]
     done("memory_bound")

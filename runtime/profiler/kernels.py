@@ -307,23 +307,26 @@ def time_embedding_and_loss(device, tokens: int, hidden: int, vocab: int, copy_b
 
 # -- optimizer, launch overhead --------------------------------------------------------------------------------
 
-def optimizer_step_s_per_param(device, numel: int, tensors: int = 32) -> tuple[float, str]:
-    """Fused AdamW over fp32 parameters (master weights) with fp32 gradients, per parameter."""
+def optimizer_step_s_per_param(device, numel: int, segments: int = 64) -> tuple[float, str]:
+    """The runtime's AdamW step (runtime/parallel/adamw.py: fp32 master, gradient, m, v and the compute-dtype
+    weights written in the same pass, gradients divided by a clip factor) per parameter, over `segments`
+    contiguous pieces of flat buffers as the distributed optimizer calls it."""
+    from runtime.parallel.adamw import Segment, adamw_, use_triton
+
     device = torch.device(device)
-    per = max(1, numel // tensors)
-    params = [torch.nn.Parameter(torch.randn(per, device=device)) for _ in range(tensors)]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    impl = "fused"
-    try:
-        opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-        opt.step()
-    except (RuntimeError, TypeError):
-        impl = "foreach"
-        opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-        opt.step()
-    t = time_fn(lambda i: opt.step(), device, warmup=3, repeats=7, max_inner=4)
-    return t.median_s / (per * tensors), impl
+    numel = numel // segments * segments
+    flat = {k: torch.randn(numel, device=device) for k in ("master", "grad", "m")}
+    flat["v"] = torch.rand(numel, device=device)
+    param = flat["master"].to(compute_dtype(device))
+    per = numel // segments
+    segs = [Segment(*(flat[k][i * per:(i + 1) * per] for k in ("master", "grad", "m", "v")),
+                    param[i * per:(i + 1) * per], i % 2 == 0) for i in range(segments)]
+    divisor = torch.tensor(1.5, device=device)
+    step_t = torch.zeros((), device=device)
+    t = time_fn(lambda i: adamw_(segs, 1 + i % 100, 1e-4, (0.9, 0.95), 1e-8, 0.1, divisor, step_t), device,
+                warmup=3, repeats=7, max_inner=4)
+    impl = "triton (runtime/parallel/adamw.py)" if use_triton(device) else "torch._fused_adamw_ + copy"
+    return t.median_s / numel, impl
 
 
 def launch_overhead_s(device, calls: int = 300) -> float:

@@ -83,3 +83,33 @@ def test_bf16_weight_grad_accumulates_in_fp32_on_cuda():
     weight_grad(w, gy, x)
     want = start + gy.float().t() @ x.float()
     torch.testing.assert_close(w.main_grad, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton AdamW kernel runs on CUDA only")
+def test_triton_adamw_matches_torch_fused_adamw():
+    from runtime.parallel.adamw import Segment, adamw_, use_triton
+
+    assert use_triton(torch.device("cuda"))
+    torch.manual_seed(0)
+    n = 100_003
+
+    def state():
+        g = torch.Generator(device="cuda").manual_seed(1)
+        t = {k: torch.randn(n, device="cuda", generator=g) for k in ("master", "grad", "m")}
+        t["v"] = torch.rand(n, device="cuda", generator=g)
+        t["param"] = t["master"].to(torch.bfloat16)
+        return t
+
+    a, b = state(), state()
+    div = torch.tensor(3.0, device="cuda")
+    for step in (1, 2, 7):
+        for t, force in ((a, False), (b, True)):
+            segs = [Segment(t["master"][:60_000], t["grad"][:60_000], t["m"][:60_000], t["v"][:60_000],
+                            t["param"][:60_000], True),
+                    Segment(t["master"][60_000:], t["grad"][60_000:], t["m"][60_000:], t["v"][60_000:],
+                            t["param"][60_000:], False)]
+            adamw_(segs, step, 1e-2, (0.9, 0.95), 1e-8, 0.1, div.clone(), force_torch=force)
+            t["grad"].copy_(state()["grad"])  # torch's kernel writes the divided gradient back
+    for k in ("master", "m", "v"):
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    torch.testing.assert_close(a["param"], b["param"])
