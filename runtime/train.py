@@ -249,12 +249,13 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         else:
             step = start + args.steps - 1
         step += 1
+        if args.ckpt_dir and last_saved != step:
+            checkpoint.save(args.ckpt_dir, step, opt, groups)  # at exit
     finally:
         prefetch.close()
         if results:
             results.close()
-    if args.ckpt_dir and last_saved != step:
-        checkpoint.save(args.ckpt_dir, step, opt, groups)  # at exit
+        opt.close()
 
 
 def _release(cuda: bool) -> None:

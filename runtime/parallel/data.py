@@ -206,11 +206,22 @@ class DistributedOptimizer:
         self.pending_gathers: dict[int, tuple] = {}
         self.step_count = 0
         self._segs, self._step_t, self._grad_divisor = None, None, None
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for buf in self.buffers for p in buf.params]
+        self._hooks += [m.register_forward_pre_hook(self._wait_params_of) for mod in modules for m in mod.modules()
+                        if any(True for _ in m.parameters(recurse=False))]
+
+    def close(self):
+        """Detach from the model: remove the hooks and main_grad views. The hooks live in C++ autograd state,
+        where Python's garbage collector cannot see the optimizer <-> parameter cycle; without this a
+        worker that trains several plans in a row would keep every earlier plan's memory."""
+        self.wait_params()
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
         for buf in self.buffers:
             for p in buf.params:
-                p.register_post_accumulate_grad_hook(self._on_grad)
-        self._hooks = [m.register_forward_pre_hook(self._wait_params_of) for mod in modules for m in mod.modules()
-                       if any(True for _ in m.parameters(recurse=False))]
+                if hasattr(p, "main_grad"):
+                    del p.main_grad
 
     # -- gradients ---------------------------------------------------------------------------------
     def zero_grad(self):
@@ -509,6 +520,9 @@ class FullyShardedOptimizer:
         self.opt.step()
 
     def wait_params(self):
+        pass
+
+    def close(self):
         pass
 
     def named_params(self):

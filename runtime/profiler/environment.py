@@ -33,6 +33,9 @@ def gpu_kind(name: str) -> str:
 
 
 def git_commit() -> dict:
+    import os
+    if os.environ.get("PLAN_COMMIT"):  # a copy of a committed tree without (or with stale) git metadata
+        return {"git_commit": os.environ["PLAN_COMMIT"], "git_dirty": None, "git_commit_source": "PLAN_COMMIT"}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
     return {"git_commit": commit or "unavailable (no commit or no git)",
