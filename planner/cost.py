@@ -288,7 +288,11 @@ class CostModel:
 
     # -- per rank -------------------------------------------------------------------------------------
     def stage_time_s(self, j: int, st: StagePlan) -> float:
-        """Forward + backward of one micro-batch through virtual stage j, recompute included."""
+        """Forward + backward of one micro-batch through virtual stage j, recompute included: the GPU's
+        time, or the host's when issuing the kernels takes longer (stage_host_s)."""
+        return max(self.stage_gpu_s(j, st), self.stage_host_s(st))
+
+    def stage_gpu_s(self, j: int, st: StagePlan) -> float:
         L = self.layer
         t = st.layers * L.fwd_bwd_s + st.full_recompute_layers * L.full_recompute_s \
             + st.selective_recompute_layers * L.selective_recompute_s
@@ -297,6 +301,22 @@ class CostModel:
         if j == self.lay.pp * self.lay.vpp - 1:
             t += self.ends.head_s + self.ends.head_comm_s
         return t + 2 * self.p2p_s
+
+    def stage_host_s(self, st: StagePlan) -> float:
+        """Host time to issue one micro-batch through a virtual stage (profile.host; 0 without it)."""
+        host = self.prof.host
+        if host is None:
+            return 0.0
+        lay, m = self.lay, self.m
+        local_experts = m.num_experts // lay.ep if m.is_moe else 0
+
+        def per_layer(mode):
+            return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, local_experts, lay.ep)
+
+        none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
+        t = none * per_layer("none") + st.full_recompute_layers * per_layer("full") \
+            + st.selective_recompute_layers * per_layer("selective")
+        return t + (host.pp_chunk_s if lay.pp > 1 else 0.0)
 
     @cached_property
     def per_layer_params(self) -> tuple[float, float]:
@@ -324,7 +344,11 @@ class CostModel:
     def rank_memory_bytes(self, rank: int, rank_stages: list[tuple[int, StagePlan]], num_micro: int) -> float:
         m, lay, shape = self.m, self.lay, self.shape
         dense, expert = self.rank_params(rank_stages)
-        total = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay)
+        first = any(j == 0 for j, _ in rank_stages)
+        last = any(j == lay.pp * lay.vpp - 1 for j, _ in rank_stages)
+        root = (mem.embedding_params_local(m, lay.tp) if first else 0.0) \
+            + (mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0)
+        total = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, root)
         acts = self.activations
         last = lay.pp * lay.vpp - 1
         # transients: a layer's backward working set, together with the gradient-reduction buffers that
@@ -453,8 +477,10 @@ class CostModel:
         ends = sum((self.ends.embedding_s if j == 0 else 0.0)
                    + (self.ends.head_s if j == len(stages) - 1 else 0.0) for j, _ in rs)
         head_comm = sum(self.ends.head_comm_s for j, _ in rs if j == len(stages) - 1)
+        host_bound = num_micro * sum(max(0.0, self.stage_host_s(st) - self.stage_gpu_s(j, st)) for j, st in rs)
         breakdown = {
             "compute": num_micro * (layers * (L.fwd_compute_s + L.bwd_compute_s) + ends),
+            "host": host_bound,
             "recompute": num_micro * recompute,
             "tp_comm": num_micro * (layers * L.comm_by_dim_s["tp"] + head_comm),
             "cp_comm": num_micro * layers * L.comm_by_dim_s["cp"],

@@ -133,12 +133,16 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
     return 2 * FP32_BYTES * DP_BUCKET_ELEMENTS
 
 
-def fsdp_gather_bytes(m: ModelSpec, lay: Layout) -> float:
-    """ZeRO-3 / FSDP: the bf16 weights of the layer in use and the next one (prefetched), unsharded."""
+def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0) -> float:
+    """ZeRO-3 / FSDP2 as runtime/parallel/data.py applies it (each layer a unit, embedding + head the root
+    unit): the bf16 weights of the layer in use and the next one (prefetched), unsharded; the root unit's
+    weights (`root_params`: this rank's embedding and head), gathered for the whole forward and backward;
+    and the reduce-scatter working set of the largest unit, its unsharded bf16 gradient plus the fp32 copy
+    that is reduced (reduce dtype fp32)."""
     if lay.sharding != "full":
         return 0.0
     per_layer = layer_dense_params_local(m, lay.tp) + layer_expert_params_local(m, lay.ep)
-    return 2 * per_layer * BF16_BYTES
+    return 2 * per_layer * BF16_BYTES + root_params * BF16_BYTES + max(per_layer, root_params) * (BF16_BYTES + 4)
 
 
 # -- activations per layer per micro-batch (bytes) -------------------------------------------------------

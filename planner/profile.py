@@ -76,6 +76,52 @@ class CollectiveFit:
         return self.latency_s + size_bytes * bus_factor(self.op, self.group_size) / self.bus_bandwidth_bytes_per_s
 
 
+@dataclass(frozen=True)
+class HostOverheads:
+    """Host (CPU) seconds the runtime spends issuing one layer's forward + backward for one micro-batch,
+    measured by runtime/profiler/host.py. A virtual stage cannot run faster than its host time: the
+    planner takes max(GPU time, host time) per stage and micro-batch. Zero where not measured."""
+
+    layer_s: dict
+    """recompute mode ('none', 'selective', 'full') -> seconds per layer and micro-batch (the base)."""
+    tp_extra_s: dict
+    """recompute mode -> seconds added by tensor parallelism (any degree > 1)."""
+    cp_extra_s: float = 0.0
+    """Seconds added per layer and micro-batch per extra context-parallel rank (x (cp - 1))."""
+    fsdp_extra_s: float = 0.0
+    """Added by fully sharded data parallelism (sharding 'full')."""
+    expert_s: float = 0.0
+    """Per local expert of an MoE layer."""
+    ep_extra_s: float = 0.0
+    """Added by expert parallelism (ep > 1)."""
+    pp_chunk_s: float = 0.0
+    """Per pipeline chunk (virtual stage) and micro-batch when pp > 1: sends, receives, schedule."""
+
+    def layer_host_s(self, mode: str, tp: int, cp: int, sharding: str, local_experts: int, ep: int) -> float:
+        t = self.layer_s.get(mode, 0.0)
+        if tp > 1:
+            t += self.tp_extra_s.get(mode, 0.0)
+        t += (cp - 1) * self.cp_extra_s
+        if sharding == "full":
+            t += self.fsdp_extra_s
+        t += local_experts * self.expert_s
+        if ep > 1:
+            t += self.ep_extra_s
+        return t
+
+    def to_dict(self) -> dict:
+        return {"layer_s": dict(self.layer_s), "tp_extra_s": dict(self.tp_extra_s), "cp_extra_s": self.cp_extra_s,
+                "fsdp_extra_s": self.fsdp_extra_s, "expert_s": self.expert_s, "ep_extra_s": self.ep_extra_s,
+                "pp_chunk_s": self.pp_chunk_s}
+
+    @staticmethod
+    def from_measurement(d: dict) -> "HostOverheads":
+        return HostOverheads(layer_s={str(k): float(v) for k, v in d["layer_s"].items()},
+                             tp_extra_s={str(k): float(v) for k, v in (d.get("tp_extra_s") or {}).items()},
+                             **{k: float(d.get(k, 0.0)) for k in ("cp_extra_s", "fsdp_extra_s", "expert_s",
+                                                                  "ep_extra_s", "pp_chunk_s")})
+
+
 @dataclass
 class Profile:
     gpu: str
@@ -101,6 +147,8 @@ class Profile:
     measured kernels (host time, contention); the measured kernel and collective times stay untouched."""
     source_path: str = ""
     extras: dict = field(default_factory=dict)
+    host: HostOverheads | None = None
+    """Measured host time per layer (runtime/profiler/host.py); None: no host floor (older profiles)."""
 
     # -- queries -------------------------------------------------------------
     def eff(self, term: str) -> float:
@@ -205,6 +253,7 @@ class Profile:
             "overlap_hidden_fraction": self.overlap_hidden_fraction,
             "efficiency": self.efficiency,
             "extras": self.extras,
+            **({"host": self.host.to_dict()} if self.host is not None else {}),
         }
 
     def save(self, path: Path) -> None:
@@ -238,6 +287,7 @@ class Profile:
                 overlap_hidden_fraction={str(k): float(v) for k, v in d["overlap_hidden_fraction"].items()},
                 efficiency={str(k): float(v) for k, v in (d.get("efficiency") or {}).items()},
                 source_path=source, extras=dict(d.get("extras") or {}),
+                host=HostOverheads.from_measurement(d["host"]) if d.get("host") is not None else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"{where} is corrupted ({exc.__class__.__name__}: {exc})") from None
@@ -257,6 +307,11 @@ def _validate(p: Profile, where: str) -> None:
         raise PlanError(f"{where} is corrupted: its attention table is empty or holds non-positive rates")
     if p.copy_bandwidth_bytes_per_s <= 0 or not 0 < p.elementwise_efficiency <= 1 or p.optimizer_s_per_param <= 0:
         raise PlanError(f"{where} is corrupted: bandwidth, efficiency or optimizer time out of range")
+    if p.host is not None:
+        vals = [*p.host.layer_s.values(), *p.host.tp_extra_s.values(), p.host.cp_extra_s, p.host.fsdp_extra_s,
+                p.host.expert_s, p.host.ep_extra_s, p.host.pp_chunk_s]
+        if any(not 0 <= v < 1.0 for v in vals):
+            raise PlanError(f"{where} is corrupted: a host overhead is negative or above a second per layer")
     for c in p.collectives:
         if c.op not in COLLECTIVE_OPS or c.latency_s < 0 or c.bus_bandwidth_bytes_per_s <= 0:
             raise PlanError(f"{where} is corrupted: collective entry {c.op}/{c.link}/{c.group_size} is invalid")

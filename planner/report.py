@@ -6,8 +6,8 @@ import json
 from planner.plan import Plan
 from planner.search import SearchResult
 
-BREAKDOWN_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
-BREAKDOWN_LABEL = {"compute": "compute", "recompute": "recompute", "tp_comm": "exposed TP comm",
+BREAKDOWN_ORDER = ("compute", "host", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
+BREAKDOWN_LABEL = {"compute": "compute", "host": "host-bound (kernels issued slower than run)", "recompute": "recompute", "tp_comm": "exposed TP comm",
                    "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm", "pp_comm": "exposed PP comm",
                    "bubble": "pipeline bubble", "dp_comm": "exposed DP comm",
                    "optimizer": "optimizer + fp32 grad accumulation"}

@@ -1,0 +1,193 @@
+"""Host (CPU) time the runtime spends per layer and micro-batch: the floor under a step when kernels are short.
+
+With small micro-batches the GPU finishes a layer's kernels faster than Python, autograd and the
+communication calls can issue them; the step then runs at the host's pace, and NCCL kernels sit waiting
+for a peer that has not launched yet. The kernel and collective times of the profile cannot see this, so
+the profiler measures it: real training steps of this runtime (runtime.step / runtime.parallel.pipeline,
+the same code `plan launch` runs) on models so narrow (hidden 256, 256 tokens) that every kernel is
+shorter than its launch, in `world` spawned processes. Each figure is a difference of two depths
+(2 and 6 layers), so per-step costs (optimizer, loss, data) cancel:
+
+  layer_s[mode]      per layer and micro-batch, recompute none / selective / full (DP2, the base)
+  tp_extra_s[mode]   added by tensor parallelism (TP2; the op count does not grow with the TP degree)
+  cp_extra_s         added per extra context-parallel rank (CP2 - base, scaled by cp - 1 in the planner)
+  fsdp_extra_s       added by fully sharded data parallelism (per-layer gathers and reductions)
+  expert_s           per local expert of an MoE layer (8 experts, EP1), beyond the dense layer
+  ep_extra_s         added by expert parallelism's all-to-alls (EP2 over the MoE layer with its experts)
+  pp_chunk_s         per pipeline chunk and micro-batch (sends, receives, schedule), from PP2 with 2 vs
+                     1 chunks per rank
+
+    python -m runtime.profiler.host --profile profiles/h200-sxm.json --out NEW.json   # measure, merge
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEPTHS = (2, 6)
+MICRO_BATCHES = 4
+
+
+def _spec(layers: int, experts: int = 1):
+    from planner.model import tiny_model
+    return tiny_model("llama", name="host-probe", num_layers=layers, hidden=256, num_heads=4, num_kv_heads=2,
+                      ffn_hidden=512, vocab_size=1024, max_seq_len=256, default_seq_len=256,
+                      num_experts=experts, top_k=2 if experts > 1 else 1)
+
+
+def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, steps: int = 8, warmup: int = 3) -> float:
+    """Median wall seconds of a training step of the probe model under `lay` (every rank calls this)."""
+    import torch
+    import torch.distributed as dist
+
+    from planner.cluster import ClusterSpec
+    from planner.plan import Plan, TrainingShape, even_stages
+    from runtime.data import open_source, step_micro_batches
+    from runtime.mesh import build_groups
+    from runtime.parallel.data import AdamConfig, build_optimizer
+    from runtime.step import select_train_step
+    from runtime.train import build_rank_stages
+
+    spec = _spec(layers, experts)
+    shape = TrainingShape(seq_len=256, global_batch=MICRO_BATCHES * lay.dp)
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=lay.world_size, gpus_per_node=lay.world_size)
+    plan = Plan(model=spec, cluster=cluster.to_dict(), training=shape, layout=lay,
+                stages=even_stages(layers, lay.pp * lay.vpp, recompute))
+    groups = build_groups(lay, device.type)
+    stages = build_rank_stages(plan, groups, device, lay.overlap_tp, 1234)
+    opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(), torch.bfloat16 if device.type == "cuda"
+                          else torch.float32, lay.overlap_dp)
+    step_fn = select_train_step(lay)
+    source = open_source("synthetic", spec.vocab_size, 256, None, seed=1)
+    times = []
+    try:
+        for step in range(steps):
+            mbs = [{k: v.to(device) for k, v in mb.items()} for mb in
+                   step_micro_batches(source, spec.family, spec.vocab_size, 256, shape.global_batch, 1, lay.dp,
+                                      groups.dp_rank, step, lay.cp, groups.cp_rank, seed=1)]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            step_fn(stages, mbs, opt, groups, 1e-4)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the step
+            if step >= warmup:
+                times.append(float(t))
+    finally:
+        opt.close()
+    return statistics.median(times)
+
+
+def _per_layer_s(lay, recompute, device, experts=1) -> float:
+    """Seconds per layer and micro-batch: the difference of two depths, per micro-batch."""
+    lo, hi = (_step_wall_s(lay, n, recompute, device, experts) for n in DEPTHS)
+    per_rank_layers = (DEPTHS[1] - DEPTHS[0]) / lay.pp
+    return max(hi - lo, 0.0) / (per_rank_layers * MICRO_BATCHES)
+
+
+def probe(world: int, device) -> dict:
+    """All figures this world size allows (every rank calls it; rank 0's result is the one kept)."""
+    from planner.plan import Layout
+
+    def L(**k):
+        base = dict(tp=1, pp=1, vpp=1, dp=1, cp=1, ep=1, micro_batch=1, sharding="optimizer")
+        base.update(k)
+        return Layout(**base)
+
+    out: dict = {"world": world, "layer_s": {}, "tp_extra_s": {}}
+    dp = L(dp=world) if world > 1 else L(sharding="none")
+    for mode in ("none", "selective", "full"):
+        out["layer_s"][mode] = _per_layer_s(dp, mode, device)
+    moe = _per_layer_s(dp, "none", device, experts=8)
+    out["expert_s"] = max(moe - out["layer_s"]["none"], 0.0) / 8
+    if world >= 2:
+        for mode in ("none", "selective", "full"):
+            out["tp_extra_s"][mode] = max(_per_layer_s(L(tp=2), mode, device) - out["layer_s"][mode], 0.0)
+        out["cp_extra_s"] = max(_per_layer_s(L(cp=2), "none", device) - out["layer_s"]["none"], 0.0)
+        out["fsdp_extra_s"] = max(_per_layer_s(L(dp=2, sharding="full"), "none", device) - out["layer_s"]["none"], 0.0)
+        ep2 = _per_layer_s(L(dp=2, ep=2), "none", device, experts=8)
+        out["ep_extra_s"] = max(ep2 - out["layer_s"]["none"] - 4 * out["expert_s"], 0.0)
+        one, two = (_step_wall_s(L(pp=2, vpp=v), 4, "none", device) for v in (1, 2))
+        out["pp_chunk_s"] = max(two - one, 0.0) / MICRO_BATCHES
+    return out
+
+
+def _worker(rank: int, world: int, device_type: str, port: int, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    from runtime.mesh import init_distributed
+
+    init_distributed(device_type == "cuda", timeout_min=5)
+    try:
+        device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+        res = probe(world, device)
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(res))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(device_type: str, world: int) -> dict:
+    """Spawn `world` processes and return the host figures (seconds)."""
+    import torch.multiprocessing as mp
+
+    from runtime.profiler.collectives import _free_port, force_env
+
+    force_env()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "host.json")
+        mp.start_processes(_worker, args=(world, device_type, _free_port(), out), nprocs=world, join=True,
+                           start_method="spawn")
+        return json.loads(Path(out).read_text())
+
+
+def main(argv=None) -> int:
+    from planner.errors import PlanError
+    from planner.profile import HostOverheads, Profile, shipped_profile_path
+
+    ap = argparse.ArgumentParser(prog="python -m runtime.profiler.host", description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", required=True, help="profile to add the host figures to")
+    ap.add_argument("--out", required=True, help="the profile to write (must not exist)")
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    args = ap.parse_args(argv)
+    try:
+        if Path(args.out).exists():
+            raise PlanError(f"'{args.out}' already exists")
+        prof = Profile.load(Path(args.profile) if Path(args.profile).exists() else shipped_profile_path(args.profile))
+        t0 = time.time()
+        raw = measure(args.device, args.gpus)
+        host = HostOverheads.from_measurement(raw)
+        from dataclasses import replace
+
+        from runtime.profiler.environment import git_commit
+        part = {"part": "host_overhead", "status": "measured",
+                "how": f"runtime training steps of a hidden-256 llama-style probe in {args.gpus} {args.device} "
+                       f"process(es), 2 vs 6 layers, {MICRO_BATCHES} micro-batches (runtime/profiler/host.py)",
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - t0, 1),
+                **git_commit()}
+        prov = dict(prof.provenance)
+        prov["parts"] = [p for p in prov.get("parts", []) if p.get("part") != "host_overhead"] + [part]
+        replace(prof, host=host, provenance=prov).save(Path(args.out))
+        print(json.dumps(raw, indent=1))
+        print(f"wrote {args.out}")
+        return 0
+    except PlanError as exc:
+        print(f"plan: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The host floor: a virtual stage takes max(GPU time, host time) per micro-batch, with the host time
+counted from the profile's measured per-layer figures (hand-computed cases)."""
+from dataclasses import replace
+
+import pytest
+
+from planner.cluster import ClusterSpec
+from planner.cost import CostModel
+from planner.model import resolve_model
+from planner.plan import Layout, StagePlan, TrainingShape
+from planner.profile import HostOverheads, Profile, load_profile
+
+HOST = HostOverheads(layer_s={"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3},
+                     tp_extra_s={"none": 4e-4, "selective": 5e-4, "full": 6e-4},
+                     cp_extra_s=2e-4, fsdp_extra_s=3e-4, expert_s=5e-5, ep_extra_s=7e-4, pp_chunk_s=9e-4)
+
+
+def _cm(lay, host=HOST, seq=2048, gb=8, model="gpt-1.3b"):
+    prof = replace(load_profile(None, "h200-sxm"), host=host)
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=lay.world_size, gpus_per_node=lay.world_size)
+    return CostModel(resolve_model(model), TrainingShape(seq, gb), lay, cluster, prof)
+
+
+def test_host_time_of_a_mixed_stage_by_hand():
+    cm = _cm(Layout(tp=2, pp=2, cp=2, micro_batch=1, sharding="optimizer"))
+    st = StagePlan(layers=6, full_recompute_layers=2, selective_recompute_layers=1)
+    per = lambda mode: HOST.layer_s[mode] + HOST.tp_extra_s[mode] + HOST.cp_extra_s  # noqa: E731
+    want = 3 * per("none") + 2 * per("full") + 1 * per("selective") + HOST.pp_chunk_s
+    assert cm.stage_host_s(st) == pytest.approx(want)
+
+
+def test_moe_and_fsdp_terms():
+    cm = _cm(Layout(dp=2, ep=2, micro_batch=1, sharding="optimizer"), model="mixtral-8x7b", seq=1024)
+    st = StagePlan(layers=2)
+    assert cm.stage_host_s(st) == pytest.approx(2 * (HOST.layer_s["none"] + 4 * HOST.expert_s + HOST.ep_extra_s))
+    cm = _cm(Layout(dp=2, micro_batch=1, sharding="full"))
+    assert cm.stage_host_s(st) == pytest.approx(2 * (HOST.layer_s["none"] + HOST.fsdp_extra_s))
+
+
+def test_stage_time_is_the_larger_of_gpu_and_host():
+    lay = Layout(tp=2, micro_batch=1, sharding="none")
+    st = StagePlan(layers=24)
+    gpu = _cm(lay, host=None).stage_time_s(0, st)
+    assert _cm(lay, host=None).stage_host_s(st) == 0.0
+    slow = replace(HOST, layer_s={"none": gpu, "selective": gpu, "full": gpu})  # 24x the whole stage's GPU time
+    cm = _cm(lay, host=slow)
+    assert cm.stage_time_s(0, st) == pytest.approx(cm.stage_host_s(st))
+    assert cm.stage_time_s(0, st) > 20 * gpu
+    pred = cm.predict([st])
+    assert pred.breakdown_s["host"] == pytest.approx(8 * (cm.stage_host_s(st) - cm.stage_gpu_s(0, st)))
+    fast = replace(HOST, layer_s={"none": 0.0, "selective": 0.0, "full": 0.0}, tp_extra_s={})
+    assert _cm(lay, host=fast).stage_time_s(0, st) == pytest.approx(gpu)
+
+
+def test_profile_roundtrip_and_corrupt_host():
+    prof = replace(load_profile(None, "h200-sxm"), host=HOST)
+    back = Profile.from_dict(prof.to_dict())
+    assert back.host == HOST
+    d = prof.to_dict()
+    d["host"]["layer_s"]["none"] = -1.0
+    from planner.errors import PlanError
+    with pytest.raises(PlanError, match="host overhead"):
+        Profile.from_dict(d)
