@@ -326,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", required=True, help="the profile to start from (IN)")
     ap.add_argument("-o", "--output", required=True, help="the calibrated profile to write (OUT)")
     ap.add_argument("--holdout-fraction", type=float, default=0.3, help="share of runs kept out of the fit (default 0.3)")
+    ap.add_argument("--holdout-models", default="",
+                    help="comma-separated model names whose runs are all held out (instead of a random share)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the calibration / held-out split (default 0)")
     ap.add_argument("--plans", help="sidecar of plans (default: <results stem>.plans.jsonl beside the CSV)")
     ap.add_argument("--models", action="append", default=[],
@@ -365,7 +367,14 @@ def main(argv=None) -> int:
     if len(runs) < 2:
         raise PlanError(f"'{results}' has {len(runs)} usable measured run(s); calibration needs at least 2"
                         + (f" ({skipped[0]})" if skipped else ""))
-    cal, hold = split_rows(runs, args.holdout_fraction, args.seed)
+    if args.holdout_models:
+        names = {n.strip() for n in args.holdout_models.split(",") if n.strip()}
+        hold = [r for r in runs if r.plan.model.name in names]
+        cal = [r for r in runs if r.plan.model.name not in names]
+        if not hold or not cal:
+            raise PlanError(f"--holdout-models {args.holdout_models} leaves no {'held-out' if not hold else 'calibration'} runs")
+    else:
+        cal, hold = split_rows(runs, args.holdout_fraction, args.seed)
     dims = sensitive_dims(cal, profile)
     before_cal, before_hold = accuracy(cal, profile), accuracy(hold, profile)
     fitted = fit_overlap(cal, profile, dims, args.grid_step) if dims else dict(profile.overlap_hidden_fraction)
@@ -382,6 +391,7 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tool": "plan calibrate", "results": str(results), "plans": str(side_path) if sidecar else "",
         "from_profile": str(args.profile), "seed": args.seed, "holdout_fraction": args.holdout_fraction,
+        "holdout_models": args.holdout_models,
         "grid_step": args.grid_step, "objective": "median |predicted - measured| / measured step time",
         "changed": changed, "fitted_dims": dims, "efficiency_changed": eff_changed, "fitted_terms": terms, "unchanged": "measured kernel and collective times",
         "calibration_rows": [r.row for r in cal], "holdout_rows": [r.row for r in hold],

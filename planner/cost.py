@@ -187,8 +187,9 @@ class CostModel:
             fwd, bwd = fwd + a, bwd + b
         # attention core: this rank's heads over its share of the sequence (the ring covers the rest)
         s = self.shape.seq_len
-        attn_f = prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, False)
-        attn_b = prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, True)
+        ring = prof.eff("ring") if lay.cp > 1 else 1.0  # calibrated: the ring's blocks and merges
+        attn_f = ring * prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, False)
+        attn_b = ring * prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, True)
         # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel:
         # 2 norms, 2 residual adds, the MLP activation, rotary on q and k (bytes as the profiler counts them)
         tok_t = T / t
@@ -311,12 +312,12 @@ class CostModel:
         local_experts = m.num_experts // lay.ep if m.is_moe else 0
 
         def per_layer(mode):
-            return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, local_experts, lay.ep)
+            return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, local_experts, lay.ep, m.family)
 
         none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
         t = none * per_layer("none") + st.full_recompute_layers * per_layer("full") \
             + st.selective_recompute_layers * per_layer("selective")
-        return t + (host.pp_chunk_s if lay.pp > 1 else 0.0)
+        return (t + (host.pp_chunk_s if lay.pp > 1 else 0.0)) * self.prof.eff("host")
 
     @cached_property
     def per_layer_params(self) -> tuple[float, float]:

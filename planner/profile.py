@@ -29,7 +29,7 @@ from planner.errors import PlanError, read_json
 PROFILE_FORMAT = "parallel-plan/profile"
 PROFILE_VERSION = 1
 
-EFFICIENCY_TERMS = ("compute", "expert", "tp", "cp", "ep", "pp", "dp", "optimizer")
+EFFICIENCY_TERMS = ("compute", "expert", "tp", "cp", "ep", "pp", "dp", "optimizer", "host", "ring")
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -96,9 +96,12 @@ class HostOverheads:
     """Added by expert parallelism (ep > 1)."""
     pp_chunk_s: float = 0.0
     """Per pipeline chunk (virtual stage) and micro-batch when pp > 1: sends, receives, schedule."""
+    family_layer_s: dict = field(default_factory=dict)
+    """family ('gpt', 'llama', 'bert') -> mode -> seconds: the base per family where measured."""
 
-    def layer_host_s(self, mode: str, tp: int, cp: int, sharding: str, local_experts: int, ep: int) -> float:
-        t = self.layer_s.get(mode, 0.0)
+    def layer_host_s(self, mode: str, tp: int, cp: int, sharding: str, local_experts: int, ep: int,
+                     family: str = "") -> float:
+        t = self.family_layer_s.get(family, self.layer_s).get(mode, 0.0)
         if tp > 1:
             t += self.tp_extra_s.get(mode, 0.0)
         t += (cp - 1) * self.cp_extra_s
@@ -112,12 +115,15 @@ class HostOverheads:
     def to_dict(self) -> dict:
         return {"layer_s": dict(self.layer_s), "tp_extra_s": dict(self.tp_extra_s), "cp_extra_s": self.cp_extra_s,
                 "fsdp_extra_s": self.fsdp_extra_s, "expert_s": self.expert_s, "ep_extra_s": self.ep_extra_s,
-                "pp_chunk_s": self.pp_chunk_s}
+                "pp_chunk_s": self.pp_chunk_s,
+                "family_layer_s": {f: dict(v) for f, v in self.family_layer_s.items()}}
 
     @staticmethod
     def from_measurement(d: dict) -> "HostOverheads":
         return HostOverheads(layer_s={str(k): float(v) for k, v in d["layer_s"].items()},
                              tp_extra_s={str(k): float(v) for k, v in (d.get("tp_extra_s") or {}).items()},
+                             family_layer_s={str(f): {str(k): float(v) for k, v in m.items()}
+                                             for f, m in (d.get("family_layer_s") or {}).items()},
                              **{k: float(d.get(k, 0.0)) for k in ("cp_extra_s", "fsdp_extra_s", "expert_s",
                                                                   "ep_extra_s", "pp_chunk_s")})
 
@@ -143,7 +149,9 @@ class Profile:
     efficiency: dict = field(default_factory=dict)
     """Calibrated multipliers (`plan calibrate`) on the cost model's terms, 1.0 when absent: 'compute'
     (dense layer and end kernels), 'expert' (MoE expert compute), 'tp', 'cp', 'ep', 'pp', 'dp'
-    (communication of that dimension) and 'optimizer'. They absorb what the runtime spends beyond its
+    (communication of that dimension), 'optimizer', 'host' (the measured host time per layer, which a narrow
+    probe model may over- or under-state) and 'ring' (attention under context parallelism: ring blocks and
+    log-sum-exp merges against one kernel of the same work). They absorb what the runtime spends beyond its
     measured kernels (host time, contention); the measured kernel and collective times stay untouched."""
     source_path: str = ""
     extras: dict = field(default_factory=dict)
@@ -309,6 +317,7 @@ def _validate(p: Profile, where: str) -> None:
         raise PlanError(f"{where} is corrupted: bandwidth, efficiency or optimizer time out of range")
     if p.host is not None:
         vals = [*p.host.layer_s.values(), *p.host.tp_extra_s.values(), p.host.cp_extra_s, p.host.fsdp_extra_s,
+                *(v for m in p.host.family_layer_s.values() for v in m.values()),
                 p.host.expert_s, p.host.ep_extra_s, p.host.pp_chunk_s]
         if any(not 0 <= v < 1.0 for v in vals):
             raise PlanError(f"{where} is corrupted: a host overhead is negative or above a second per layer")

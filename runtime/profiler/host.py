@@ -8,7 +8,8 @@ the same code `plan launch` runs) on models so narrow (hidden 256, 256 tokens) t
 shorter than its launch, in `world` spawned processes. Each figure is a difference of two depths
 (2 and 6 layers), so per-step costs (optimizer, loss, data) cancel:
 
-  layer_s[mode]      per layer and micro-batch, recompute none / selective / full (DP2, the base)
+  layer_s[mode]      per layer and micro-batch, recompute none / selective / full (DP2, the base),
+                     for each model family (family_layer_s: gpt, llama, bert; layer_s is llama's)
   tp_extra_s[mode]   added by tensor parallelism (TP2; the op count does not grow with the TP degree)
   cp_extra_s         added per extra context-parallel rank (CP2 - base, scaled by cp - 1 in the planner)
   fsdp_extra_s       added by fully sharded data parallelism (per-layer gathers and reductions)
@@ -34,14 +35,18 @@ DEPTHS = (2, 6)
 MICRO_BATCHES = 4
 
 
-def _spec(layers: int, experts: int = 1):
+FAMILIES = ("gpt", "llama", "bert")
+
+
+def _spec(layers: int, experts: int = 1, family: str = "llama"):
     from planner.model import tiny_model
-    return tiny_model("llama", name="host-probe", num_layers=layers, hidden=256, num_heads=4, num_kv_heads=2,
-                      ffn_hidden=512, vocab_size=1024, max_seq_len=256, default_seq_len=256,
-                      num_experts=experts, top_k=2 if experts > 1 else 1)
+    return tiny_model(family, name=f"host-probe-{family}", num_layers=layers, hidden=256, num_heads=4,
+                      num_kv_heads=2 if family == "llama" else 4, ffn_hidden=512, vocab_size=1024, max_seq_len=256,
+                      default_seq_len=256, num_experts=experts, top_k=2 if experts > 1 else 1)
 
 
-def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, steps: int = 8, warmup: int = 3) -> float:
+def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, steps: int = 8, warmup: int = 3,
+                 family: str = "llama") -> float:
     """Median wall seconds of a training step of the probe model under `lay` (every rank calls this)."""
     import torch
     import torch.distributed as dist
@@ -54,7 +59,7 @@ def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, ste
     from runtime.step import select_train_step
     from runtime.train import build_rank_stages
 
-    spec = _spec(layers, experts)
+    spec = _spec(layers, experts, family)
     shape = TrainingShape(seq_len=256, global_batch=MICRO_BATCHES * lay.dp)
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=lay.world_size, gpus_per_node=lay.world_size)
     plan = Plan(model=spec, cluster=cluster.to_dict(), training=shape, layout=lay,
@@ -87,9 +92,9 @@ def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, ste
     return statistics.median(times)
 
 
-def _per_layer_s(lay, recompute, device, experts=1) -> float:
+def _per_layer_s(lay, recompute, device, experts=1, family="llama") -> float:
     """Seconds per layer and micro-batch: the difference of two depths, per micro-batch."""
-    lo, hi = (_step_wall_s(lay, n, recompute, device, experts) for n in DEPTHS)
+    lo, hi = (_step_wall_s(lay, n, recompute, device, experts, family=family) for n in DEPTHS)
     per_rank_layers = (DEPTHS[1] - DEPTHS[0]) / lay.pp
     return max(hi - lo, 0.0) / (per_rank_layers * MICRO_BATCHES)
 
@@ -103,10 +108,12 @@ def probe(world: int, device) -> dict:
         base.update(k)
         return Layout(**base)
 
-    out: dict = {"world": world, "layer_s": {}, "tp_extra_s": {}}
+    out: dict = {"world": world, "layer_s": {}, "tp_extra_s": {}, "family_layer_s": {}}
     dp = L(dp=world) if world > 1 else L(sharding="none")
-    for mode in ("none", "selective", "full"):
-        out["layer_s"][mode] = _per_layer_s(dp, mode, device)
+    for family in FAMILIES:
+        out["family_layer_s"][family] = {mode: _per_layer_s(dp, mode, device, family=family)
+                                         for mode in ("none", "selective", "full")}
+    out["layer_s"] = dict(out["family_layer_s"]["llama"])
     moe = _per_layer_s(dp, "none", device, experts=8)
     out["expert_s"] = max(moe - out["layer_s"]["none"], 0.0) / 8
     if world >= 2:

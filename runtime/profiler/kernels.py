@@ -307,10 +307,11 @@ def time_embedding_and_loss(device, tokens: int, hidden: int, vocab: int, copy_b
 
 # -- optimizer, launch overhead --------------------------------------------------------------------------------
 
-def optimizer_step_s_per_param(device, numel: int, segments: int = 64) -> tuple[float, str]:
+def optimizer_step_s_per_param(device, numel: int, segments: int = 4) -> tuple[float, str]:
     """The runtime's AdamW step (runtime/parallel/adamw.py: fp32 master, gradient, m, v and the compute-dtype
     weights written in the same pass, gradients divided by a clip factor) per parameter, over `segments`
-    contiguous pieces of flat buffers as the distributed optimizer calls it."""
+    contiguous pieces of flat buffers as the distributed optimizer calls it (about two per 40M-element
+    bucket: many small pieces would time the kernel launches instead)."""
     from runtime.parallel.adamw import Segment, adamw_, use_triton
 
     device = torch.device(device)

@@ -61,3 +61,13 @@ def test_profile_roundtrip_and_corrupt_host():
     from planner.errors import PlanError
     with pytest.raises(PlanError, match="host overhead"):
         Profile.from_dict(d)
+
+
+def test_family_base_replaces_the_default():
+    fam = replace(HOST, family_layer_s={"gpt": {"none": 5e-4, "selective": 6e-4, "full": 7e-4}})
+    st = StagePlan(layers=4)
+    gpt = _cm(Layout(micro_batch=1, sharding="none"), host=fam)
+    assert gpt.stage_host_s(st) == pytest.approx(4 * 5e-4)
+    llama = _cm(Layout(micro_batch=1, sharding="none"), host=fam, model="llama3-8b")
+    assert llama.stage_host_s(st) == pytest.approx(4 * HOST.layer_s["none"])  # no llama entry: the default
+    assert Profile.from_dict(replace(load_profile(None, "h200-sxm"), host=fam).to_dict()).host == fam
