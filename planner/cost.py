@@ -291,7 +291,18 @@ class CostModel:
     def stage_time_s(self, j: int, st: StagePlan) -> float:
         """Forward + backward of one micro-batch through virtual stage j, recompute included: the GPU's
         time, or the host's when issuing the kernels takes longer (stage_host_s)."""
-        return max(self.stage_gpu_s(j, st), self.stage_host_s(st))
+        host = self.stage_host_s(j, st)
+        expert = self.stage_expert_host_s(st)
+        # MoE: routing synchronises the host with the GPU every layer (runtime/parallel/expert.py reads the
+        # token counts with .tolist()), so the expert loop's host time adds to the GPU time, not under it
+        return max(self.stage_gpu_s(j, st), host - expert) + expert
+
+    def stage_expert_host_s(self, st: StagePlan) -> float:
+        """The part of stage_host_s spent on the MoE expert loop (local experts x measured per-expert time)."""
+        host, m, lay = self.prof.host, self.m, self.lay
+        if host is None or not m.is_moe:
+            return 0.0
+        return st.layers * (m.num_experts // lay.ep) * host.expert_s * self.prof.eff("host")
 
     def stage_gpu_s(self, j: int, st: StagePlan) -> float:
         L = self.layer
@@ -303,8 +314,10 @@ class CostModel:
             t += self.ends.head_s + self.ends.head_comm_s
         return t + 2 * self.p2p_s
 
-    def stage_host_s(self, st: StagePlan) -> float:
-        """Host time to issue one micro-batch through a virtual stage (profile.host; 0 without it)."""
+    def stage_host_s(self, j: int, st: StagePlan) -> float:
+        """Host time to issue one micro-batch through virtual stage j (profile.host; 0 without it): its
+        layers, a chunk's sends and schedule under pipelining, and on the last stage the rest of the
+        micro-batch (embedding, head, loss)."""
         host = self.prof.host
         if host is None:
             return 0.0
@@ -317,6 +330,8 @@ class CostModel:
         none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
         t = none * per_layer("none") + st.full_recompute_layers * per_layer("full") \
             + st.selective_recompute_layers * per_layer("selective")
+        if j == lay.pp * lay.vpp - 1:
+            t += host.micro_batch_ends_s(m.family)
         return (t + (host.pp_chunk_s if lay.pp > 1 else 0.0)) * self.prof.eff("host")
 
     @cached_property
@@ -478,7 +493,7 @@ class CostModel:
         ends = sum((self.ends.embedding_s if j == 0 else 0.0)
                    + (self.ends.head_s if j == len(stages) - 1 else 0.0) for j, _ in rs)
         head_comm = sum(self.ends.head_comm_s for j, _ in rs if j == len(stages) - 1)
-        host_bound = num_micro * sum(max(0.0, self.stage_host_s(st) - self.stage_gpu_s(j, st)) for j, st in rs)
+        host_bound = num_micro * sum(self.stage_time_s(j, st) - self.stage_gpu_s(j, st) for j, st in rs)
         breakdown = {
             "compute": num_micro * (layers * (L.fwd_compute_s + L.bwd_compute_s) + ends),
             "host": host_bound,

@@ -98,6 +98,12 @@ class HostOverheads:
     """Per pipeline chunk (virtual stage) and micro-batch when pp > 1: sends, receives, schedule."""
     family_layer_s: dict = field(default_factory=dict)
     """family ('gpt', 'llama', 'bert') -> mode -> seconds: the base per family where measured."""
+    ends_s: float = 0.0
+    """Per micro-batch outside the layers (embedding, head, loss, per-step costs spread over micro-batches)."""
+    family_ends_s: dict = field(default_factory=dict)
+
+    def micro_batch_ends_s(self, family: str = "") -> float:
+        return self.family_ends_s.get(family, self.ends_s)
 
     def layer_host_s(self, mode: str, tp: int, cp: int, sharding: str, local_experts: int, ep: int,
                      family: str = "") -> float:
@@ -116,7 +122,8 @@ class HostOverheads:
         return {"layer_s": dict(self.layer_s), "tp_extra_s": dict(self.tp_extra_s), "cp_extra_s": self.cp_extra_s,
                 "fsdp_extra_s": self.fsdp_extra_s, "expert_s": self.expert_s, "ep_extra_s": self.ep_extra_s,
                 "pp_chunk_s": self.pp_chunk_s,
-                "family_layer_s": {f: dict(v) for f, v in self.family_layer_s.items()}}
+                "family_layer_s": {f: dict(v) for f, v in self.family_layer_s.items()},
+                "ends_s": self.ends_s, "family_ends_s": dict(self.family_ends_s)}
 
     @staticmethod
     def from_measurement(d: dict) -> "HostOverheads":
@@ -124,8 +131,9 @@ class HostOverheads:
                              tp_extra_s={str(k): float(v) for k, v in (d.get("tp_extra_s") or {}).items()},
                              family_layer_s={str(f): {str(k): float(v) for k, v in m.items()}
                                              for f, m in (d.get("family_layer_s") or {}).items()},
+                             family_ends_s={str(f): float(v) for f, v in (d.get("family_ends_s") or {}).items()},
                              **{k: float(d.get(k, 0.0)) for k in ("cp_extra_s", "fsdp_extra_s", "expert_s",
-                                                                  "ep_extra_s", "pp_chunk_s")})
+                                                                  "ep_extra_s", "pp_chunk_s", "ends_s")})
 
 
 @dataclass
@@ -317,7 +325,8 @@ def _validate(p: Profile, where: str) -> None:
         raise PlanError(f"{where} is corrupted: bandwidth, efficiency or optimizer time out of range")
     if p.host is not None:
         vals = [*p.host.layer_s.values(), *p.host.tp_extra_s.values(), p.host.cp_extra_s, p.host.fsdp_extra_s,
-                *(v for m in p.host.family_layer_s.values() for v in m.values()),
+                *(v for m in p.host.family_layer_s.values() for v in m.values()), p.host.ends_s,
+                *p.host.family_ends_s.values(),
                 p.host.expert_s, p.host.ep_extra_s, p.host.pp_chunk_s]
         if any(not 0 <= v < 1.0 for v in vals):
             raise PlanError(f"{where} is corrupted: a host overhead is negative or above a second per layer")

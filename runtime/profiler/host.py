@@ -15,6 +15,8 @@ shorter than its launch, in `world` spawned processes. Each figure is a differen
   fsdp_extra_s       added by fully sharded data parallelism (per-layer gathers and reductions)
   expert_s           per local expert of an MoE layer (8 experts, EP1), beyond the dense layer
   ep_extra_s         added by expert parallelism's all-to-alls (EP2 over the MoE layer with its experts)
+  ends_s             per micro-batch outside the layers (embedding, head, loss; the step's own costs spread
+                     over the probe's micro-batches), per family as family_ends_s
   pp_chunk_s         per pipeline chunk and micro-batch (sends, receives, schedule), from PP2 with 2 vs
                      1 chunks per rank
 
@@ -32,7 +34,7 @@ import time
 from pathlib import Path
 
 DEPTHS = (2, 6)
-MICRO_BATCHES = 4
+MICRO_BATCHES = 8
 
 
 FAMILIES = ("gpt", "llama", "bert")
@@ -45,7 +47,7 @@ def _spec(layers: int, experts: int = 1, family: str = "llama"):
                       default_seq_len=256, num_experts=experts, top_k=2 if experts > 1 else 1)
 
 
-def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, steps: int = 8, warmup: int = 3,
+def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, steps: int = 14, warmup: int = 3,
                  family: str = "llama") -> float:
     """Median wall seconds of a training step of the probe model under `lay` (every rank calls this)."""
     import torch
@@ -92,11 +94,16 @@ def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, ste
     return statistics.median(times)
 
 
-def _per_layer_s(lay, recompute, device, experts=1, family="llama") -> float:
-    """Seconds per layer and micro-batch: the difference of two depths, per micro-batch."""
+def _per_layer_s(lay, recompute, device, experts=1, family="llama", with_ends=False):
+    """Seconds per layer and micro-batch: the difference of two depths, per micro-batch. with_ends: also
+    the rest of a micro-batch (embedding, head, loss, and the step's own costs spread over its
+    micro-batches): the step at the smaller depth minus its layers, per micro-batch."""
     lo, hi = (_step_wall_s(lay, n, recompute, device, experts, family=family) for n in DEPTHS)
     per_rank_layers = (DEPTHS[1] - DEPTHS[0]) / lay.pp
-    return max(hi - lo, 0.0) / (per_rank_layers * MICRO_BATCHES)
+    slope = max(hi - lo, 0.0) / (per_rank_layers * MICRO_BATCHES)
+    if not with_ends:
+        return slope
+    return slope, max(lo - DEPTHS[0] / lay.pp * MICRO_BATCHES * slope, 0.0) / MICRO_BATCHES
 
 
 def probe(world: int, device) -> dict:
@@ -108,12 +115,15 @@ def probe(world: int, device) -> dict:
         base.update(k)
         return Layout(**base)
 
-    out: dict = {"world": world, "layer_s": {}, "tp_extra_s": {}, "family_layer_s": {}}
+    out: dict = {"world": world, "layer_s": {}, "tp_extra_s": {}, "family_layer_s": {}, "family_ends_s": {}}
     dp = L(dp=world) if world > 1 else L(sharding="none")
     for family in FAMILIES:
-        out["family_layer_s"][family] = {mode: _per_layer_s(dp, mode, device, family=family)
-                                         for mode in ("none", "selective", "full")}
+        none, ends = _per_layer_s(dp, "none", device, family=family, with_ends=True)
+        out["family_layer_s"][family] = {"none": none, **{mode: _per_layer_s(dp, mode, device, family=family)
+                                                          for mode in ("selective", "full")}}
+        out["family_ends_s"][family] = ends
     out["layer_s"] = dict(out["family_layer_s"]["llama"])
+    out["ends_s"] = out["family_ends_s"]["llama"]
     moe = _per_layer_s(dp, "none", device, experts=8)
     out["expert_s"] = max(moe - out["layer_s"]["none"], 0.0) / 8
     if world >= 2:

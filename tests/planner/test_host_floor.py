@@ -26,28 +26,32 @@ def test_host_time_of_a_mixed_stage_by_hand():
     st = StagePlan(layers=6, full_recompute_layers=2, selective_recompute_layers=1)
     per = lambda mode: HOST.layer_s[mode] + HOST.tp_extra_s[mode] + HOST.cp_extra_s  # noqa: E731
     want = 3 * per("none") + 2 * per("full") + 1 * per("selective") + HOST.pp_chunk_s
-    assert cm.stage_host_s(st) == pytest.approx(want)
+    assert cm.stage_host_s(0, st) == pytest.approx(want)
+    ends = replace(HOST, ends_s=2e-3, family_ends_s={"gpt": 3e-3})
+    cm = _cm(Layout(tp=2, pp=2, cp=2, micro_batch=1, sharding="optimizer"), host=ends)
+    assert cm.stage_host_s(0, st) == pytest.approx(want)               # first stage: no head
+    assert cm.stage_host_s(1, st) == pytest.approx(want + 3e-3)        # last stage: the gpt family's ends
 
 
 def test_moe_and_fsdp_terms():
     cm = _cm(Layout(dp=2, ep=2, micro_batch=1, sharding="optimizer"), model="mixtral-8x7b", seq=1024)
     st = StagePlan(layers=2)
-    assert cm.stage_host_s(st) == pytest.approx(2 * (HOST.layer_s["none"] + 4 * HOST.expert_s + HOST.ep_extra_s))
+    assert cm.stage_host_s(0, st) == pytest.approx(2 * (HOST.layer_s["none"] + 4 * HOST.expert_s + HOST.ep_extra_s))
     cm = _cm(Layout(dp=2, micro_batch=1, sharding="full"))
-    assert cm.stage_host_s(st) == pytest.approx(2 * (HOST.layer_s["none"] + HOST.fsdp_extra_s))
+    assert cm.stage_host_s(0, st) == pytest.approx(2 * (HOST.layer_s["none"] + HOST.fsdp_extra_s))
 
 
 def test_stage_time_is_the_larger_of_gpu_and_host():
     lay = Layout(tp=2, micro_batch=1, sharding="none")
     st = StagePlan(layers=24)
     gpu = _cm(lay, host=None).stage_time_s(0, st)
-    assert _cm(lay, host=None).stage_host_s(st) == 0.0
+    assert _cm(lay, host=None).stage_host_s(0, st) == 0.0
     slow = replace(HOST, layer_s={"none": gpu, "selective": gpu, "full": gpu})  # 24x the whole stage's GPU time
     cm = _cm(lay, host=slow)
-    assert cm.stage_time_s(0, st) == pytest.approx(cm.stage_host_s(st))
+    assert cm.stage_time_s(0, st) == pytest.approx(cm.stage_host_s(0, st))
     assert cm.stage_time_s(0, st) > 20 * gpu
     pred = cm.predict([st])
-    assert pred.breakdown_s["host"] == pytest.approx(8 * (cm.stage_host_s(st) - cm.stage_gpu_s(0, st)))
+    assert pred.breakdown_s["host"] == pytest.approx(8 * (cm.stage_host_s(0, st) - cm.stage_gpu_s(0, st)))
     fast = replace(HOST, layer_s={"none": 0.0, "selective": 0.0, "full": 0.0}, tp_extra_s={})
     assert _cm(lay, host=fast).stage_time_s(0, st) == pytest.approx(gpu)
 
@@ -67,7 +71,18 @@ def test_family_base_replaces_the_default():
     fam = replace(HOST, family_layer_s={"gpt": {"none": 5e-4, "selective": 6e-4, "full": 7e-4}})
     st = StagePlan(layers=4)
     gpt = _cm(Layout(micro_batch=1, sharding="none"), host=fam)
-    assert gpt.stage_host_s(st) == pytest.approx(4 * 5e-4)
+    assert gpt.stage_host_s(0, st) == pytest.approx(4 * 5e-4)
     llama = _cm(Layout(micro_batch=1, sharding="none"), host=fam, model="llama3-8b")
-    assert llama.stage_host_s(st) == pytest.approx(4 * HOST.layer_s["none"])  # no llama entry: the default
+    assert llama.stage_host_s(0, st) == pytest.approx(4 * HOST.layer_s["none"])  # no llama entry: the default
     assert Profile.from_dict(replace(load_profile(None, "h200-sxm"), host=fam).to_dict()).host == fam
+
+
+def test_moe_expert_host_time_adds_to_the_gpu_time():
+    lay = Layout(dp=2, ep=2, micro_batch=1, sharding="optimizer")
+    st = StagePlan(layers=2)
+    cm = _cm(lay, model="mixtral-8x7b", seq=1024)
+    expert = 2 * 4 * HOST.expert_s
+    assert cm.stage_expert_host_s(st) == pytest.approx(expert)
+    want = max(cm.stage_gpu_s(0, st), cm.stage_host_s(0, st) - expert) + expert
+    assert cm.stage_time_s(0, st) == pytest.approx(want)
+    assert _cm(Layout(micro_batch=1, sharding="none")).stage_expert_host_s(st) == 0.0  # dense
