@@ -325,7 +325,8 @@ class CostModel:
         local_experts = m.num_experts // lay.ep if m.is_moe else 0
 
         def per_layer(mode):
-            return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, local_experts, lay.ep, m.family)
+            return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, local_experts, lay.ep, m.family,
+                                     self.prof.eff("host_tp"), self.prof.eff("host_cp"))
 
         none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
         t = none * per_layer("none") + st.full_recompute_layers * per_layer("full") \

@@ -29,7 +29,8 @@ from planner.errors import PlanError, read_json
 PROFILE_FORMAT = "parallel-plan/profile"
 PROFILE_VERSION = 1
 
-EFFICIENCY_TERMS = ("compute", "expert", "tp", "cp", "ep", "pp", "dp", "optimizer", "host", "ring")
+EFFICIENCY_TERMS = ("compute", "expert", "tp", "cp", "ep", "pp", "dp", "optimizer", "host", "host_tp", "host_cp",
+                    "ring")
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -106,11 +107,11 @@ class HostOverheads:
         return self.family_ends_s.get(family, self.ends_s)
 
     def layer_host_s(self, mode: str, tp: int, cp: int, sharding: str, local_experts: int, ep: int,
-                     family: str = "") -> float:
+                     family: str = "", tp_scale: float = 1.0, cp_scale: float = 1.0) -> float:
         t = self.family_layer_s.get(family, self.layer_s).get(mode, 0.0)
         if tp > 1:
-            t += self.tp_extra_s.get(mode, 0.0)
-        t += (cp - 1) * self.cp_extra_s
+            t += self.tp_extra_s.get(mode, 0.0) * tp_scale
+        t += (cp - 1) * self.cp_extra_s * cp_scale
         if sharding == "full":
             t += self.fsdp_extra_s
         t += local_experts * self.expert_s
@@ -158,7 +159,8 @@ class Profile:
     """Calibrated multipliers (`plan calibrate`) on the cost model's terms, 1.0 when absent: 'compute'
     (dense layer and end kernels), 'expert' (MoE expert compute), 'tp', 'cp', 'ep', 'pp', 'dp'
     (communication of that dimension), 'optimizer', 'host' (the measured host time per layer, which a narrow
-    probe model may over- or under-state) and 'ring' (attention under context parallelism: ring blocks and
+    probe model may over- or under-state), 'host_tp' and 'host_cp' (the host time tensor and context
+    parallelism add, the least repeatable host figures) and 'ring' (attention under context parallelism: ring blocks and
     log-sum-exp merges against one kernel of the same work). They absorb what the runtime spends beyond its
     measured kernels (host time, contention); the measured kernel and collective times stay untouched."""
     source_path: str = ""
