@@ -6,9 +6,10 @@
 - Attention left out of the grid (sequence lengths between grid points, other batch x heads, GQA): same bars
   (prediction: Profile.attention_s less kernel_launch_s).
 - Collectives: each measured fit within 10% of freshly measured times for 1 MiB - 1 GiB.
-- One transformer layer, forward + backward, TP1, three model sizes (runtime.model.build_stage, bf16):
-  measured against the sum of profile-predicted parts (GEMMs fwd/dgrad/wgrad, attention, norms, activation,
-  rotary, residual adds). TP2 needs the distributed runtime under torchrun: not covered here.
+- One transformer layer, forward + backward, three model sizes (runtime.model.build_stage, bf16, GEMM
+  weights with fp32 main gradients as in training), at TP1 on one GPU and at TP2 (sequence parallel, the
+  runtime's overlapped backward) in two spawned processes: measured against the planner's CostModel for
+  the same layer (TP2: with the exposed TP communication it charges).
 
     python benchmarks/profile_accuracy.py --profile profiles/h200-sxm.json --out benchmarks/results/profile-accuracy-h200
 Writes gemm.csv, attention.csv, collectives.csv, layer.csv and summary.json under --out.
@@ -138,27 +139,96 @@ def bench_collectives(profile, device, gpus, out_dir):
     return st
 
 
-def _layer_prediction(p: Profile, spec: ModelSpec, b: int, s: int) -> dict:
-    """The planner's own prediction of one layer's forward + backward at TP1 (planner.cost.CostModel),
-    so this checks the rule the search uses rather than a second copy of it."""
+def _layer_prediction(p: Profile, spec: ModelSpec, b: int, s: int, tp: int = 1) -> dict:
+    """The planner's own prediction of one layer's forward + backward (planner.cost.CostModel), so this
+    checks the rule the search uses rather than a second copy of it. TP > 1 includes the exposed TP
+    communication the cost model charges."""
     from planner.cluster import ClusterSpec
     from planner.cost import CostModel
     from planner.plan import Layout, TrainingShape
 
-    cm = CostModel(spec, TrainingShape(s, b), Layout(micro_batch=b, sharding="none"),
-                   ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1), p)
+    cm = CostModel(spec, TrainingShape(s, b), Layout(tp=tp, micro_batch=b, sharding="none"),
+                   ClusterSpec(gpu="h200-sxm", num_gpus=tp, gpus_per_node=max(tp, 1)), p)
     L = cm.layer
-    return {"fwd_s": L.fwd_compute_s, "bwd_s": L.bwd_compute_s, "total_s": L.fwd_compute_s + L.bwd_compute_s}
+    return {"fwd_s": L.fwd_s, "bwd_s": L.bwd_compute_s + L.bwd_comm_s, "total_s": L.fwd_bwd_s}
 
 
-def bench_layer(profile, device, out_dir):
+def _as_in_training(stage, dtype):
+    """Give the GEMM weights fp32 main gradients (the runtime's gradient-accumulation fusion) and drop each
+    gradient once made, as the optimizer's hooks do, so a layer step runs the kernels training runs."""
+    for prm in stage.parameters():
+        if getattr(prm, "wgrad_fusable", False) and dtype == torch.bfloat16:
+            prm.main_grad = torch.zeros(prm.shape, dtype=torch.float32, device=prm.device)
+        prm.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
+
+
+LAYER_CASES = [("gpt-1.3b", 4, 2048), ("llama3-8b", 1, 8192), ("gpt-13b", 2, 2048)]
+
+
+def _tp_layer_worker(rank: int, world: int, port: int, profile_path: str, out_path: str) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    import torch.distributed as dist
+
+    from planner.plan import Layout
+    from runtime.mesh import build_groups, init_distributed
+    from runtime.model import build_stage
+
+    init_distributed(True, timeout_min=5)
+    try:
+        device = torch.device("cuda", rank)
+        groups = build_groups(Layout(tp=world, micro_batch=1, sharding="none"), "cuda")
+        prof = Profile.load(Path(profile_path))
+        rows = []
+        for name, b, s in LAYER_CASES:
+            spec = CATALOGUE[name]
+            stage = build_stage(spec, groups, 0, 1, False, False, ["none"], overlap=True,
+                                device=str(device)).to(torch.bfloat16)
+            _as_in_training(stage, torch.bfloat16)
+            xs = [torch.randn(s // world, b, spec.hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+                  for _ in range(2)]
+            gs = [torch.randn(s // world, b, spec.hidden, device=device, dtype=torch.bfloat16) for _ in range(2)]
+
+            def step(i):
+                stage(xs[i % 2]).backward(gs[i % 2])
+
+            t = time_fn(step, device, warmup=3, repeats=9, max_inner=1).median_s
+            tt = torch.tensor([t], device=device)
+            dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+            pred = _layer_prediction(prof, spec, b, s, tp=world)
+            rows.append({"model": name, "tp": world, "micro_batch": b, "seq": s, "measured_s": float(tt), **pred,
+                         "rel_error": _err(pred["total_s"], float(tt))})
+            del stage, xs, gs
+            torch.cuda.empty_cache()
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+
+
+def bench_layer_tp(profile_path: str, tp: int) -> list[dict]:
+    """The same layers at TP `tp` (sequence parallel, the runtime's overlap), in `tp` spawned processes."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "rows.json")
+        mp.start_processes(_tp_layer_worker, args=(tp, coll._free_port(), profile_path, out), nprocs=tp,
+                           join=True, start_method="spawn")
+        return json.loads(Path(out).read_text())
+
+
+def bench_layer(profile, device, out_dir, profile_path: str = "", gpus: int = 1):
     try:
         from runtime.mesh import single_process_groups
         from runtime.model import build_stage
     except Exception as exc:  # noqa: BLE001
         return {"n": 0, "note": f"runtime.model.build_stage not importable ({exc.__class__.__name__}: {exc})"}
     if device.type == "cuda":
-        cases = [("gpt-1.3b", 4, 2048), ("llama3-8b", 1, 8192), ("gpt-13b", 2, 2048)]
+        cases = LAYER_CASES
         specs = {n: CATALOGUE[n] for n, _, _ in cases}
         dtype = torch.bfloat16
     else:
@@ -171,6 +241,7 @@ def bench_layer(profile, device, out_dir):
     for name, b, s in cases:
         spec = specs[name]
         stage = build_stage(spec, groups, 0, 1, False, False, ["none"], overlap=False, device=str(device)).to(dtype)
+        _as_in_training(stage, dtype)
         xs = [torch.randn(s, b, spec.hidden, device=device, dtype=dtype, requires_grad=True) for _ in range(2)]
         gs = [torch.randn(s, b, spec.hidden, device=device, dtype=dtype) for _ in range(2)]
 
@@ -186,9 +257,13 @@ def bench_layer(profile, device, out_dir):
         del stage, xs, gs
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if device.type == "cuda" and gpus >= 2 and profile_path:
+        for r in bench_layer_tp(profile_path, 2):
+            errs.append(r["rel_error"])
+            rows.append(r)
     _csv(out_dir / "layer.csv", rows)
     st = _stats(errs, 0.05, 0.05)
-    st["note"] = "TP1 only; TP2 needs the distributed runtime (torchrun) and is not covered by this benchmark"
+    st["note"] = "TP1 on one GPU; TP2 in two spawned processes (sequence parallel, overlapped backward)"
     return st
 
 
@@ -227,7 +302,7 @@ def main(argv=None) -> int:
     for name, fn in (("gemm", lambda: bench_gemm(prof, device, a.gemm_shapes, out)),
                      ("attention", lambda: bench_attention(prof, device, out)),
                      ("collectives", lambda: bench_collectives(prof, device, gpus, out)),
-                     ("layer", lambda: bench_layer(prof, device, out))):
+                     ("layer", lambda: bench_layer(prof, device, out, a.profile, gpus))):
         if name in skip:
             continue
         summary[name] = fn()
