@@ -177,7 +177,11 @@ def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
     P, V, S = lay.pp, lay.vpp, lay.pp * lay.vpp
     num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
     L = cm.layer
-    per_layer = L.fwd_bwd_s + {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute_pin or "", 0.0)
+    one = {"full": StagePlan(1, 1, 0), "selective": StagePlan(1, 0, 1)}.get(recompute_pin or "", StagePlan(1))
+    gpu_layer = L.fwd_bwd_s + {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute_pin or "", 0.0)
+    # a layer costs the larger of its GPU and host time (stage_time_s), plus the MoE expert loop's host time
+    host_layer = cm.stage_host_s(0, one) - cm.stage_host_s(0, StagePlan(0)) - cm.stage_expert_host_s(one)
+    per_layer = max(gpu_layer, host_layer) + cm.stage_expert_host_s(one)
     ends = [sum(cm.stage_time_s(j, StagePlan(0)) for j in range(r, S, P)) for r in range(P)]
     n_rank = [V] * P
     heap = [(ends[r] + V * per_layer, r) for r in range(P)]
@@ -261,13 +265,39 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
         elif recompute_pin == "none":
             mdl.Add(f[j] == 0)
             mdl.Add(s[j] == 0)
-    horizon = (t_layer + t_full) * m.num_layers + sum(us(cm.stage_time_s(j, StagePlan(0))) for j in range(S)) + 1
+    # stage time = max(GPU time, host time - expert loop) + expert loop (CostModel.stage_time_s), every
+    # term linear in the stage's layer counts: GPU and host slopes from the cost model itself
+    host_of = lambda j, st: us(cm.stage_host_s(j, st) - cm.stage_expert_host_s(st))  # noqa: E731
+    expert_per_layer = us(cm.stage_expert_host_s(StagePlan(1)))
+    gpu0 = [us(cm.stage_gpu_s(j, StagePlan(0))) for j in range(S)]
+    host0 = [host_of(j, StagePlan(0)) for j in range(S)]
+    h_none = [host_of(j, StagePlan(1)) - host0[j] for j in range(S)]
+    h_full = [host_of(j, StagePlan(1, 1, 0)) - host0[j] for j in range(S)]
+    h_sel = [host_of(j, StagePlan(1, 0, 1)) - host0[j] for j in range(S)]
+    per_layer_max = max(t_layer + t_full, max(h_none + h_full + h_sel + [0])) + expert_per_layer
+    horizon = per_layer_max * m.num_layers + sum(max(g, h) for g, h in zip(gpu0, host0)) + 1
     T = []
     for r in range(P):
         js = [j for j in range(S) if j % P == r]
-        const_t = sum(us(cm.stage_time_s(j, StagePlan(0))) for j in js)
+        stage_t = []
+        for j in js:
+            gpu = t_layer * n[j] + t_full * f[j] + t_sel * s[j] + gpu0[j]
+            tj = mdl.NewIntVar(0, horizon, f"t{j}")
+            host = h_none[j] * (n[j] - f[j] - s[j]) + h_full[j] * f[j] + h_sel[j] * s[j] + host0[j]
+            # gpu - host over any stage of at least one layer: per-layer differences (none, full, selective)
+            # times counts >= 0, plus the constant; one side dominates when the differences agree in sign
+            # and the smallest one-layer stage keeps that sign
+            diff = (t_layer - h_none[j], t_layer + t_full - h_full[j], t_layer + t_sel - h_sel[j])
+            const = gpu0[j] - host0[j]
+            if min(diff) >= 0 and min(diff) + const >= 0:
+                mdl.Add(tj == gpu)    # GPU-bound for every split: a linear model (and a fast solve)
+            elif max(diff) <= 0 and max(diff) + const <= 0:
+                mdl.Add(tj == host)   # host-bound for every split
+            else:
+                mdl.AddMaxEquality(tj, [gpu, host])
+            stage_t.append(tj + expert_per_layer * n[j])
         tr = mdl.NewIntVar(0, horizon, f"T{r}")
-        mdl.Add(tr == sum(t_layer * n[j] + t_full * f[j] + t_sel * s[j] for j in js) + const_t)
+        mdl.Add(tr == sum(stage_t))
         T.append(tr)
         # memory of rank r: the same linear terms as the greedy split, in KiB rounded against the plan
         terms = cm.memory_terms(r, num_micro)

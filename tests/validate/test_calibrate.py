@@ -46,8 +46,19 @@ def _rows(profile):
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    profile = load_profile(None, "h200-sxm")
+def gpu_only_profile(tmp_path_factory):
+    """The shipped profile without its host-time floor: these synthetic TP2 runs at micro-batch 1-4 would be
+    host-bound under it, and the TP overlap fraction would then change no prediction (nothing to recover)."""
+    from dataclasses import replace
+
+    path = tmp_path_factory.mktemp("prof") / "h200-gpu-only.json"
+    replace(load_profile(None, "h200-sxm"), host=None).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, gpu_only_profile):
+    profile = load_profile(str(gpu_only_profile), "h200-sxm")
     assert abs(profile.overlap_hidden_fraction["tp"] - TRUE_TP) > 0.2
     path = tmp_path_factory.mktemp("cal") / "results.csv"
     with open(path, "w", newline="") as fh:
@@ -67,9 +78,9 @@ def test_recompute_text_roundtrip():
         parse_recompute_text("7x2")
 
 
-def test_calibrate_recovers_tp_fraction_and_reports_holdout(results, tmp_path, capsys):
+def test_calibrate_recovers_tp_fraction_and_reports_holdout(results, gpu_only_profile, tmp_path, capsys):
     out = tmp_path / "calibrated.json"
-    assert calibrate_main([str(results), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(out),
+    assert calibrate_main([str(results), "--profile", str(gpu_only_profile), "-o", str(out),
                            "--holdout-fraction", "0.3", "--seed", "0"]) == 0
     text = capsys.readouterr().out
     assert "held-out runs" in text
