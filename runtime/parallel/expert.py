@@ -249,18 +249,13 @@ class MoEMLP(nn.Module):
             rc = recv_counts.view(self.ep, El)
             recv_split = rc.sum(1).tolist()
             recv = all_to_all_single_autograd(tokens, recv_split, send_counts, self.ep_group)
-            # regroup: rows arrive ordered (source, local expert); the experts want (local expert, source)
-            rc_list = rc.tolist()
-            src_start, acc = [], 0
-            for s in range(self.ep):
-                src_start.append(acc)
-                acc += recv_split[s]
-            perm = []
-            for e in range(El):
-                for s in range(self.ep):
-                    off = src_start[s] + sum(rc_list[s][:e])
-                    perm.extend(range(off, off + rc_list[s][e]))
-            perm_t = torch.tensor(perm, dtype=torch.long, device=x.device)
+            # regroup: rows arrive ordered (source, local expert); the experts want (local expert, source).
+            # Each arriving row's target block is e * ep + s; a stable sort by it keeps the order inside a block
+            dev = x.device
+            target = (torch.arange(El, device=dev).view(1, El) * self.ep
+                      + torch.arange(self.ep, device=dev).view(self.ep, 1))          # [ep, El], s-major
+            keys = target.reshape(-1).repeat_interleave(rc.reshape(-1), output_size=sum(recv_split))
+            perm_t = torch.argsort(keys, stable=True)
             local_counts = rc.sum(0).tolist()
             y_local = self._run_local_experts(recv[perm_t], local_counts)
             inv = torch.empty_like(perm_t)
