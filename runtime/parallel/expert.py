@@ -249,13 +249,7 @@ class MoEMLP(nn.Module):
             rc = recv_counts.view(self.ep, El)
             recv_split = rc.sum(1).tolist()
             recv = all_to_all_single_autograd(tokens, recv_split, send_counts, self.ep_group)
-            # regroup: rows arrive ordered (source, local expert); the experts want (local expert, source).
-            # Each arriving row's target block is e * ep + s; a stable sort by it keeps the order inside a block
-            dev = x.device
-            target = (torch.arange(El, device=dev).view(1, El) * self.ep
-                      + torch.arange(self.ep, device=dev).view(self.ep, 1))          # [ep, El], s-major
-            keys = target.reshape(-1).repeat_interleave(rc.reshape(-1), output_size=sum(recv_split))
-            perm_t = torch.argsort(keys, stable=True)
+            perm_t = regroup_permutation(rc, sum(recv_split))
             local_counts = rc.sum(0).tolist()
             y_local = self._run_local_experts(recv[perm_t], local_counts)
             inv = torch.empty_like(perm_t)
@@ -266,6 +260,18 @@ class MoEMLP(nn.Module):
         w = flat_w[order].to(y.dtype).unsqueeze(-1)
         out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w)
         return out.to(x.dtype).view(shape)
+
+
+def regroup_permutation(recv_counts: torch.Tensor, total: int) -> torch.Tensor:
+    """Rows received by the dispatch all-to-all arrive ordered (source rank s, local expert e), with
+    recv_counts[s, e] rows in each block; the experts want them ordered (e, s). Returns perm such that
+    rows[perm] is in that order, keeping the order inside each block: a stable sort of every row by its
+    target block e * ep + s, on the device (no per-token host work)."""
+    ep, El = recv_counts.shape
+    dev = recv_counts.device
+    target = torch.arange(El, device=dev).view(1, El) * ep + torch.arange(ep, device=dev).view(ep, 1)
+    keys = target.reshape(-1).repeat_interleave(recv_counts.reshape(-1), output_size=total)
+    return torch.argsort(keys, stable=True)
 
 
 def collect_aux_loss(module: nn.Module) -> torch.Tensor | None:

@@ -108,3 +108,16 @@ def test_routing_matches_mixtral_reference():
         w = (v * (i == e)).sum(-1, keepdim=True)
         want += w * y
     torch.testing.assert_close(out.reshape(-1, spec.hidden), want, atol=1e-5, rtol=1e-5)
+
+
+def test_regroup_permutation_matches_the_block_by_block_order():
+    """(source, expert) blocks -> (expert, source) blocks, empty blocks included, against a plain loop."""
+    from runtime.parallel.expert import regroup_permutation
+
+    g = torch.Generator().manual_seed(3)
+    for ep, El in ((2, 4), (3, 2), (4, 1)):
+        rc = torch.randint(0, 4, (ep, El), generator=g)
+        rc[0, 0] = 0
+        starts = torch.cat([torch.zeros(1, dtype=torch.long), rc.reshape(-1).cumsum(0)[:-1]]).view(ep, El)
+        want = [int(starts[s, e]) + i for e in range(El) for s in range(ep) for i in range(int(rc[s, e]))]
+        assert regroup_permutation(rc, int(rc.sum())).tolist() == want
