@@ -226,7 +226,7 @@ def _env(device: str) -> dict:
     return env
 
 
-def _run_plans(args, files: list[Path], world: int, out: Path) -> dict[str, str]:
+def _run_plans(args, files: list[Path], out: Path) -> dict[str, str]:
     """Run plan files of one world size in as few torchruns as failures allow. Returns stem -> failure
     sentence for the plans that did not finish (their per-step CSVs, if any, are ignored)."""
     from runtime import launch
@@ -281,8 +281,7 @@ def validate(args) -> int:
             files.append(f)
         failed: dict[str, str] = {}
         for world in dict.fromkeys(p.layout.world_size for p in plans):
-            failed.update(_run_plans(args, [f for f, p in zip(files, plans) if p.layout.world_size == world],
-                                     world, tmp))
+            failed.update(_run_plans(args, [f for f, p in zip(files, plans) if p.layout.world_size == world], tmp))
         for src, f, plan, pred in zip(args.plan, files, plans, preds):
             head = f"--- {src}" if len(plans) > 1 else None
             try:
