@@ -429,12 +429,8 @@ def driver(args) -> int:
                                "the input receive's wait" if args.device == "cuda" else "host perf_counter (CPU)",
                 exposed_comm_method="torch.profiler trace: NCCL kernel time not overlapped by non-NCCL kernels"
                                     if args.device == "cuda" else "host spans of gloo c10d ops")
-    try:
-        meta["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        meta["git_dirty"] = bool(subprocess.run(["git", "status", "--porcelain", "runtime", "planner"], cwd=ROOT,
-                                                capture_output=True, text=True).stdout.strip())
-    except OSError:
-        pass
+    from planner.provenance import git_commit
+    meta.update(git_commit(dirty_paths=("runtime", "planner")))
     put(meta)
     log(f"parallel_bars: {json.dumps({k: meta[k] for k in ('device', 'tiny', 'torch', 'cuda', 'gpus')})}")
 

@@ -23,6 +23,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from planner.provenance import commit_label  # noqa: E402
+
 CASES = [("gpt-70b", 64, 2.0), ("llama3-405b", 16384, 30.0)]
 
 
@@ -38,16 +43,6 @@ def machine() -> tuple[int, str]:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), model
 
 
-def git_commit() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "planner"], cwd=REPO, capture_output=True,
-                               text=True).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except OSError:
-        return "unknown"
-
-
 def plan_command() -> list[str]:
     exe = shutil.which("plan", path=str(Path(sys.executable).parent)) or shutil.which("plan")
     return [exe] if exe else [sys.executable, "-m", "planner.cli"]
@@ -60,7 +55,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cpus, cpu_model = machine()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    commit = git_commit()
+    commit = commit_label(dirty_paths=("planner",), mark_dirty=True)
     rows = []
     for model, gpus, bar in CASES:
         cmd = plan_command() + ["--model", model, "--gpus", str(gpus), "--json"]

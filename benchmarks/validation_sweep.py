@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from planner.errors import PlanError  # noqa: E402
 from planner.legality import check_plan, layout_violation  # noqa: E402
 from planner.model import resolve_model, tiny_model  # noqa: E402
 from planner.plan import Plan, TrainingShape  # noqa: E402
+from planner.provenance import commit_label  # noqa: E402
 from planner.profile import load_profile  # noqa: E402
 from planner.search import Pins, search  # noqa: E402
 
@@ -169,14 +169,6 @@ def build_plans(gpus: int, tiny: bool = False, profile_path: str | None = None) 
     return out
 
 
-def _commit() -> str:
-    try:
-        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        return r.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def estimate_s(plan: Plan, steps: int) -> float:
     return STARTUP_S + (steps + 1) * plan.prediction.step_s * 1.5
 
@@ -255,7 +247,7 @@ def main(argv=None) -> int:
               f"{max(plan.prediction.memory_gib_per_rank):>9.2f} {est:>9.1f}")
     cmd = "python benchmarks/validation_sweep.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     text = RUN_SH.format(cmd=cmd, root_rel=os.path.relpath(ROOT, out.resolve()), steps=args.steps, warmup=args.warmup,
-                         plan_timeout=args.plan_timeout, commit=_commit(), n=len(plans),
+                         plan_timeout=args.plan_timeout, commit=commit_label(), n=len(plans),
                          files=" \\\n".join(calls))
     run_sh.write_text(text)
     run_sh.chmod(0o755)

@@ -39,6 +39,7 @@ from pathlib import Path
 from planner.calibrate import RESULT_COLUMNS, recompute_text, sidecar_path
 from planner.errors import PlanError
 from planner.plan import Plan
+from planner.provenance import commit_label
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,18 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop a run after this many seconds per plan (0: no limit)")
     ap.add_argument("--keep-steps", metavar="CSV", help="keep the per-step CSV at this path (must not exist)")
     return ap
-
-
-def _commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return os.environ.get("PLAN_COMMIT", "") or "unknown"
 
 
 def _gpu_name(device: str) -> str:
@@ -197,7 +186,7 @@ def result_row(plan: Plan, pred, meas: dict, gpu: str, profile_label: str) -> di
             "predicted_step_s": f"{pred.step_s:.6g}", "measured_step_s": f"{meas['step_s']:.6g}",
             "predicted_mem_gib": f"{max(pred.memory_gib_per_rank):.6g}",
             "measured_mem_gib": f"{meas['mem_gib']:.6g}" if meas["mem_gib"] is not None else "",
-            "gpu": gpu, "profile": profile_label, "commit": _commit(),
+            "gpu": gpu, "profile": profile_label, "commit": commit_label(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

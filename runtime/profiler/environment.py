@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from planner.provenance import git_commit  # noqa: F401  (re-exported: the profile's provenance)
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -30,16 +32,6 @@ def gpu_kind(name: str) -> str:
     if "A100" in n and "80GB" in n:
         return "a100-80gb"
     return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "unknown-gpu"
-
-
-def git_commit() -> dict:
-    import os
-    if os.environ.get("PLAN_COMMIT"):  # a copy of a committed tree without (or with stale) git metadata
-        return {"git_commit": os.environ["PLAN_COMMIT"], "git_dirty": None, "git_commit_source": "PLAN_COMMIT"}
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
-    return {"git_commit": commit or "unavailable (no commit or no git)",
-            "git_dirty": bool(status) if status is not None else None}
 
 
 def describe(device: torch.device, gpus_used: int) -> dict:
