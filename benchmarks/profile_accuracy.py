@@ -165,60 +165,45 @@ def _as_in_training(stage, dtype):
 LAYER_CASES = [("gpt-1.3b", 4, 2048), ("llama3-8b", 1, 8192), ("gpt-13b", 2, 2048)]
 
 
-def _tp_layer_worker(rank: int, world: int, port: int, profile_path: str, out_path: str) -> None:
-    import os
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+def _tp_layer_rows(world: int, device, profile_path: str) -> list[dict]:
+    """In each of `world` ranks (runtime.profiler.spawn): the layers at TP `world`; the slowest rank's time."""
     import torch.distributed as dist
 
     from planner.plan import Layout
-    from runtime.mesh import build_groups, init_distributed
+    from runtime.mesh import build_groups
     from runtime.model import build_stage
 
-    init_distributed(True, timeout_min=5)
-    try:
-        device = torch.device("cuda", rank)
-        groups = build_groups(Layout(tp=world, micro_batch=1, sharding="none"), "cuda")
-        prof = Profile.load(Path(profile_path))
-        rows = []
-        for name, b, s in LAYER_CASES:
-            spec = CATALOGUE[name]
-            stage = build_stage(spec, groups, 0, 1, False, False, ["none"], overlap=True,
-                                device=str(device)).to(torch.bfloat16)
-            _as_in_training(stage, torch.bfloat16)
-            xs = [torch.randn(s // world, b, spec.hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
-                  for _ in range(2)]
-            gs = [torch.randn(s // world, b, spec.hidden, device=device, dtype=torch.bfloat16) for _ in range(2)]
+    groups = build_groups(Layout(tp=world, micro_batch=1, sharding="none"), "cuda")
+    prof = Profile.load(Path(profile_path))
+    rows = []
+    for name, b, s in LAYER_CASES:
+        spec = CATALOGUE[name]
+        stage = build_stage(spec, groups, 0, 1, False, False, ["none"], overlap=True,
+                            device=str(device)).to(torch.bfloat16)
+        _as_in_training(stage, torch.bfloat16)
+        xs = [torch.randn(s // world, b, spec.hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+              for _ in range(2)]
+        gs = [torch.randn(s // world, b, spec.hidden, device=device, dtype=torch.bfloat16) for _ in range(2)]
 
-            def step(i):
-                stage(xs[i % 2]).backward(gs[i % 2])
+        def step(i):
+            stage(xs[i % 2]).backward(gs[i % 2])
 
-            t = time_fn(step, device, warmup=3, repeats=9, max_inner=1).median_s
-            tt = torch.tensor([t], device=device)
-            dist.all_reduce(tt, op=dist.ReduceOp.MAX)
-            pred = _layer_prediction(prof, spec, b, s, tp=world)
-            rows.append({"model": name, "tp": world, "micro_batch": b, "seq": s, "measured_s": float(tt), **pred,
-                         "rel_error": _err(pred["total_s"], float(tt))})
-            del stage, xs, gs
-            torch.cuda.empty_cache()
-        if rank == 0:
-            Path(out_path).write_text(json.dumps(rows))
-    finally:
-        dist.destroy_process_group()
+        t = time_fn(step, device, warmup=3, repeats=9, max_inner=1).median_s
+        tt = torch.tensor([t], device=device)
+        dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+        pred = _layer_prediction(prof, spec, b, s, tp=world)
+        rows.append({"model": name, "tp": world, "micro_batch": b, "seq": s, "measured_s": float(tt), **pred,
+                     "rel_error": _err(pred["total_s"], float(tt))})
+        del stage, xs, gs
+        torch.cuda.empty_cache()
+    return rows
 
 
 def bench_layer_tp(profile_path: str, tp: int) -> list[dict]:
     """The same layers at TP `tp` (sequence parallel, the runtime's overlap), in `tp` spawned processes."""
-    import tempfile
+    from runtime.profiler.spawn import run_spawned
 
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "rows.json")
-        mp.start_processes(_tp_layer_worker, args=(tp, coll._free_port(), profile_path, out), nprocs=tp,
-                           join=True, start_method="spawn")
-        return json.loads(Path(out).read_text())
+    return run_spawned(_tp_layer_rows, tp, True, profile_path)
 
 
 def bench_layer(profile, device, out_dir, profile_path: str = "", gpus: int = 1):

@@ -136,7 +136,7 @@ def main() -> None:
     ax[0].legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(args.out / "predicted-vs-measured.png", dpi=110)
-    df.drop(columns=[]).to_csv(args.out / "repredicted.csv", index=False)
+    df.to_csv(args.out / "repredicted.csv", index=False)
     print((args.out / "summary.md").read_text())
 
 

@@ -19,7 +19,7 @@ from planner.plan import Plan
 
 
 def check(args) -> tuple[Plan, int, Path]:
-    plan, nproc, _ = check_plan_on_machine(args)
+    plan, nproc = check_plan_on_machine(args)
     results = Path(args.results) if args.results else Path(args.plan).with_suffix(".results.csv")
     if results.exists() and not args.resume:
         raise PlanError(f"results file '{results}' already exists; move it away or pass --results")
@@ -30,7 +30,7 @@ def check(args) -> tuple[Plan, int, Path]:
     return plan, nproc, results
 
 
-def check_plan_on_machine(args) -> tuple[Plan, int, None]:
+def check_plan_on_machine(args) -> tuple[Plan, int]:
     """The checks that do not concern output files: plan, world size, GPUs, data source."""
     plan = Plan.load(Path(args.plan))
     world = plan.layout.world_size
@@ -50,7 +50,7 @@ def check_plan_on_machine(args) -> tuple[Plan, int, None]:
                             f"{torch.cuda.device_count()} GPU(s)")
     from runtime.data import open_source
     open_source(args.data, plan.model.vocab_size, plan.training.seq_len, args.data_dtype)
-    return plan, nproc, None
+    return plan, nproc
 
 
 def main(argv=None) -> int:
@@ -64,12 +64,17 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0
+    return subprocess.call(cmd, env=worker_env(args.device))
+
+
+def worker_env(device: str) -> dict:
+    """The environment torchrun's workers get: this repository importable, one OpenMP thread per CPU process."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if args.device == "cpu":
+    if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(cmd, env=env)
+    return env
 
 
 if __name__ == "__main__":

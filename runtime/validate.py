@@ -206,15 +206,6 @@ def append_row(path: Path, row: dict, plan: Plan) -> int:
     return n
 
 
-def _env(device: str) -> dict:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if device == "cpu":
-        env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
 def _run_plans(args, files: list[Path], out: Path) -> dict[str, str]:
     """Run plan files of one world size in as few torchruns as failures allow. Returns stem -> failure
     sentence for the plans that did not finish (their per-step CSVs, if any, are ignored)."""
@@ -225,11 +216,11 @@ def _run_plans(args, files: list[Path], out: Path) -> dict[str, str]:
     while remaining:
         largs = launch.build_parser().parse_args([str(remaining[0]), "--steps", str(args.steps), "--device",
                                                   args.device, "--data", args.data, "--results", str(out)])
-        _, nproc, _ = launch.check_plan_on_machine(largs)
+        _, nproc = launch.check_plan_on_machine(largs)
         many = len(files) > 1
         cmd = launch.torchrun_command(largs, nproc, out if many else out / f"{remaining[0].stem}.csv",
                                       plans=[str(f) for f in remaining] if many else None)
-        rc = _run(cmd, _env(args.device), args.timeout * len(remaining) + (30 if args.timeout else 0))
+        rc = _run(cmd, launch.worker_env(args.device), args.timeout * len(remaining) + (30 if args.timeout else 0))
         done = [f for f in remaining if not many or (out / f"{f.stem}.done").exists()]
         if rc == 0 and len(done) == len(remaining):
             break

@@ -205,7 +205,7 @@ class DistributedOptimizer:
         self.inflight: list[tuple[_Buffer, _Bucket]] = []
         self.pending_gathers: dict[int, tuple] = {}
         self.step_count = 0
-        self._segs, self._step_t, self._grad_divisor = None, None, None
+        self._segs, self._norm_views, self._step_t, self._grad_divisor = None, None, None, None
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for buf in self.buffers for p in buf.params]
         self._hooks += [m.register_forward_pre_hook(self._wait_params_of) for mod in modules for m in mod.modules()
                         if any(True for _ in m.parameters(recurse=False))]
@@ -311,8 +311,10 @@ class DistributedOptimizer:
         max_norm = self.cfg.grad_clip if max_norm is None else max_norm
         dev = self.buffers[0].param_data.device
         total = torch.zeros((), dtype=torch.float32, device=dev)
-        for k, buf in enumerate(self.buffers):
-            views = [buf.shard_grad(i)[a:z] for i in range(len(buf.buckets)) for a, z in buf.counted[i]]
+        if self._norm_views is None:  # views into persistent buffers: built once, not every step
+            self._norm_views = [[buf.shard_grad(i)[a:z] for i in range(len(buf.buckets)) for a, z in buf.counted[i]]
+                                for buf in self.buffers]
+        for k, (buf, views) in enumerate(zip(self.buffers, self._norm_views)):
             sq = torch.stack(torch._foreach_norm(views)).square().sum() if views else \
                 torch.zeros((), dtype=torch.float32, device=dev)
             if buf.n > 1:

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -138,36 +136,11 @@ def probe(world: int, device) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, device_type: str, port: int, out_path: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    from runtime.mesh import init_distributed
-
-    init_distributed(device_type == "cuda", timeout_min=5)
-    try:
-        device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
-        res = probe(world, device)
-        if rank == 0:
-            Path(out_path).write_text(json.dumps(res))
-    finally:
-        dist.destroy_process_group()
-
-
 def measure(device_type: str, world: int) -> dict:
     """Spawn `world` processes and return the host figures (seconds)."""
-    import torch.multiprocessing as mp
+    from runtime.profiler.spawn import run_spawned
 
-    from runtime.profiler.collectives import _free_port, force_env
-
-    force_env()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "host.json")
-        mp.start_processes(_worker, args=(world, device_type, _free_port(), out), nprocs=world, join=True,
-                           start_method="spawn")
-        return json.loads(Path(out).read_text())
+    return run_spawned(probe, world, device_type == "cuda")
 
 
 def main(argv=None) -> int:
