@@ -199,14 +199,15 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
 
 def head_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> tuple[float, float]:
     """(kept per in-flight micro-batch, transient peak) on the stage holding the output layer and loss:
-    final-norm input and output, fp32 softmax of the vocabulary-parallel cross-entropy; transiently the
-    bf16 logits and the fp32 copy being reduced."""
+    final-norm input and output, and the cross-entropy's gradient of the logits, which
+    runtime/parallel/cross_entropy.py computes in forward and keeps in the compute dtype; transiently the
+    logits themselves while that gradient is written."""
     tokens = lay.micro_batch * shape.seq_len / lay.cp
     h, v = m.hidden, m.vocab_size
-    kept = 2 * BF16_BYTES * h * tokens / lay.tp + FP32_BYTES * v / lay.tp * tokens
+    kept = 2 * BF16_BYTES * h * tokens / lay.tp + BF16_BYTES * v / lay.tp * tokens
     if m.family == "bert":
         kept += 2 * BF16_BYTES * h * tokens / lay.tp
-    transient = (BF16_BYTES + FP32_BYTES) * v / lay.tp * tokens
+    transient = BF16_BYTES * v / lay.tp * tokens
     return kept, transient
 
 

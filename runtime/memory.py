@@ -13,10 +13,13 @@ import torch
 
 
 def saved_bytes_per_token(spec, mode: str = "none", micro_batch: int = 1, seq_len: int = 64,
-                          dtype=torch.float32, device="cpu") -> float:
+                          dtype=torch.float32, device="cpu", part: str = "layer") -> float:
+    """part: "layer" (one TransformerLayer) or "head" (final norm, output layer and loss)."""
     from runtime.mesh import single_process_groups
     from runtime.model import build_stage
-    stage = build_stage(spec, single_process_groups(), 0, 1, False, False, [mode], device=device).to(dtype)
+    head = part == "head"
+    stage = build_stage(spec, single_process_groups(), 0, 0 if head else 1, False, head, [] if head else [mode],
+                        device=device).to(dtype)
     params = {p.untyped_storage().data_ptr() for p in stage.parameters()}
     seen: dict[int, int] = {}
 
@@ -27,6 +30,7 @@ def saved_bytes_per_token(spec, mode: str = "none", micro_batch: int = 1, seq_le
         return t
 
     x = torch.randn(seq_len, micro_batch, spec.hidden, device=device, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, spec.vocab_size, (micro_batch, seq_len), device=device) if head else None
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        stage(x)
+        stage(x, labels=labels)
     return sum(seen.values()) / (seq_len * micro_batch)

@@ -38,8 +38,9 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.model import ModelSpec
 from runtime.attention import apply_rotary, attention, rotary_tables
+from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
 from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
-                                     group_rank, group_size, local_shard, vocab_parallel_cross_entropy)
+                                     group_rank, group_size, local_shard)
 
 IGNORE_INDEX = -100
 
@@ -92,7 +93,7 @@ class Attention(nn.Module):
         self.qkv = ColumnParallelLinear(spec.hidden, [spec.q_width, spec.kv_width, spec.kv_width], spec.has_bias,
                                         groups.tp, overlap)
         self.proj = RowParallelLinear(spec.q_width, spec.hidden, spec.has_bias, groups.tp,
-                                      std=0.02 / math.sqrt(2 * spec.num_layers))
+                                      std=0.02 / math.sqrt(2 * spec.num_layers), overlap=overlap)
 
     def core(self, qkv, cos, sin):
         """qkv [s, b, (heads + 2 kv_heads) d] -> attention output [s, b, heads d] (rotary + SDPA)."""
@@ -159,7 +160,8 @@ class MLP(nn.Module):
         self.act = _SwiGLUFn.apply if spec.gated_mlp else gelu
         self.fc1 = ColumnParallelLinear(spec.hidden, [f, f] if spec.gated_mlp else [f], spec.has_bias, groups.tp,
                                         overlap)
-        self.fc2 = RowParallelLinear(f, spec.hidden, spec.has_bias, groups.tp, std=0.02 / math.sqrt(2 * spec.num_layers))
+        self.fc2 = RowParallelLinear(f, spec.hidden, spec.has_bias, groups.tp, std=0.02 / math.sqrt(2 * spec.num_layers),
+                                     overlap=overlap)
 
     def forward(self, x, norm, selective: bool):
         if norm is None:

@@ -5,11 +5,17 @@ Activations between layers are [seq, batch, hidden] and, with TP t > 1, sharded 
 before its GEMM; a row-parallel linear reduce-scatters its partial sums back to sequence shards. Backward
 does the mirror collective. With t == 1 every collective is a no-op and the same code runs.
 
-Overlap (Megatron's "async grad all-reduce"/"sequence-parallel overlap"): in the column-parallel backward
-the re-gather of the input (kept sequence-sharded in forward) runs while the input-gradient GEMM runs, and
-the reduce-scatter of the input gradient runs while the weight-gradient GEMM runs (async work handles,
-placed next to the GEMM they overlap). The row-parallel backward's all-gather of the output gradient is
-needed by both of its GEMMs and stays exposed (as in Megatron without Transformer Engine userbuffers).
+Overlap, written next to the GEMM each collective hides behind (async work handles):
+  * column-parallel forward: the all-gather of the sequence runs while the GEMM computes this rank's own
+    rows (it already holds them); the other ranks' rows are computed once they arrive ("local rows first");
+  * column-parallel backward: the re-gather of the input (kept sequence-sharded) runs while the
+    input-gradient GEMM runs, and the reduce-scatter of the input gradient while the weight-gradient GEMM
+    runs (Megatron's sequence-parallel overlap);
+  * row-parallel backward: the all-gather of the output gradient runs while both GEMMs (input gradient and
+    weight gradient) process this rank's own rows;
+  * row-parallel forward: the reduce-scatter needs the finished partial sums and stays exposed.
+Splitting a GEMM by rows gives the same numbers (each output row, and the weight gradient as a sum over
+rows accumulated in fp32 by the GEMM, does not depend on the split).
 
 Parameters carry metadata that checkpoints and tests use to map local shards to logical tensors:
   p.tp_dim       dimension split over TP ranks (None: replicated)
@@ -136,8 +142,7 @@ class _ColumnParallelFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, group, overlap, recompute_fn, recompute_input):
-        x_full, _ = gather_seq(x, group)
-        y = F.linear(x_full, weight, bias)
+        y = _gathered_linear(x, weight, bias, group, overlap)
         ctx.group, ctx.overlap, ctx.recompute_fn = group, overlap, recompute_fn
         ctx.has_bias = bias is not None
         ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
@@ -160,12 +165,19 @@ class _ColumnParallelFn(torch.autograd.Function):
 
 
 class _RowParallelFn(torch.autograd.Function):
-    """y[s/t, b, out] = reduce_scatter_seq(x[s, b, in/t] @ W_local^T). Saves x (or its recompute source)."""
+    """y[s/t, b, out] = reduce_scatter_seq(x[s, b, in/t] @ W_local^T) + b. Saves x (or its recompute source).
+    With t == 1 the bias goes into the GEMM's epilogue; otherwise it is added to the reduced shard."""
 
     @staticmethod
-    def forward(ctx, x, weight, group, recompute_fn, recompute_input):
-        y, _ = reduce_scatter_seq(F.linear(x, weight), group)
-        ctx.group, ctx.recompute_fn = group, recompute_fn
+    def forward(ctx, x, weight, bias, group, overlap, recompute_fn, recompute_input):
+        if group_size(group) == 1:
+            y = F.linear(x, weight, bias)
+        else:
+            y, _ = reduce_scatter_seq(F.linear(x, weight), group)
+            if bias is not None:
+                y.add_(bias)
+        ctx.group, ctx.overlap, ctx.recompute_fn = group, overlap, recompute_fn
+        ctx.has_bias = bias is not None
         ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
         return y
 
@@ -173,9 +185,52 @@ class _RowParallelFn(torch.autograd.Function):
     def backward(ctx, grad_y):
         saved, weight = ctx.saved_tensors
         x = _recompute(ctx.recompute_fn, saved) if ctx.recompute_fn is not None else saved
-        grad_full, _ = gather_seq(grad_y, ctx.group)  # needed by both GEMMs: exposed
-        grad_x = grad_full.matmul(weight)
-        return grad_x, weight_grad(weight, grad_full, x), None, None, None
+        grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
+        t = group_size(ctx.group)
+        if t == 1 or not ctx.overlap:
+            grad_full, _ = gather_seq(grad_y, ctx.group)
+            return grad_full.matmul(weight), weight_grad(weight, grad_full, x), grad_b, None, None, None, None
+        # both GEMMs start on this rank's own rows of the output gradient while the others arrive
+        grad_full, gather = gather_seq(grad_y, ctx.group, async_op=True)
+        blocks = _row_blocks(x.shape[0], t, group_rank(ctx.group))
+        grad_x = x.new_empty(x.shape[:-1] + (weight.shape[1],))
+        wgrad = None
+        for i, (a, b) in enumerate(blocks):
+            if i == 1:
+                gather.wait()
+            g = grad_y if i == 0 else grad_full[a:b]
+            torch.matmul(g, weight, out=grad_x[a:b])
+            part = weight_grad(weight, g, x[a:b])
+            wgrad = part if wgrad is None or getattr(weight, "grad_in_main_grad", False) else wgrad + part
+        return grad_x, wgrad, grad_b, None, None, None, None
+
+
+def _row_blocks(seq: int, t: int, r: int) -> list[tuple[int, int]]:
+    """Sequence ranges [a, b) of a full sequence of `seq` rows: this rank's own shard first, then the rest
+    (the rows before it, the rows after it; empty ranges left out)."""
+    n = seq // t
+    blocks = [(r * n, (r + 1) * n), (0, r * n), ((r + 1) * n, seq)]
+    return [blocks[0]] + [(a, b) for a, b in blocks[1:] if b > a]
+
+
+def _gathered_linear(x, weight, bias, group, overlap: bool):
+    """gather_seq(x) @ W^T (+ b). Overlapped: this rank's own rows are computed while the all-gather brings
+    the others' rows, then the rest."""
+    t = group_size(group)
+    if t == 1 or not overlap:
+        return F.linear(gather_seq(x, group)[0], weight, bias)
+    x_full, gather = gather_seq(x, group, async_op=True)
+    y = x.new_empty(x_full.shape[:-1] + (weight.shape[0],))
+    for i, (a, b) in enumerate(_row_blocks(x_full.shape[0], t, group_rank(group))):
+        if i == 1:
+            gather.wait()
+        src = x if i == 0 else x_full[a:b]
+        out = y[a:b].view(-1, y.shape[-1])
+        if bias is None:
+            torch.mm(src.reshape(-1, src.shape[-1]), weight.t(), out=out)
+        else:
+            torch.addmm(bias, src.reshape(-1, src.shape[-1]), weight.t(), out=out)
+    return y
 
 
 PARAM_ATTRS = ("tp_dim", "tp_parts", "init", "sequence_parallel", "logical_name", "tied_copy", "expert")
@@ -222,19 +277,19 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Input features split over TP; output reduce-scattered to sequence shards; bias added after."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, group, std: float = 0.02):
+    def __init__(self, in_features: int, out_features: int, bias: bool, group, std: float = 0.02,
+                 overlap: bool = True):
         super().__init__()
         t = group_size(group)
         assert in_features % t == 0
-        self.group = group
+        self.group, self.overlap = group, overlap
         self.weight = _tp_param((out_features, in_features // t), 1, None, ("normal", std))
         self.weight.wgrad_fusable = True
         self.bias = _tp_param((out_features,), None, None, ("zeros",), sequence_parallel=True) if bias else None
 
     def forward(self, x, recompute=None):
         fn, src = recompute if recompute is not None else (None, None)
-        y = _RowParallelFn.apply(x, self.weight, self.group, fn, src)
-        return y + self.bias if self.bias is not None else y
+        return _RowParallelFn.apply(x, self.weight, self.bias, self.group, self.overlap, fn, src)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -257,50 +312,6 @@ class VocabParallelEmbedding(nn.Module):
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         return ReduceScatterToSequence.apply(out, self.group)
-
-
-class _VocabParallelCE(torch.autograd.Function):
-    """Cross-entropy over logits split on the vocabulary, in fp32, numerically stable (global max).
-    Saves the fp32 softmax [N, V/t] (what Megatron saves) plus the target indices."""
-
-    @staticmethod
-    def forward(ctx, logits, target, group, ignore_index):
-        v_local = logits.shape[-1]
-        start = group_rank(group) * v_local
-        m = logits.max(dim=-1).values.float()
-        if group_size(group) > 1:
-            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-        # one fp32 [N, V/t] buffer: shifted logits -> exp -> softmax (kept for backward), all in place
-        x = logits.float() - m.unsqueeze(-1)
-        local_t = target - start
-        outside = (local_t < 0) | (local_t >= v_local)
-        local_t = local_t.masked_fill(outside, 0)
-        picked = x.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        exp = x.exp_()
-        sum_exp = exp.sum(-1)
-        if group_size(group) > 1:
-            both = torch.stack([picked, sum_exp])
-            dist.all_reduce(both, group=group)
-            picked, sum_exp = both[0], both[1]
-        valid = target != ignore_index
-        loss = (sum_exp.log() - picked).masked_fill(~valid, 0.0)
-        softmax = exp.div_(sum_exp.unsqueeze(-1))
-        ctx.save_for_backward(softmax, local_t, outside, valid)
-        ctx.in_dtype = logits.dtype
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        softmax, local_t, outside, valid = ctx.saved_tensors
-        grad = softmax  # reuse the saved buffer (backward runs once)
-        grad.scatter_add_(-1, local_t.unsqueeze(-1), -(~outside).to(grad.dtype).unsqueeze(-1))
-        grad.mul_((grad_loss * valid).unsqueeze(-1))
-        return grad.to(ctx.in_dtype), None, None, None
-
-
-def vocab_parallel_cross_entropy(logits, target, group, ignore_index: int = -100):
-    """Per-token loss (fp32, 0 at ignored targets). logits [N, V/t], target [N] (global vocabulary ids)."""
-    return _VocabParallelCE.apply(logits, target, group, ignore_index)
 
 
 # -- logical <-> local views (checkpoints, tests) --------------------------------------------------

@@ -281,7 +281,9 @@ def elementwise_efficiency(results: dict[str, dict], copy_bw: float) -> float:
 
 def time_embedding_and_loss(device, tokens: int, hidden: int, vocab: int, copy_bw: float) -> dict[str, dict]:
     """Embedding lookup (forward) and cross-entropy over [tokens, vocab] logits (forward + backward), as
-    fractions of the copy bandwidth (recorded in extras; the cost model prices them as memory-bound)."""
+    fractions of the copy bandwidth (recorded in extras; the cost model prices them as memory-bound, with the
+    same nominal byte counts: 2 x element size per embedding value and per logit)."""
+    from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
     device = torch.device(device)
     dtype = compute_dtype(device)
     es = torch.tensor([], dtype=dtype).element_size()
@@ -294,9 +296,9 @@ def time_embedding_and_loss(device, tokens: int, hidden: int, vocab: int, copy_b
     nb = 2 * tokens * hidden * es
     res["embedding_fwd"] = {"seconds": t.median_s, "bytes": nb, "fraction_of_copy": nb / t.median_s / copy_bw}
 
-    def ce(i):
+    def ce(i):  # the runtime's own loss (runtime/parallel/cross_entropy.py), one rank's vocabulary
         lg = logits[i % 2]
-        loss = F.cross_entropy(lg.float(), labels[i % 2])
+        loss = vocab_parallel_cross_entropy(lg, labels[i % 2], None).sum()
         return torch.autograd.grad(loss, (lg,))
 
     t = time_fn(ce, device, warmup=2, repeats=5)

@@ -1,0 +1,149 @@
+"""Vocabulary-parallel cross-entropy whose backward is computed in its forward.
+
+The logits [N, V/t] of a rank hold a slice of the vocabulary (tensor parallelism splits the output layer by
+rows). Per token the loss is logsumexp over the whole vocabulary minus the target's logit, so each rank
+reduces its slice to three fp32 numbers per token (its max, its sum of exp(x - max), the target's logit if
+the target falls in its slice) and the TP group combines them: one all-reduce (max) and one (sum).
+
+The gradient of the loss with respect to the logits, softmax - one_hot, is known as soon as the forward
+has the global logsumexp, so it is written right then, in the logits' dtype, and kept for backward instead
+of the fp32 softmax (Megatron keeps the fp32 softmax; Liger-Kernel computes the gradient in forward the
+same way). Backward only scales it by the incoming per-token gradient, in place. Saved per token: V/t
+values in the compute dtype (2 bytes in bf16), which planner/memory.py counts.
+
+On CUDA two Triton kernels do the work: one pass over the logits for the per-token statistics (online
+max / sum-exp), one pass that reads them again and writes the gradient. Elsewhere (CPU runs and tests,
+or without Triton) the same arithmetic runs in PyTorch in fp32. Triton's interpreter
+(TRITON_INTERPRET=1) runs the kernels on CPU tensors, which is how the tests check them against PyTorch.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+_BLOCK_V = 4096
+
+
+if triton is not None:
+    @triton.jit
+    def _row_stats_kernel(logits_ptr, stride, target_ptr, max_ptr, sumexp_ptr, picked_ptr, v_local,
+                          BLOCK: tl.constexpr):
+        """Per row: max of the row, sum of exp(x - max), and the logit at the (local) target or 0."""
+        row = tl.program_id(0).to(tl.int64)
+        base = logits_ptr + row * stride
+        m = tl.full((), float("-inf"), tl.float32)
+        s = tl.zeros((), tl.float32)
+        for start in range(0, v_local, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(base + cols, mask=cols < v_local, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, 0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+            m = m_new
+        t = tl.load(target_ptr + row)
+        inside = (t >= 0) & (t < v_local)
+        picked = tl.load(base + tl.where(inside, t, 0)).to(tl.float32)
+        tl.store(max_ptr + row, m)
+        tl.store(sumexp_ptr + row, s)
+        tl.store(picked_ptr + row, tl.where(inside, picked, 0.0))
+
+    @triton.jit
+    def _grad_kernel(logits_ptr, stride, grad_ptr, target_ptr, lse_ptr, valid_ptr, v_local, BLOCK: tl.constexpr):
+        """grad = (softmax - one_hot(target)) * valid for one block of one row, in grad's dtype."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < v_local
+        x = tl.load(logits_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+        p = tl.exp(x - tl.load(lse_ptr + row))
+        p = tl.where(cols == tl.load(target_ptr + row), p - 1.0, p)
+        p = p * tl.load(valid_ptr + row).to(tl.float32)
+        tl.store(grad_ptr + row * v_local + cols, p.to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+def use_triton(device: torch.device) -> bool:
+    """Triton on CUDA; on CPU only under Triton's interpreter (tests)."""
+    if triton is None:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _row_stats(logits: torch.Tensor, local_target: torch.Tensor, fused: bool):
+    """(max, sum of exp(x - max), logit at the local target or 0), each fp32 [N]; local_target outside
+    [0, V/t) means the target lies on another rank."""
+    n, v_local = logits.shape
+    if fused:
+        out = torch.empty((3, n), dtype=torch.float32, device=logits.device)
+        _row_stats_kernel[(n,)](logits, logits.stride(0), local_target, out[0], out[1], out[2], v_local,
+                                BLOCK=min(_BLOCK_V, triton.next_power_of_2(v_local)))
+        return out[0], out[1], out[2]
+    x = logits.float()
+    m = x.max(dim=-1).values
+    sumexp = (x - m.unsqueeze(-1)).exp_().sum(-1)
+    inside = (local_target >= 0) & (local_target < v_local)
+    picked = x.gather(-1, local_target.clamp(0, v_local - 1).unsqueeze(-1)).squeeze(-1).masked_fill(~inside, 0.0)
+    return m, sumexp, picked
+
+
+def _logit_grad(logits: torch.Tensor, local_target: torch.Tensor, lse: torch.Tensor, valid: torch.Tensor,
+                fused: bool) -> torch.Tensor:
+    """(softmax - one_hot) per row, zero on ignored rows, in the logits' dtype."""
+    n, v_local = logits.shape
+    if fused:
+        grad = torch.empty((n, v_local), dtype=logits.dtype, device=logits.device)
+        block = min(_BLOCK_V, triton.next_power_of_2(v_local))
+        _grad_kernel[(n, triton.cdiv(v_local, block))](logits, logits.stride(0), grad, local_target, lse, valid,
+                                                       v_local, BLOCK=block)
+        return grad
+    grad = (logits.float() - lse.unsqueeze(-1)).exp_()
+    inside = (local_target >= 0) & (local_target < v_local)
+    grad.scatter_add_(-1, local_target.clamp(0, v_local - 1).unsqueeze(-1),
+                      -inside.to(grad.dtype).unsqueeze(-1))
+    grad.mul_(valid.unsqueeze(-1))
+    return grad.to(logits.dtype)
+
+
+def _group_size(group) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+class _VocabParallelCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, group, ignore_index, fused):
+        logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+        v_local = logits.shape[-1]
+        start = (0 if group is None else dist.get_rank(group)) * v_local
+        local_target = target - start  # outside [0, v_local): another rank's slice (or ignore_index)
+        m, sumexp, picked = _row_stats(logits, local_target, fused)
+        if _group_size(group) > 1:
+            m_all = m.clone()
+            dist.all_reduce(m_all, op=dist.ReduceOp.MAX, group=group)
+            both = torch.stack([sumexp * torch.exp(m - m_all), picked])
+            dist.all_reduce(both, group=group)
+            m, sumexp, picked = m_all, both[0], both[1]
+        valid = target != ignore_index
+        lse = m + sumexp.log()
+        loss = (lse - picked).masked_fill(~valid, 0.0)
+        ctx.save_for_backward(_logit_grad(logits, local_target, lse, valid.float(), fused))
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (grad,) = ctx.saved_tensors
+        grad.mul_(grad_loss.unsqueeze(-1))  # backward runs once: scale the saved buffer in place
+        return grad, None, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group, ignore_index: int = -100,
+                                 fused: bool | None = None) -> torch.Tensor:
+    """Per-token loss (fp32, 0 at ignored targets). logits [N, V/t] (this rank's vocabulary slice), target [N]
+    (global vocabulary ids). fused: Triton kernels (default: where use_triton says they run)."""
+    if fused is None:
+        fused = use_triton(logits.device)
+    return _VocabParallelCE.apply(logits, target.contiguous(), group, ignore_index, fused)
