@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.model import ModelSpec
 from runtime.attention import apply_rotary, attention, rotary_tables
+from runtime.norm import norm
 from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
 from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
                                      group_rank, group_size, local_shard)
@@ -56,9 +57,7 @@ class Norm(nn.Module):
         self.bias = None if self.rms else _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)
 
     def forward(self, x):
-        if self.rms:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        return norm(x, self.weight, self.bias, self.eps, self.rms)
 
 
 class Embedding(nn.Module):
@@ -93,7 +92,7 @@ class Attention(nn.Module):
         self.qkv = ColumnParallelLinear(spec.hidden, [spec.q_width, spec.kv_width, spec.kv_width], spec.has_bias,
                                         groups.tp, overlap)
         self.proj = RowParallelLinear(spec.q_width, spec.hidden, spec.has_bias, groups.tp,
-                                      std=0.02 / math.sqrt(2 * spec.num_layers), overlap=overlap)
+                                      std=0.02 / math.sqrt(2 * spec.num_layers))
 
     def core(self, qkv, cos, sin):
         """qkv [s, b, (heads + 2 kv_heads) d] -> attention output [s, b, heads d] (rotary + SDPA)."""
@@ -160,8 +159,7 @@ class MLP(nn.Module):
         self.act = _SwiGLUFn.apply if spec.gated_mlp else gelu
         self.fc1 = ColumnParallelLinear(spec.hidden, [f, f] if spec.gated_mlp else [f], spec.has_bias, groups.tp,
                                         overlap)
-        self.fc2 = RowParallelLinear(f, spec.hidden, spec.has_bias, groups.tp, std=0.02 / math.sqrt(2 * spec.num_layers),
-                                     overlap=overlap)
+        self.fc2 = RowParallelLinear(f, spec.hidden, spec.has_bias, groups.tp, std=0.02 / math.sqrt(2 * spec.num_layers))
 
     def forward(self, x, norm, selective: bool):
         if norm is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import signal
 import sys
 import time
@@ -26,6 +27,9 @@ from runtime.mesh import build_groups
 from runtime.model import build_stage
 from runtime.parallel.data import AdamConfig, build_optimizer
 from runtime.step import select_train_step
+
+GC_EVERY_STEPS = 50
+"""Steps between the training loop's own garbage collections (automatic collection is off while it runs)."""
 
 CSV_FIELDS = ["step", "loss", "grad_norm", "step_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib",
               "data_wait_s", "lr", "peak_mem_max_gib", "peak_mem_by_rank", "optimizer_s", "bubble_frac"]
@@ -204,8 +208,16 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     step = start
     last_saved = start if args.resume else None
     stop = _StopFlag(device)
+    # Python's cyclic garbage collector pauses the host at unpredictable points, and a paused host leaves
+    # the GPU idle in a launch-bound step; it runs between steps instead, every GC_EVERY_STEPS (Megatron's
+    # manual GC). Objects alive now (the model, the optimizer) are frozen out of its scans.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     try:
         for step in range(start, start + args.steps):
+            if step > start and (step - start) % GC_EVERY_STEPS == 0:
+                gc.collect()
             mbs, wait = prefetch.next()
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
@@ -252,6 +264,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         if args.ckpt_dir and last_saved != step:
             checkpoint.save(args.ckpt_dir, step, opt, groups)  # at exit
     finally:
+        gc.enable()
+        gc.unfreeze()
         prefetch.close()
         if results:
             results.close()

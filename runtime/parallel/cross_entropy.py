@@ -1,19 +1,18 @@
-"""Vocabulary-parallel cross-entropy whose backward is computed in its forward.
+"""Vocabulary-parallel cross-entropy in two passes over the logits: statistics in forward, gradient in backward.
 
 The logits [N, V/t] of a rank hold a slice of the vocabulary (tensor parallelism splits the output layer by
 rows). Per token the loss is logsumexp over the whole vocabulary minus the target's logit, so each rank
 reduces its slice to three fp32 numbers per token (its max, its sum of exp(x - max), the target's logit if
 the target falls in its slice) and the TP group combines them: one all-reduce (max) and one (sum).
 
-The gradient of the loss with respect to the logits, softmax - one_hot, is known as soon as the forward
-has the global logsumexp, so it is written right then, in the logits' dtype, and kept for backward instead
-of the fp32 softmax (Megatron keeps the fp32 softmax; Liger-Kernel computes the gradient in forward the
-same way). Backward only scales it by the incoming per-token gradient, in place. Saved per token: V/t
-values in the compute dtype (2 bytes in bf16), which planner/memory.py counts.
+Forward keeps the logits themselves (compute dtype) and the per-token logsumexp; backward writes the
+gradient, (softmax - one_hot) x the incoming per-token gradient, over the logits' own buffer in one pass
+(backward runs once). Megatron instead keeps an fp32 softmax beside the logits; this keeps V/t values per
+token in the compute dtype (2 bytes in bf16), which planner/memory.py counts.
 
 On CUDA two Triton kernels do the work: one pass over the logits for the per-token statistics (online
-max / sum-exp), one pass that reads them again and writes the gradient. Elsewhere (CPU runs and tests,
-or without Triton) the same arithmetic runs in PyTorch in fp32. Triton's interpreter
+max / sum-exp) and one that reads them again and writes the gradient in place. Elsewhere (CPU runs and
+tests, or without Triton) the same arithmetic runs in PyTorch in fp32. Triton's interpreter
 (TRITON_INTERPRET=1) runs the kernels on CPU tensors, which is how the tests check them against PyTorch.
 """
 from __future__ import annotations
@@ -55,16 +54,16 @@ if triton is not None:
         tl.store(picked_ptr + row, tl.where(inside, picked, 0.0))
 
     @triton.jit
-    def _grad_kernel(logits_ptr, stride, grad_ptr, target_ptr, lse_ptr, valid_ptr, v_local, BLOCK: tl.constexpr):
-        """grad = (softmax - one_hot(target)) * valid for one block of one row, in grad's dtype."""
+    def _grad_kernel(logits_ptr, stride, target_ptr, lse_ptr, scale_ptr, v_local, BLOCK: tl.constexpr):
+        """logits <- (softmax - one_hot(target)) * scale for one block of one row, in place."""
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < v_local
-        x = tl.load(logits_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+        ptr = logits_ptr + row * stride + cols
+        x = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
         p = tl.exp(x - tl.load(lse_ptr + row))
-        p = tl.where(cols == tl.load(target_ptr + row), p - 1.0, p)
-        p = p * tl.load(valid_ptr + row).to(tl.float32)
-        tl.store(grad_ptr + row * v_local + cols, p.to(grad_ptr.dtype.element_ty), mask=mask)
+        p = tl.where(cols == tl.load(target_ptr + row), p - 1.0, p) * tl.load(scale_ptr + row)
+        tl.store(ptr, p.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
 def use_triton(device: torch.device) -> bool:
@@ -74,6 +73,10 @@ def use_triton(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _block(v_local: int) -> int:
+    return min(_BLOCK_V, triton.next_power_of_2(v_local))
+
+
 def _row_stats(logits: torch.Tensor, local_target: torch.Tensor, fused: bool):
     """(max, sum of exp(x - max), logit at the local target or 0), each fp32 [N]; local_target outside
     [0, V/t) means the target lies on another rank."""
@@ -81,7 +84,7 @@ def _row_stats(logits: torch.Tensor, local_target: torch.Tensor, fused: bool):
     if fused:
         out = torch.empty((3, n), dtype=torch.float32, device=logits.device)
         _row_stats_kernel[(n,)](logits, logits.stride(0), local_target, out[0], out[1], out[2], v_local,
-                                BLOCK=min(_BLOCK_V, triton.next_power_of_2(v_local)))
+                                BLOCK=_block(v_local))
         return out[0], out[1], out[2]
     x = logits.float()
     m = x.max(dim=-1).values
@@ -91,22 +94,19 @@ def _row_stats(logits: torch.Tensor, local_target: torch.Tensor, fused: bool):
     return m, sumexp, picked
 
 
-def _logit_grad(logits: torch.Tensor, local_target: torch.Tensor, lse: torch.Tensor, valid: torch.Tensor,
-                fused: bool) -> torch.Tensor:
-    """(softmax - one_hot) per row, zero on ignored rows, in the logits' dtype."""
+def _logit_grad_(logits: torch.Tensor, local_target: torch.Tensor, lse: torch.Tensor, scale: torch.Tensor,
+                 fused: bool) -> torch.Tensor:
+    """Overwrite logits with (softmax - one_hot) * scale per row (scale fp32 [N]); returns logits."""
     n, v_local = logits.shape
     if fused:
-        grad = torch.empty((n, v_local), dtype=logits.dtype, device=logits.device)
-        block = min(_BLOCK_V, triton.next_power_of_2(v_local))
-        _grad_kernel[(n, triton.cdiv(v_local, block))](logits, logits.stride(0), grad, local_target, lse, valid,
-                                                       v_local, BLOCK=block)
-        return grad
+        block = _block(v_local)
+        _grad_kernel[(n, triton.cdiv(v_local, block))](logits, logits.stride(0), local_target, lse, scale, v_local,
+                                                       BLOCK=block)
+        return logits
     grad = (logits.float() - lse.unsqueeze(-1)).exp_()
     inside = (local_target >= 0) & (local_target < v_local)
-    grad.scatter_add_(-1, local_target.clamp(0, v_local - 1).unsqueeze(-1),
-                      -inside.to(grad.dtype).unsqueeze(-1))
-    grad.mul_(valid.unsqueeze(-1))
-    return grad.to(logits.dtype)
+    grad.scatter_add_(-1, local_target.clamp(0, v_local - 1).unsqueeze(-1), -inside.to(grad.dtype).unsqueeze(-1))
+    return logits.copy_(grad.mul_(scale.unsqueeze(-1)))
 
 
 def _group_size(group) -> int:
@@ -116,7 +116,6 @@ def _group_size(group) -> int:
 class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, group, ignore_index, fused):
-        logits = logits if logits.stride(-1) == 1 else logits.contiguous()
         v_local = logits.shape[-1]
         start = (0 if group is None else dist.get_rank(group)) * v_local
         local_target = target - start  # outside [0, v_local): another rank's slice (or ignore_index)
@@ -129,21 +128,22 @@ class _VocabParallelCE(torch.autograd.Function):
             m, sumexp, picked = m_all, both[0], both[1]
         valid = target != ignore_index
         lse = m + sumexp.log()
-        loss = (lse - picked).masked_fill(~valid, 0.0)
-        ctx.save_for_backward(_logit_grad(logits, local_target, lse, valid.float(), fused))
-        return loss
+        ctx.save_for_backward(logits, local_target, lse, valid)
+        ctx.fused = fused
+        return (lse - picked).masked_fill(~valid, 0.0)
 
     @staticmethod
     def backward(ctx, grad_loss):
-        (grad,) = ctx.saved_tensors
-        grad.mul_(grad_loss.unsqueeze(-1))  # backward runs once: scale the saved buffer in place
-        return grad, None, None, None, None
+        logits, local_target, lse, valid = ctx.saved_tensors
+        scale = (grad_loss.float() * valid).contiguous()
+        return _logit_grad_(logits, local_target, lse, scale, ctx.fused), None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group, ignore_index: int = -100,
                                  fused: bool | None = None) -> torch.Tensor:
-    """Per-token loss (fp32, 0 at ignored targets). logits [N, V/t] (this rank's vocabulary slice), target [N]
+    """Per-token loss (fp32, 0 at ignored targets). logits [N, V/t] (this rank's vocabulary slice, contiguous;
+    its buffer is overwritten by the gradient in backward, so nothing else may read it afterwards), target [N]
     (global vocabulary ids). fused: Triton kernels (default: where use_triton says they run)."""
     if fused is None:
         fused = use_triton(logits.device)
-    return _VocabParallelCE.apply(logits, target.contiguous(), group, ignore_index, fused)
+    return _VocabParallelCE.apply(logits.contiguous(), target.contiguous(), group, ignore_index, fused)

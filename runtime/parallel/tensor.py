@@ -5,17 +5,15 @@ Activations between layers are [seq, batch, hidden] and, with TP t > 1, sharded 
 before its GEMM; a row-parallel linear reduce-scatters its partial sums back to sequence shards. Backward
 does the mirror collective. With t == 1 every collective is a no-op and the same code runs.
 
-Overlap, written next to the GEMM each collective hides behind (async work handles):
-  * column-parallel forward: the all-gather of the sequence runs while the GEMM computes this rank's own
-    rows (it already holds them); the other ranks' rows are computed once they arrive ("local rows first");
-  * column-parallel backward: the re-gather of the input (kept sequence-sharded) runs while the
-    input-gradient GEMM runs, and the reduce-scatter of the input gradient while the weight-gradient GEMM
-    runs (Megatron's sequence-parallel overlap);
-  * row-parallel backward: the all-gather of the output gradient runs while both GEMMs (input gradient and
-    weight gradient) process this rank's own rows;
-  * row-parallel forward: the reduce-scatter needs the finished partial sums and stays exposed.
-Splitting a GEMM by rows gives the same numbers (each output row, and the weight gradient as a sum over
-rows accumulated in fp32 by the GEMM, does not depend on the split).
+Overlap (Megatron's "async grad all-reduce"/"sequence-parallel overlap"): in the column-parallel backward
+the re-gather of the input (kept sequence-sharded in forward) runs while the input-gradient GEMM runs, and
+the reduce-scatter of the input gradient runs while the weight-gradient GEMM runs (async work handles,
+placed next to the GEMM they overlap). The forward collectives and the row-parallel backward's all-gather
+of the output gradient (needed by both of its GEMMs) stay exposed, as in Megatron without Transformer
+Engine userbuffers. Splitting those GEMMs by rows to start on the rows a rank already holds ("local rows
+first") was measured on 2x H200 (2026-11-30, GPT 6.7B TP2, mb 2): 0.218 s per step against 0.202 s
+without it, and 31 ms of exposed NCCL time in a trace against 26 ms: the NCCL kernels and the split GEMMs
+compete for the SMs (benchmarks/results/README.md, session 3).
 
 Parameters carry metadata that checkpoints and tests use to map local shards to logical tensors:
   p.tp_dim       dimension split over TP ranks (None: replicated)
@@ -142,7 +140,8 @@ class _ColumnParallelFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, group, overlap, recompute_fn, recompute_input):
-        y = _gathered_linear(x, weight, bias, group, overlap)
+        x_full, _ = gather_seq(x, group)
+        y = F.linear(x_full, weight, bias)
         ctx.group, ctx.overlap, ctx.recompute_fn = group, overlap, recompute_fn
         ctx.has_bias = bias is not None
         ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
@@ -169,14 +168,14 @@ class _RowParallelFn(torch.autograd.Function):
     With t == 1 the bias goes into the GEMM's epilogue; otherwise it is added to the reduced shard."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, overlap, recompute_fn, recompute_input):
+    def forward(ctx, x, weight, bias, group, recompute_fn, recompute_input):
         if group_size(group) == 1:
             y = F.linear(x, weight, bias)
         else:
             y, _ = reduce_scatter_seq(F.linear(x, weight), group)
             if bias is not None:
                 y.add_(bias)
-        ctx.group, ctx.overlap, ctx.recompute_fn = group, overlap, recompute_fn
+        ctx.group, ctx.recompute_fn = group, recompute_fn
         ctx.has_bias = bias is not None
         ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
         return y
@@ -186,51 +185,9 @@ class _RowParallelFn(torch.autograd.Function):
         saved, weight = ctx.saved_tensors
         x = _recompute(ctx.recompute_fn, saved) if ctx.recompute_fn is not None else saved
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
-        t = group_size(ctx.group)
-        if t == 1 or not ctx.overlap:
-            grad_full, _ = gather_seq(grad_y, ctx.group)
-            return grad_full.matmul(weight), weight_grad(weight, grad_full, x), grad_b, None, None, None, None
-        # both GEMMs start on this rank's own rows of the output gradient while the others arrive
-        grad_full, gather = gather_seq(grad_y, ctx.group, async_op=True)
-        blocks = _row_blocks(x.shape[0], t, group_rank(ctx.group))
-        grad_x = x.new_empty(x.shape[:-1] + (weight.shape[1],))
-        wgrad = None
-        for i, (a, b) in enumerate(blocks):
-            if i == 1:
-                gather.wait()
-            g = grad_y if i == 0 else grad_full[a:b]
-            torch.matmul(g, weight, out=grad_x[a:b])
-            part = weight_grad(weight, g, x[a:b])
-            wgrad = part if wgrad is None or getattr(weight, "grad_in_main_grad", False) else wgrad + part
-        return grad_x, wgrad, grad_b, None, None, None, None
-
-
-def _row_blocks(seq: int, t: int, r: int) -> list[tuple[int, int]]:
-    """Sequence ranges [a, b) of a full sequence of `seq` rows: this rank's own shard first, then the rest
-    (the rows before it, the rows after it; empty ranges left out)."""
-    n = seq // t
-    blocks = [(r * n, (r + 1) * n), (0, r * n), ((r + 1) * n, seq)]
-    return [blocks[0]] + [(a, b) for a, b in blocks[1:] if b > a]
-
-
-def _gathered_linear(x, weight, bias, group, overlap: bool):
-    """gather_seq(x) @ W^T (+ b). Overlapped: this rank's own rows are computed while the all-gather brings
-    the others' rows, then the rest."""
-    t = group_size(group)
-    if t == 1 or not overlap:
-        return F.linear(gather_seq(x, group)[0], weight, bias)
-    x_full, gather = gather_seq(x, group, async_op=True)
-    y = x.new_empty(x_full.shape[:-1] + (weight.shape[0],))
-    for i, (a, b) in enumerate(_row_blocks(x_full.shape[0], t, group_rank(group))):
-        if i == 1:
-            gather.wait()
-        src = x if i == 0 else x_full[a:b]
-        out = y[a:b].view(-1, y.shape[-1])
-        if bias is None:
-            torch.mm(src.reshape(-1, src.shape[-1]), weight.t(), out=out)
-        else:
-            torch.addmm(bias, src.reshape(-1, src.shape[-1]), weight.t(), out=out)
-    return y
+        grad_full, _ = gather_seq(grad_y, ctx.group)  # needed by both GEMMs: exposed
+        grad_x = grad_full.matmul(weight)
+        return grad_x, weight_grad(weight, grad_full, x), grad_b, None, None, None
 
 
 PARAM_ATTRS = ("tp_dim", "tp_parts", "init", "sequence_parallel", "logical_name", "tied_copy", "expert")
@@ -277,19 +234,18 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Input features split over TP; output reduce-scattered to sequence shards; bias added after."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, group, std: float = 0.02,
-                 overlap: bool = True):
+    def __init__(self, in_features: int, out_features: int, bias: bool, group, std: float = 0.02):
         super().__init__()
         t = group_size(group)
         assert in_features % t == 0
-        self.group, self.overlap = group, overlap
+        self.group = group
         self.weight = _tp_param((out_features, in_features // t), 1, None, ("normal", std))
         self.weight.wgrad_fusable = True
         self.bias = _tp_param((out_features,), None, None, ("zeros",), sequence_parallel=True) if bias else None
 
     def forward(self, x, recompute=None):
         fn, src = recompute if recompute is not None else (None, None)
-        return _RowParallelFn.apply(x, self.weight, self.bias, self.group, self.overlap, fn, src)
+        return _RowParallelFn.apply(x, self.weight, self.bias, self.group, fn, src)
 
 
 class VocabParallelEmbedding(nn.Module):
