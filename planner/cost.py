@@ -163,11 +163,11 @@ class CostModel:
         """Tokens of one micro-batch on one rank (all of them after the sequence-parallel gather)."""
         return self.lay.micro_batch * self.shape.seq_len / self.lay.cp
 
-    def _gemm_fwd_bwd_s(self, m: int, n: int, k: int, count: int = 1) -> tuple[float, float]:
+    def _gemm_fwd_bwd_s(self, m: int, n: int, k: int) -> tuple[float, float]:
         """Forward [m,k]x[k,n]; backward dgrad dY W = [m,n]x[n,k] and wgrad dY^T X = [n,m]x[m,k], keyed as
         the runtime calls them (and the profiler times them)."""
         g = self.prof.gemm_s
-        return count * g(m, n, k), count * (g(m, k, n) + g(n, k, m))
+        return g(m, n, k), g(m, k, n) + g(n, k, m)
 
     @cached_property
     def layer(self) -> LayerCosts:
@@ -208,12 +208,14 @@ class CostModel:
         comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
         moe_f = moe_b = 0.0
         if m.is_moe:
-            routed = tok_t * m.top_k  # token copies per rank after dispatch
-            per_expert = max(int(routed * lay.ep / m.num_experts), 1)
-            local_experts = m.num_experts // lay.ep
+            routed = tok_t * m.top_k  # token copies per rank after dispatch (on average, whatever the EP degree)
             rf, rb = self._gemm_fwd_bwd_s(int(tok_t), m.num_experts, h)
-            e1f, e1b = self._gemm_fwd_bwd_s(per_expert, 2 * f, h, local_experts)
-            e2f, e2b = self._gemm_fwd_bwd_s(per_expert, h, f, local_experts)
+            # the local experts run as grouped GEMMs (runtime/parallel/expert.py: one torch._grouped_mm per
+            # projection for all of them), priced as one GEMM over all the routed rows: the kernel tiles every
+            # expert's rows in one launch, so it runs close to a dense GEMM of that many rows (the partial last
+            # tile of each expert is not counted)
+            e1f, e1b = self._gemm_fwd_bwd_s(int(routed), (2 if m.gated_mlp else 1) * f, h)
+            e2f, e2b = self._gemm_fwd_bwd_s(int(routed), h, f)
             moe_f, moe_b = (rf + e1f + e2f) * prof.eff("expert"), (rb + e1b + e2b) * prof.eff("expert")
             # dispatch and combine all-to-alls, each way in forward and again in backward
             a2a = self.group_collective_s("all_to_all", BF16 * routed * h, lay.ep, self.strides["ep"]) * prof.eff("ep")
@@ -267,13 +269,14 @@ class CostModel:
         if m.family == "bert":
             a, b = self._gemm_fwd_bwd_s(T, h, h)
             hf, hb = hf + a, hb + b
-        ce = prof.kernel_s("cross_entropy_fwd_bwd", 8 * T * v / t)  # the profiler counts 8 bytes per logit
+        ce = prof.kernel_s("cross_entropy_fwd_bwd", 2 * BF16 * T * v / t)  # the profiler's nominal bytes per logit
         comm = 0.0
         if t > 1:
             nbytes = BF16 * T * h
             comm = 2 * (self.group_collective_s("all_gather", nbytes, t, 1)
                         + self.group_collective_s("reduce_scatter", nbytes, t, 1))
-            comm += 3 * self.group_collective_s("all_reduce", FP32 * T, t, 1)  # max, sum, target logit
+            comm += self.group_collective_s("all_reduce", FP32 * T, t, 1)  # the loss: max
+            comm += self.group_collective_s("all_reduce", 2 * FP32 * T, t, 1)  # sum of exp and target logit
         c = prof.eff("compute")
         return EndCosts(embedding_s=emb * c, head_s=(hf + hb + ce) * c, head_comm_s=comm * prof.eff("tp"))
 
@@ -290,17 +293,20 @@ class CostModel:
     # -- per rank -------------------------------------------------------------------------------------
     def stage_time_s(self, j: int, st: StagePlan) -> float:
         """Forward + backward of one micro-batch through virtual stage j, recompute included: the GPU's
-        time, or the host's when issuing the kernels takes longer (stage_host_s)."""
+        time, or the host's when issuing the kernels takes longer (stage_host_s), plus the host time that
+        MoE layers under expert parallelism cannot hide (stage_expert_host_s)."""
         host = self.stage_host_s(j, st)
         expert = self.stage_expert_host_s(st)
-        # MoE: routing synchronises the host with the GPU every layer (runtime/parallel/expert.py reads the
-        # token counts with .tolist()), so the expert loop's host time adds to the GPU time, not under it
         return max(self.stage_gpu_s(j, st), host - expert) + expert
 
     def stage_expert_host_s(self, st: StagePlan) -> float:
-        """The part of stage_host_s spent on the MoE expert loop (local experts x measured per-expert time)."""
+        """The part of stage_host_s that adds to the GPU time instead of running under it: at EP > 1 routing
+        synchronises the host with the GPU every MoE layer (runtime/parallel/expert.py reads the all-to-all
+        split sizes with one .tolist()), so the experts' host time (local experts x the measured per-expert
+        time) comes after the GPU has caught up. At EP1 the grouped experts keep their counts on the device:
+        no synchronisation, the host time is a floor like a dense layer's, and this is 0."""
         host, m, lay = self.prof.host, self.m, self.lay
-        if host is None or not m.is_moe:
+        if host is None or not m.is_moe or lay.ep == 1:
             return 0.0
         return st.layers * (m.num_experts // lay.ep) * host.expert_s * self.prof.eff("host")
 

@@ -179,7 +179,8 @@ def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
     L = cm.layer
     one = {"full": StagePlan(1, 1, 0), "selective": StagePlan(1, 0, 1)}.get(recompute_pin or "", StagePlan(1))
     gpu_layer = L.fwd_bwd_s + {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute_pin or "", 0.0)
-    # a layer costs the larger of its GPU and host time (stage_time_s), plus the MoE expert loop's host time
+    # a layer costs the larger of its GPU and host time (stage_time_s), plus the MoE host time that EP's
+    # synchronisation exposes (stage_expert_host_s)
     host_layer = cm.stage_host_s(0, one) - cm.stage_host_s(0, StagePlan(0)) - cm.stage_expert_host_s(one)
     per_layer = max(gpu_layer, host_layer) + cm.stage_expert_host_s(one)
     ends = [sum(cm.stage_time_s(j, StagePlan(0)) for j in range(r, S, P)) for r in range(P)]
@@ -265,7 +266,7 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
         elif recompute_pin == "none":
             mdl.Add(f[j] == 0)
             mdl.Add(s[j] == 0)
-    # stage time = max(GPU time, host time - expert loop) + expert loop (CostModel.stage_time_s), every
+    # stage time = max(GPU time, host time - exposed MoE host time) + that (CostModel.stage_time_s), every
     # term linear in the stage's layer counts: GPU and host slopes from the cost model itself
     host_of = lambda j, st: us(cm.stage_host_s(j, st) - cm.stage_expert_host_s(st))  # noqa: E731
     expert_per_layer = us(cm.stage_expert_host_s(StagePlan(1)))

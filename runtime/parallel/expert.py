@@ -41,10 +41,16 @@ Dispatch: dropless by default (every assignment computed); with `capacity_factor
 most ceil(capacity_factor * tokens * k / E) assignments per rank-local batch, in token order, and the
 rest are dropped (they contribute zero; the other slots keep their weights). Assignments are sorted by
 expert, the counts exchanged with one small all_to_all, the tokens sent with all_to_all_single with
-variable splits, regrouped by local expert, computed, and sent back the same way.
+variable splits, regrouped by local expert, computed, and sent back the same way. The local experts run
+as grouped GEMMs (torch._grouped_mm: one kernel per projection for all of them, the per-expert row counts
+as offsets on the device) where the device supports it (grouped_mm_supported: CUDA bf16 on Hopper), else
+as a loop over the experts. The host waits for the GPU at most once per layer: at EP > 1, for the split
+sizes of the all-to-alls (one .tolist()); at EP1 the grouped path never waits (the loop does, for its
+slices; dropping by capacity does, for its boolean selection).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -54,7 +60,7 @@ import torch.nn.functional as F
 
 from planner.model import ModelSpec
 
-__all__ = ["MoEMLP", "collect_aux_loss", "all_to_all_single_autograd"]
+__all__ = ["MoEMLP", "collect_aux_loss", "all_to_all_single_autograd", "grouped_mm_supported"]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -99,6 +105,75 @@ class Expert(nn.Module):
         if self.gated:
             return F.linear(F.silu(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
         return F.linear(F.gelu(F.linear(x, self.w_up, self.b_up), approximate="tanh"), self.w_down, self.b_down)
+
+
+def grouped_mm_supported(x: torch.Tensor, *dims: int) -> bool:
+    """Whether experts with these weight dimensions can run as grouped GEMMs on x's device and dtype: CUDA
+    bf16 on Hopper (sm 9.x), where torch._grouped_mm is one CUTLASS kernel, with every row 16-byte aligned
+    (each dim a multiple of 8), as the kernel requires. Not on Blackwell until checked there: pytorch#172439
+    reports non-zero weight gradients for empty groups on sm 10.0. torch runs it on CPU too (fp32, bf16,
+    fp16): tests force the grouped path there."""
+    return (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+            and _sm_major(x.device.index) == 9 and all(d % 8 == 0 for d in dims))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+class _GroupedLinear(torch.autograd.Function):
+    """y[rows of group g] = x[rows of group g] @ W_g^T, group g owning rows offs[g-1]:offs[g], W_g the
+    concatenation along the output dimension of `per_group` consecutive tensors of `weights` (all [out, in],
+    nn.Linear's layout). The weights are stacked for the kernels and each gets its own slice of the stacked
+    gradient. Backward stacks them again instead of saving the stack, as autograd through torch.stack would:
+    that would hold a copy of the local experts' weights per layer and micro-batch in flight."""
+
+    @staticmethod
+    def forward(ctx, x, offs, per_group, *weights):
+        ctx.per_group = per_group
+        ctx.save_for_backward(x, offs, *weights)
+        return torch._grouped_mm(x, _stack(weights, per_group).transpose(1, 2), offs=offs)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, offs, *weights = ctx.saved_tensors
+        dy = dy.contiguous()  # the kernels reject stride-0 (expanded) gradients
+        w = _stack(weights, ctx.per_group)                                   # [G, N, K]
+        dx = torch._grouped_mm(dy, w, offs=offs)
+        if x.size(0):
+            dw = torch._grouped_mm(dy.t(), x, offs=offs)                     # [G, N, K]
+        else:  # no rows at all: CUDA's kernel rejects a zero-length contraction (pytorch#192497)
+            dw = torch.zeros_like(w)
+        return (dx, None, None) + dw.view(len(weights), *weights[0].shape).unbind(0)
+
+
+class _GroupedBias(torch.autograd.Function):
+    """y + b_g on the rows of group g (rows grouped as for _GroupedLinear, ids: each row's group). The bias
+    gradient sums dy over each group's rows with a grouped GEMM against ones, accumulating in fp32 as a
+    linear layer's bias gradient does (the backward of an indexed gather accumulates in bf16)."""
+
+    @staticmethod
+    def forward(ctx, y, offs, ids, *biases):
+        ctx.save_for_backward(offs)
+        return y + torch.stack(biases)[ids]
+
+    @staticmethod
+    def backward(ctx, dy):
+        offs, = ctx.saved_tensors
+        dy = dy.contiguous()
+        if dy.size(0):
+            ones = dy.new_ones(dy.size(0), 8).t()  # [8, rows] column-major: 16-byte strides for any row count
+            db = torch._grouped_mm(ones, dy, offs=offs)[:, 0]                  # [G, N]
+        else:
+            db = dy.new_zeros(offs.numel(), dy.size(1))
+        return (dy, None, None) + db.unbind(0)
+
+
+def _stack(weights, per_group: int) -> torch.Tensor:
+    """[len(weights) / per_group, per_group * out, in]: group g's weights concatenated along out."""
+    out, inp = weights[0].shape
+    return torch.stack(weights).view(len(weights) // per_group, per_group * out, inp)
 
 
 def _param(shape, init):
@@ -156,6 +231,9 @@ class MoEMLP(nn.Module):
         TP t run sets t to reproduce the per-TP-rank (sequence-shard) losses exactly."""
         self.aux_loss: torch.Tensor | None = None
         self.last_tokens_per_expert: torch.Tensor | None = None
+        self.grouped_mm: bool | None = None
+        """None: run the experts as grouped GEMMs where grouped_mm_supported says so, else as a loop;
+        True / False forces one path (tests compare them on CPU)."""
         self.reset_parameters()
 
     def expert_parameters(self):
@@ -195,16 +273,48 @@ class MoEMLP(nn.Module):
         """Local expert e (global index expert_offset + e)."""
         return self.experts[str(self.expert_offset + e)](x)
 
-    def _run_local_experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """x holds rows grouped by local expert, counts[e] rows for local expert e. Every expert runs, on
+    def _run_local_experts(self, x: torch.Tensor, counts: torch.Tensor,
+                           host_counts: list[int] | None = None) -> torch.Tensor:
+        """x holds rows grouped by local expert, counts[e] (on the device) rows for local expert e;
+        host_counts is the same as a list where the caller already waited for it. Every expert runs, on
         zero rows if it got none, so every expert parameter always receives a gradient (possibly zero):
         bucketed gradient hooks in the data-parallel code then fire on every rank."""
+        if self.use_grouped_mm(x):
+            return self._grouped_experts(x, counts)
+        return self._looped_experts(x, counts.tolist() if host_counts is None else host_counts)
+
+    def use_grouped_mm(self, x: torch.Tensor) -> bool:
+        """The path for rows x: `self.grouped_mm` where set, else what grouped_mm_supported says."""
+        if self.grouped_mm is not None:
+            return self.grouped_mm
+        return grouped_mm_supported(x, self.hidden, self.ffn)
+
+    def _looped_experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """One expert module after the other on its slice of rows (the host issues every expert's kernels)."""
         outs = []
         start = 0
         for e, n in enumerate(counts):
             outs.append(self._expert(e, x[start:start + n]))
             start += n
         return torch.cat(outs, 0)
+
+    def _grouped_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The same MLPs as Expert.forward, each projection one grouped GEMM over all the local experts with
+        the offsets on the device: no host synchronisation and no per-expert kernels. The biases of GELU
+        experts are added per row (_GroupedBias)."""
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        ex = list(self.experts.values())                                      # local experts in order
+        if self.spec.gated_mlp:
+            gate_up = _GroupedLinear.apply(x, offs, 2, *(w for m in ex for w in (m.w_gate, m.w_up)))
+            gate, up = gate_up.chunk(2, -1)
+            return _GroupedLinear.apply(F.silu(gate) * up, offs, 1, *(m.w_down for m in ex))
+        h = _GroupedLinear.apply(x, offs, 1, *(m.w_up for m in ex))
+        ids = None
+        if ex[0].b_up is not None:
+            ids = torch.repeat_interleave(torch.arange(len(ex), device=x.device), counts, output_size=x.size(0))
+            h = _GroupedBias.apply(h, offs, ids, *(m.b_up for m in ex))
+        y = _GroupedLinear.apply(F.gelu(h, approximate="tanh"), offs, 1, *(m.w_down for m in ex))
+        return y if ids is None else _GroupedBias.apply(y, offs, ids, *(m.b_down for m in ex))
 
     # -- forward -----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, norm=None, selective: bool = False) -> torch.Tensor:
@@ -225,7 +335,7 @@ class MoEMLP(nn.Module):
             cap = int(math.ceil(self.capacity_factor * T * k / E))
             order = torch.argsort(flat_e, stable=True)
             se = flat_e[order]
-            counts_all = torch.bincount(se, minlength=E)
+            counts_all = _count_per_expert(se, E)
             starts = torch.cumsum(counts_all, 0) - counts_all
             pos = torch.arange(se.numel(), device=x.device) - starts[se]
             keep_sorted = pos < cap
@@ -235,23 +345,24 @@ class MoEMLP(nn.Module):
         order = torch.argsort(flat_e, stable=True)
         sorted_e = flat_e[order]
         sorted_t = flat_t[order]
-        counts = torch.bincount(sorted_e, minlength=E)                     # [E] local assignments per expert
+        counts = _count_per_expert(sorted_e, E)                            # [E] local assignments per expert
         self.last_tokens_per_expert = counts.detach()
         tokens = x2d[sorted_t]                                               # grouped by global expert
 
         if self.ep == 1:
-            y = self._run_local_experts(tokens, counts.tolist())
+            y = self._run_local_experts(tokens, counts)
         else:
-            El = self.local_experts
+            ep, El = self.ep, self.local_experts
             recv_counts = torch.empty_like(counts)
             dist.all_to_all_single(recv_counts, counts, group=self.ep_group)  # [ep * El]: from src s, expert e
-            send_counts = counts.view(self.ep, El).sum(1).tolist()
-            rc = recv_counts.view(self.ep, El)
-            recv_split = rc.sum(1).tolist()
+            rc = recv_counts.view(ep, El)
+            local_counts = rc.sum(0)
+            # the layer's one host synchronisation: all_to_all_single takes its split sizes as lists
+            sizes = torch.cat([counts.view(ep, El).sum(1), rc.sum(1), local_counts]).tolist()
+            send_counts, recv_split = sizes[:ep], sizes[ep:2 * ep]
             recv = all_to_all_single_autograd(tokens, recv_split, send_counts, self.ep_group)
             perm_t = regroup_permutation(rc, sum(recv_split))
-            local_counts = rc.sum(0).tolist()
-            y_local = self._run_local_experts(recv[perm_t], local_counts)
+            y_local = self._run_local_experts(recv[perm_t], local_counts, sizes[2 * ep:])
             inv = torch.empty_like(perm_t)
             inv[perm_t] = torch.arange(perm_t.numel(), device=x.device)
             back = y_local[inv]
@@ -260,6 +371,12 @@ class MoEMLP(nn.Module):
         w = flat_w[order].to(y.dtype).unsqueeze(-1)
         out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w)
         return out.to(x.dtype).view(shape)
+
+
+def _count_per_expert(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """torch.bincount(ids, minlength=num_experts) without its host synchronisation (CUDA's bincount reads the
+    largest id back to size its output; here the size is known)."""
+    return ids.new_zeros(num_experts).scatter_add_(0, ids, torch.ones_like(ids))
 
 
 def regroup_permutation(recv_counts: torch.Tensor, total: int) -> torch.Tensor:

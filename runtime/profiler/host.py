@@ -13,7 +13,10 @@ shorter than its launch, in `world` spawned processes. Each figure is a differen
   tp_extra_s[mode]   added by tensor parallelism (TP2; the op count does not grow with the TP degree)
   cp_extra_s         added per extra context-parallel rank (CP2 - base, scaled by cp - 1 in the planner)
   fsdp_extra_s       added by fully sharded data parallelism (per-layer gathers and reductions)
-  expert_s           per local expert of an MoE layer (8 experts, EP1), beyond the dense layer
+  expert_s           per local expert of an MoE layer (8 experts, EP1), beyond the dense layer: the MoE
+                     layer's extra host time / 8 (with grouped expert GEMMs little of it grows with the
+                     expert count; the planner scales it by the local experts and, at EP > 1 only,
+                     adds it to the GPU time: routing synchronises there)
   ep_extra_s         added by expert parallelism's all-to-alls (EP2 over the MoE layer with its experts)
   ends_s             per micro-batch outside the layers (embedding, head, loss; the step's own costs spread
                      over the probe's micro-batches), per family as family_ends_s

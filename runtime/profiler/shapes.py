@@ -6,7 +6,8 @@ out-projection and fc2, vocabulary-parallel output layer, the MoE router, BERT's
 three GEMMs as runtime/parallel/tensor.py runs them: forward Y[m,n] = X[m,k] W^T (F.linear, W stored
 [n,k]), dgrad dX = dY W (m, n=k_in, k=n_out) and wgrad dW = dY^T X (m=n_out, n=k_in, k=tokens).
 Tokens m = micro-batch x sequence / CP over micro-batch 1-16, sequence 1k-128k,
-CP 1-8 are powers of two; MoE experts see tokens x top_k / experts. Shapes are deduplicated, those above
+CP 1-8 are powers of two; MoE experts see tokens x top_k rows (the routed copies, run as one grouped GEMM
+over all local experts and priced as a GEMM of that many rows). Shapes are deduplicated, those above
 a FLOP cap dropped (their achieved rate equals that of the largest measured shapes beside them), and the
 list is ordered coarse-to-fine so that a time budget cuts evenly.
 """
@@ -111,7 +112,7 @@ def gemm_grid(spec: GridSpec) -> list[GemmShape]:
                 for tokens in spec.tokens:
                     m = tokens
                     if model.is_moe and name in ("gate_up", "gate_or_up", "fc2"):
-                        m = max(tokens * model.top_k // model.num_experts, 1)
+                        m = tokens * model.top_k
                     add(m, n_out, k_in, "fwd")
                     add(m, k_in, n_out, "dgrad")
                     add(n_out, k_in, m, "wgrad")

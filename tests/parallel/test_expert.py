@@ -25,9 +25,10 @@ def _loss(moe, x, dy):
     return (out * dy).sum() / x.shape[0] + AUX * collect_aux_loss(moe)
 
 
-def _reference(spec, world, capacity):
+def _reference(spec, world, capacity, grouped=None):
     torch.manual_seed(0)
     ref = MoEMLP(spec, None, capacity_factor=capacity)
+    ref.grouped_mm = grouped
     losses = [_loss(ref, *_batch(r, spec)) for r in range(world)]
     total = sum(losses) / world
     total.backward()
@@ -39,13 +40,14 @@ def _worker(rank, world, configs):
         _check(rank, world, *cfg)
 
 
-def _check(rank, world, family, experts, top_k, ep, capacity):
+def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None):
     from runtime.mesh import build_groups
     spec = _spec(family, experts, top_k)
-    ref, ref_losses = _reference(spec, world, capacity)
+    ref, ref_losses = _reference(spec, world, capacity, grouped)
     lay = Layout(dp=world, ep=ep, sharding="none")
     groups = build_groups(lay, "cpu")
     moe = MoEMLP(spec, groups, capacity_factor=capacity)
+    moe.grouped_mm = grouped
     assert moe.local_experts == experts // ep and moe.ep_rank == groups.ep_rank
     # names carry the global expert index and init is seeded by name: same weights as the reference
     ref_params = dict(ref.named_parameters())
@@ -61,13 +63,69 @@ def _check(rank, world, family, experts, top_k, ep, capacity):
         dist.all_reduce(g, group=groups.expert_dp if getattr(p, "expert", False) else groups.dp_cp)
         g /= n  # this test's losses are per-rank means
         want = ref_params[name].grad
-        torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-4, msg=f"{family} ep{ep} cap={capacity} {name}")
+        torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-4,
+                                   msg=f"{family} ep{ep} cap={capacity} grouped={grouped} {name}")
 
 
 def test_moe_ep_matches_single_process():
     """4 processes (DP4 layouts): EP2 x expert-DP2 dropless; EP4 with capacity factor 1 (drops tokens);
-    GELU experts with biases, top-1, EP2 x expert-DP2."""
-    _launch.run(_worker, 4, [("llama", 8, 2, 2, None), ("llama", 8, 2, 4, 1.0), ("gpt", 4, 1, 2, None)])
+    GELU experts with biases, top-1, EP2 x expert-DP2; the last two again with the experts as grouped GEMMs
+    (forced: on CPU the default is the loop)."""
+    _launch.run(_worker, 4, [("llama", 8, 2, 2, None), ("llama", 8, 2, 4, 1.0), ("gpt", 4, 1, 2, None),
+                             ("llama", 8, 2, 4, 1.0, True), ("gpt", 4, 1, 2, None, True)])
+
+
+@pytest.mark.parametrize("family,dtype", [("llama", torch.float32), ("gpt", torch.float32), ("llama", torch.bfloat16),
+                                          ("gpt", torch.bfloat16)],
+                         ids=["swiglu-fp32", "gelu-bias-fp32", "swiglu-bf16", "gelu-bias-bf16"])
+def test_grouped_experts_match_the_loop(family, dtype):
+    """The grouped GEMM path against the per-expert loop: outputs, input gradient and every expert's weight
+    (and bias) gradients, with experts that get no rows (first, middle, last) and with no rows at all."""
+    spec = _spec(family, experts=6)
+    moe = MoEMLP(spec, None).to(dtype)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    g = torch.Generator().manual_seed(7)
+    for counts in ([0, 5, 0, 3, 9, 0], [0, 0, 0, 0, 0, 0]):
+        x = torch.randn(sum(counts), spec.hidden, generator=g).to(dtype)
+        dy = torch.randn(sum(counts), spec.hidden, generator=g).to(dtype)
+        results = []
+        for grouped in (False, True):
+            moe.zero_grad(set_to_none=True)
+            moe.grouped_mm = grouped
+            xg = x.clone().requires_grad_()
+            y = moe._run_local_experts(xg, torch.tensor(counts))
+            y.backward(dy)
+            results.append((y, xg.grad, {n: p.grad for n, p in moe.experts.named_parameters()}))
+        (y0, dx0, grads0), (y1, dx1, grads1) = results
+        torch.testing.assert_close(y1, y0, **tol)
+        torch.testing.assert_close(dx1, dx0, **tol)
+        assert grads1.keys() == grads0.keys() and all(v is not None for v in grads1.values())
+        for name, want in grads0.items():
+            torch.testing.assert_close(grads1[name], want, **tol, msg=f"{family} {counts} {name}")
+        for e in (0, 2, 5):  # no rows: a zero gradient, still delivered
+            assert not grads1[f"{e}.w_down"].any()
+
+
+def test_grouped_path_reads_nothing_back_to_the_host_at_ep1(monkeypatch):
+    """Dropless EP1 with grouped GEMMs: the counts stay on the device (no .tolist() / .item())."""
+    spec = _spec()
+    moe = MoEMLP(spec, None)
+    moe.grouped_mm = True
+    x = torch.randn(2, 8, spec.hidden, requires_grad=True)
+
+    def read_back(*args):
+        raise AssertionError("host read-back")
+    monkeypatch.setattr(torch.Tensor, "tolist", read_back)
+    monkeypatch.setattr(torch.Tensor, "item", read_back)
+    moe(x).square().sum().backward()
+    assert moe.last_tokens_per_expert.shape == (spec.num_experts,)
+    assert all(p.grad is not None for p in moe.parameters())
+
+
+def test_cpu_runs_the_loop_unless_forced():
+    from runtime.parallel.expert import grouped_mm_supported
+    assert not grouped_mm_supported(torch.zeros(2, 64, dtype=torch.bfloat16), 64, 128)  # CPU: the loop
+    assert MoEMLP(_spec(), None).use_grouped_mm(torch.zeros(2, 64)) is False
 
 
 def test_param_count_matches_spec_at_ep1():

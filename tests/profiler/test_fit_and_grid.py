@@ -56,8 +56,8 @@ def test_gemm_grid_from_catalogue():
     assert (q, 8192, 4096) in keys                       # its wgrad dY^T X (tokens = reduction)
     assert (4096, 2 * l70.ffn_hidden // 8, 8192) in keys  # gate-up fused, TP8
     assert (8192, 8192, l70.ffn_hidden // 8) in keys     # fc2 forward
-    # MoE experts see tokens x top_k / experts
-    assert (1024, 2 * 14336, 4096) in keys               # mixtral-8x7b, 4096 tokens, TP1
+    # MoE experts: one grouped GEMM over the tokens x top_k routed rows
+    assert (8192, 2 * 14336, 4096) in keys               # mixtral-8x7b, 4096 tokens, TP1
 
 
 def test_quick_grid_smaller():
