@@ -199,7 +199,7 @@ def _runtime_kernels():
         from runtime.attention import apply_rotary
         from runtime.model import _SwiGLUFn
         return ((lambda a: _SwiGLUFn.apply(a)), apply_rotary,
-                "runtime.norm.norm, runtime.model._SwiGLUFn, runtime.attention.apply_rotary")
+                "runtime.model._SwiGLUFn, runtime.attention.apply_rotary")
     except Exception:  # noqa: BLE001 - the runtime may be mid-change; the stand-ins move the same bytes
         def swiglu(a):
             gate, up = a.chunk(2, dim=-1)
@@ -219,7 +219,6 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     es = torch.tensor([], dtype=dtype).element_size()
     N = tokens * hidden
     hd = 128 if hidden % 128 == 0 and hidden >= 128 else hidden
-    from runtime.norm import norm
     swiglu, apply_rotary, impl = _runtime_kernels()
     mk = lambda cols=hidden: torch.randn(tokens, cols, device=device, dtype=dtype)  # noqa: E731
     x = [mk(), mk()]
@@ -237,8 +236,8 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
         "residual_add": (lambda i: x[i % 2] + y[i % 2], 3 * N * es),
         # the data-parallel code's fp32 gradient accumulation: main_grad.add_(bf16 grad)
         "grad_accumulate": (lambda i: acc[i % 2].add_(x[i % 2]), N * (es + 8)),
-        "layernorm_fwd": (lambda i: norm(x[i % 2], w, b, 1e-5, rms=False), 2 * N * es),
-        "rmsnorm_fwd": (lambda i: norm(x[i % 2], w, None, 1e-5, rms=True), 2 * N * es),
+        "layernorm_fwd": (lambda i: F.layer_norm(x[i % 2], (hidden,), w, b), 2 * N * es),
+        "rmsnorm_fwd": (lambda i: F.rms_norm(x[i % 2], (hidden,), w), 2 * N * es),
         "gelu_fwd": (lambda i: F.gelu(x[i % 2], approximate="tanh"), 2 * N * es),
         "swiglu_fwd": (lambda i: swiglu(xx[i % 2]), 3 * N * es),
         "rotary_fwd": (lambda i: apply_rotary(as_heads(x[i % 2]), cos, sin), 2 * N * es),
@@ -249,9 +248,9 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     wg, bg = w.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)
     xxs = [t.detach().clone().requires_grad_(True) for t in xx]
     graphs = {
-        "layernorm_bwd": ([norm(xs[j], wg, bg, 1e-5, rms=False) for j in range(2)], 3 * N * es,
+        "layernorm_bwd": ([F.layer_norm(xs[j], (hidden,), wg, bg) for j in range(2)], 3 * N * es,
                           lambda j: (xs[j], wg, bg)),
-        "rmsnorm_bwd": ([norm(xs[j], wg, None, 1e-5, rms=True) for j in range(2)], 3 * N * es, lambda j: (xs[j], wg)),
+        "rmsnorm_bwd": ([F.rms_norm(xs[j], (hidden,), wg) for j in range(2)], 3 * N * es, lambda j: (xs[j], wg)),
         "gelu_bwd": ([F.gelu(xs[j], approximate="tanh") for j in range(2)], 3 * N * es, lambda j: (xs[j],)),
         "swiglu_bwd": ([swiglu(xxs[j]) for j in range(2)], 5 * N * es, lambda j: (xxs[j],)),
         "rotary_bwd": ([apply_rotary(as_heads(xs[j]), cos, sin) for j in range(2)], 2 * N * es, lambda j: (xs[j],)),
