@@ -11,7 +11,7 @@ the reduce-scatter of the input gradient runs while the weight-gradient GEMM run
 placed next to the GEMM they overlap). The forward collectives and the row-parallel backward's all-gather
 of the output gradient (needed by both of its GEMMs) stay exposed, as in Megatron without Transformer
 Engine userbuffers. Splitting those GEMMs by rows to start on the rows a rank already holds ("local rows
-first") was measured on 2x H200 (2026-11-30, GPT 6.7B TP2, mb 2): 0.218 s per step against 0.202 s
+first") was measured on 2x H200 (2026-11-30, GPT 6.7B TP2, mb 2): 0.218 s per step against 0.202 s in session 2
 without it, and 31 ms of exposed NCCL time in a trace against 26 ms: the NCCL kernels and the split GEMMs
 compete for the SMs (benchmarks/results/README.md, session 3).
 
