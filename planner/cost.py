@@ -302,13 +302,13 @@ class CostModel:
     def stage_expert_host_s(self, st: StagePlan) -> float:
         """The part of stage_host_s that adds to the GPU time instead of running under it: at EP > 1 routing
         synchronises the host with the GPU every MoE layer (runtime/parallel/expert.py reads the all-to-all
-        split sizes with one .tolist()), so the experts' host time (local experts x the measured per-expert
-        time) comes after the GPU has caught up. At EP1 the grouped experts keep their counts on the device:
+        split sizes with one .tolist()), so the MoE layer's host time (profile.host.moe_layer_s) comes after
+        the GPU has caught up. At EP1 the grouped experts keep their counts on the device:
         no synchronisation, the host time is a floor like a dense layer's, and this is 0."""
         host, m, lay = self.prof.host, self.m, self.lay
         if host is None or not m.is_moe or lay.ep == 1:
             return 0.0
-        return st.layers * (m.num_experts // lay.ep) * host.expert_s * self.prof.eff("host")
+        return st.layers * host.moe_layer_s() * self.prof.eff("host")
 
     def stage_gpu_s(self, j: int, st: StagePlan) -> float:
         L = self.layer
@@ -328,10 +328,9 @@ class CostModel:
         if host is None:
             return 0.0
         lay, m = self.lay, self.m
-        local_experts = m.num_experts // lay.ep if m.is_moe else 0
 
         def per_layer(mode):
-            return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, local_experts, lay.ep, m.family,
+            return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.family,
                                      self.prof.eff("host_tp"), self.prof.eff("host_cp"))
 
         none = st.layers - st.full_recompute_layers - st.selective_recompute_layers

@@ -77,6 +77,10 @@ class CollectiveFit:
         return self.latency_s + size_bytes * bus_factor(self.op, self.group_size) / self.bus_bandwidth_bytes_per_s
 
 
+PROBE_EXPERTS = 8
+"""Experts of the host probe's MoE layer (runtime/profiler/host.py)."""
+
+
 @dataclass(frozen=True)
 class HostOverheads:
     """Host (CPU) seconds the runtime spends issuing one layer's forward + backward for one micro-batch,
@@ -92,7 +96,9 @@ class HostOverheads:
     fsdp_extra_s: float = 0.0
     """Added by fully sharded data parallelism (sharding 'full')."""
     expert_s: float = 0.0
-    """Per local expert of an MoE layer."""
+    """The probe's MoE layer (PROBE_EXPERTS experts, EP1) minus its dense layer, divided by PROBE_EXPERTS.
+    The runtime runs the local experts as grouped GEMMs (one kernel per projection however many experts),
+    so the planner charges an MoE layer moe_layer_s() whatever its expert count."""
     ep_extra_s: float = 0.0
     """Added by expert parallelism (ep > 1)."""
     pp_chunk_s: float = 0.0
@@ -106,7 +112,11 @@ class HostOverheads:
     def micro_batch_ends_s(self, family: str = "") -> float:
         return self.family_ends_s.get(family, self.ends_s)
 
-    def layer_host_s(self, mode: str, tp: int, cp: int, sharding: str, local_experts: int, ep: int,
+    def moe_layer_s(self) -> float:
+        """Host time an MoE layer adds to a dense one (router, sort, dispatch, grouped expert GEMMs)."""
+        return PROBE_EXPERTS * self.expert_s
+
+    def layer_host_s(self, mode: str, tp: int, cp: int, sharding: str, moe: bool, ep: int,
                      family: str = "", tp_scale: float = 1.0, cp_scale: float = 1.0) -> float:
         t = self.family_layer_s.get(family, self.layer_s).get(mode, 0.0)
         if tp > 1:
@@ -114,7 +124,8 @@ class HostOverheads:
         t += (cp - 1) * self.cp_extra_s * cp_scale
         if sharding == "full":
             t += self.fsdp_extra_s
-        t += local_experts * self.expert_s
+        if moe:
+            t += self.moe_layer_s()
         if ep > 1:
             t += self.ep_extra_s
         return t

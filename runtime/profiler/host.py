@@ -13,11 +13,11 @@ shorter than its launch, in `world` spawned processes. Each figure is a differen
   tp_extra_s[mode]   added by tensor parallelism (TP2; the op count does not grow with the TP degree)
   cp_extra_s         added per extra context-parallel rank (CP2 - base, scaled by cp - 1 in the planner)
   fsdp_extra_s       added by fully sharded data parallelism (per-layer gathers and reductions)
-  expert_s           per local expert of an MoE layer (8 experts, EP1), beyond the dense layer: the MoE
-                     layer's extra host time / 8 (with grouped expert GEMMs little of it grows with the
-                     expert count; the planner scales it by the local experts and, at EP > 1 only,
-                     adds it to the GPU time: routing synchronises there)
-  ep_extra_s         added by expert parallelism's all-to-alls (EP2 over the MoE layer with its experts)
+  expert_s           the MoE layer's extra host time over the dense layer (PROBE_EXPERTS = 8 experts, EP1)
+                     / 8; the planner charges an MoE layer 8 x expert_s whatever its expert count (grouped
+                     expert GEMMs: one kernel per projection) and, at EP > 1 only, adds it to the GPU time
+                     (routing synchronises there)
+  ep_extra_s         added by expert parallelism's all-to-alls (EP2 over the MoE layer at EP1)
   ends_s             per micro-batch outside the layers (embedding, head, loss; the step's own costs spread
                      over the probe's micro-batches), per family as family_ends_s
   pp_chunk_s         per pipeline chunk and micro-batch (sends, receives, schedule), from PP2 with 2 vs
@@ -33,6 +33,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from planner.profile import PROBE_EXPERTS
 
 DEPTHS = (2, 6)
 MICRO_BATCHES = 8
@@ -125,15 +127,15 @@ def probe(world: int, device) -> dict:
         out["family_ends_s"][family] = ends
     out["layer_s"] = dict(out["family_layer_s"]["llama"])
     out["ends_s"] = out["family_ends_s"]["llama"]
-    moe = _per_layer_s(dp, "none", device, experts=8)
-    out["expert_s"] = max(moe - out["layer_s"]["none"], 0.0) / 8
+    moe = _per_layer_s(dp, "none", device, experts=PROBE_EXPERTS)
+    out["expert_s"] = max(moe - out["layer_s"]["none"], 0.0) / PROBE_EXPERTS
     if world >= 2:
         for mode in ("none", "selective", "full"):
             out["tp_extra_s"][mode] = max(_per_layer_s(L(tp=2), mode, device) - out["layer_s"][mode], 0.0)
         out["cp_extra_s"] = max(_per_layer_s(L(cp=2), "none", device) - out["layer_s"]["none"], 0.0)
         out["fsdp_extra_s"] = max(_per_layer_s(L(dp=2, sharding="full"), "none", device) - out["layer_s"]["none"], 0.0)
-        ep2 = _per_layer_s(L(dp=2, ep=2), "none", device, experts=8)
-        out["ep_extra_s"] = max(ep2 - out["layer_s"]["none"] - 4 * out["expert_s"], 0.0)
+        ep2 = _per_layer_s(L(dp=2, ep=2), "none", device, experts=PROBE_EXPERTS)
+        out["ep_extra_s"] = max(ep2 - moe, 0.0)
         one, two = (_step_wall_s(L(pp=2, vpp=v), 4, "none", device) for v in (1, 2))
         out["pp_chunk_s"] = max(two - one, 0.0) / MICRO_BATCHES
     return out

@@ -18,7 +18,8 @@ HOST = HostOverheads(layer_s={"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3}
 def _cm(lay, host=HOST, seq=2048, gb=8, model="gpt-1.3b"):
     prof = replace(load_profile(None, "h200-sxm"), host=host)
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=lay.world_size, gpus_per_node=lay.world_size)
-    return CostModel(resolve_model(model), TrainingShape(seq, gb), lay, cluster, prof)
+    spec = resolve_model(model) if isinstance(model, str) else model
+    return CostModel(spec, TrainingShape(seq, gb), lay, cluster, prof)
 
 
 def test_host_time_of_a_mixed_stage_by_hand():
@@ -36,7 +37,7 @@ def test_host_time_of_a_mixed_stage_by_hand():
 def test_moe_and_fsdp_terms():
     cm = _cm(Layout(dp=2, ep=2, micro_batch=1, sharding="optimizer"), model="mixtral-8x7b", seq=1024)
     st = StagePlan(layers=2)
-    assert cm.stage_host_s(0, st) == pytest.approx(2 * (HOST.layer_s["none"] + 4 * HOST.expert_s + HOST.ep_extra_s))
+    assert cm.stage_host_s(0, st) == pytest.approx(2 * (HOST.layer_s["none"] + 8 * HOST.expert_s + HOST.ep_extra_s))
     cm = _cm(Layout(dp=2, micro_batch=1, sharding="full"))
     assert cm.stage_host_s(0, st) == pytest.approx(2 * (HOST.layer_s["none"] + HOST.fsdp_extra_s))
 
@@ -83,7 +84,7 @@ def test_moe_expert_host_time_adds_to_the_gpu_time_only_under_ep():
     lay = Layout(dp=2, ep=2, micro_batch=1, sharding="optimizer")
     st = StagePlan(layers=2)
     cm = _cm(lay, model="mixtral-8x7b", seq=1024)
-    expert = 2 * 4 * HOST.expert_s
+    expert = 2 * 8 * HOST.expert_s  # the probe's MoE layer (8 experts): grouped GEMMs, whatever the local experts
     assert cm.stage_expert_host_s(st) == pytest.approx(expert)
     want = max(cm.stage_gpu_s(0, st), cm.stage_host_s(0, st) - expert) + expert
     assert cm.stage_time_s(0, st) == pytest.approx(want)
@@ -92,3 +93,7 @@ def test_moe_expert_host_time_adds_to_the_gpu_time_only_under_ep():
     assert ep1.stage_host_s(0, st) == pytest.approx(2 * (HOST.layer_s["none"] + 8 * HOST.expert_s))
     assert ep1.stage_time_s(0, st) == pytest.approx(max(ep1.stage_gpu_s(0, st), ep1.stage_host_s(0, st)))
     assert _cm(Layout(micro_batch=1, sharding="none")).stage_expert_host_s(st) == 0.0  # dense
+    # grouped expert GEMMs: the MoE layer's host time does not grow with the expert count
+    fine = replace(resolve_model("mixtral-8x7b"), name="mixtral-64e", num_experts=64)
+    many = _cm(Layout(dp=2, micro_batch=1, sharding="optimizer"), model=fine, seq=1024)
+    assert many.stage_host_s(0, st) == pytest.approx(ep1.stage_host_s(0, st))
