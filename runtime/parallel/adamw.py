@@ -4,7 +4,8 @@ The distributed optimizer (runtime/parallel/data.py) updates contiguous segments
 fp32 master weights, the fp32 (main) gradient, Adam's m and v, and the bf16 parameters the model computes
 with. PyTorch's fused AdamW (`torch._fused_adamw_`) covers the first four; the bf16 copy would be another
 pass over 6 bytes per parameter. On CUDA a small Triton kernel does both (reads 16 B, writes 14 B per
-parameter); elsewhere (CPU tests, no Triton) PyTorch's fused kernel runs, then the copy. Both compute
+parameter); elsewhere (CPU runs, no Triton) PyTorch's fused kernel runs, then the copy; the tests run the
+Triton kernel under Triton's interpreter too. Both compute
 PyTorch's AdamW exactly (decoupled weight decay first, then the bias-corrected update); the gradient is
 divided by `divisor` (gradient clipping) as it is read.
 """
@@ -15,11 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs
-    triton = None
+from runtime.triton_support import tl, triton, use_triton
 
 
 @dataclass
@@ -53,10 +50,6 @@ if triton is not None:
         tl.store(v_ptr + offs, v, mask=mask)
         tl.store(master_ptr + offs, p, mask=mask)
         tl.store(param_ptr + offs, p.to(param_ptr.dtype.element_ty), mask=mask)
-
-
-def use_triton(device: torch.device) -> bool:
-    return triton is not None and device.type == "cuda"
 
 
 def adamw_(segments: list[Segment], step: int, lr: float, betas: tuple[float, float], eps: float,

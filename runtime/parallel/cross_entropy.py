@@ -17,16 +17,10 @@ tests, or without Triton) the same arithmetic runs in PyTorch in fp32. Triton's 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs
-    triton = None
+from runtime.triton_support import tl, triton, use_triton
 
 _BLOCK_V = 4096
 
@@ -64,13 +58,6 @@ if triton is not None:
         p = tl.exp(x - tl.load(lse_ptr + row))
         p = tl.where(cols == tl.load(target_ptr + row), p - 1.0, p) * tl.load(scale_ptr + row)
         tl.store(ptr, p.to(logits_ptr.dtype.element_ty), mask=mask)
-
-
-def use_triton(device: torch.device) -> bool:
-    """Triton on CUDA; on CPU only under Triton's interpreter (tests)."""
-    if triton is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _block(v_local: int) -> int:

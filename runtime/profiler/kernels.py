@@ -318,7 +318,8 @@ def optimizer_step_s_per_param(device, numel: int, segments: int = 4) -> tuple[f
     weights written in the same pass, gradients divided by a clip factor) per parameter, over `segments`
     contiguous pieces of flat buffers as the distributed optimizer calls it (about two per 40M-element
     bucket: many small pieces would time the kernel launches instead)."""
-    from runtime.parallel.adamw import Segment, adamw_, use_triton
+    from runtime.parallel.adamw import Segment, adamw_
+    from runtime.triton_support import use_triton
 
     device = torch.device(device)
     numel = numel // segments * segments
