@@ -375,7 +375,8 @@ class CostModel:
         last = lay.pp * lay.vpp - 1
         # transients: a layer's backward working set, together with the gradient-reduction buffers that
         # grow while backward runs; or the output layer's logits
-        dp_t = mem.dp_reduction_transient_bytes(dense, expert, lay)
+        dp_t = mem.dp_reduction_transient_bytes(dense, expert, lay, mem.largest_layer_param_local(m, lay.tp),
+                                                mem.largest_param_local(m, lay.tp))
         transient = acts.working_bytes + dp_t
         for chunk, (j, st) in enumerate(rank_stages):
             inflight = mem.in_flight_micro_batches(rank, chunk, lay, num_micro)

@@ -120,17 +120,36 @@ DP_BUCKET_ELEMENTS = 40_000_000
 """Gradient bucket size of runtime/parallel/data.py (elements)."""
 
 
-def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay: Layout) -> float:
+def largest_layer_param_local(m: ModelSpec, tp: int) -> float:
+    """Elements of the largest parameter tensor of one layer on a tensor-parallel rank (fused qkv or fc1;
+    an expert's own matrices are not split by TP)."""
+    h = m.hidden
+    return max((m.q_width + 2 * m.kv_width) * h / tp, (2 if m.gated_mlp else 1) * m.ffn_hidden * h / tp,
+               m.ffn_hidden * h if m.is_moe else 0.0)
+
+
+def largest_param_local(m: ModelSpec, tp: int) -> float:
+    """Elements of the largest parameter tensor on a tensor-parallel rank (a vocabulary-sized one, usually)."""
+    return max(m.vocab_size * m.hidden / tp, largest_layer_param_local(m, tp))
+
+
+def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay: Layout,
+                                 largest_layer_param: float = 0.0, largest_param: float = 0.0,
+                                 bucket_elems: float = DP_BUCKET_ELEMENTS) -> float:
     """Buffers the data-parallel gradient reduction holds at the end of backward (runtime/parallel/data.py):
     under 'optimizer' every bucket's fp32 reduce-scatter output stays allocated until the step waits for it
     (4 B per element of the local shard; measured: a ZeRO-1 run at micro-batch 1 peaked 1.5 GiB above a
-    count without it); under 'optimizer+grads' at most two full fp32 buckets are in flight."""
+    count without it); under 'optimizer+grads' a full fp32 bucket for each of the (at most two) buckets in
+    flight and the one being filled. A bucket closes on the parameter that takes it past `bucket_elems`,
+    so it holds less than bucket_elems plus that parameter; of the three alive at most one holds a
+    vocabulary-sized tensor (those sit at the two ends of backward). tests/runtime/test_memory_model.py
+    checks this against the buckets alive in a real backward."""
     d = lay.dp * lay.cp
     if d <= 1 or lay.sharding in ("none", "full"):
         return 0.0
     if lay.sharding == "optimizer":
         return FP32_BYTES * (dense_params / d + expert_params / max(d // lay.ep, 1))
-    return 2 * FP32_BYTES * DP_BUCKET_ELEMENTS
+    return FP32_BYTES * (3 * bucket_elems + 2 * largest_layer_param + largest_param)
 
 
 def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0) -> float:

@@ -62,3 +62,46 @@ def _cpu_rms_norm_extra_per_token(hidden, dtype):
         F.rms_norm(x, (hidden,), w, 1e-5)
     seen.pop(w.untyped_storage().data_ptr(), None)
     return sum(seen.values()) / SEQ - (x.element_size() * hidden + 4)
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_zero2_reduction_buffers_within_the_planner_count(family):
+    """ZeRO-2 (sharding optimizer+grads) keeps full fp32 gradient buckets alive while they are filled and
+    reduced: the most alive at once in a real backward (two micro-batches, small buckets so that there are
+    many) stays within planner.memory.dp_reduction_transient_bytes."""
+    import torch
+
+    from runtime.mesh import single_process_groups
+    from runtime.model import build_model
+    from runtime.parallel import data as D
+
+    spec = tiny_model(family, num_layers=4)
+    bucket = 3000
+    model = build_model(spec, single_process_groups())
+    opt = D.DistributedOptimizer([model], single_process_groups(), "optimizer+grads", D.AdamConfig(),
+                                 bucket_elems=bucket)
+    peak = [0]
+    original = D._Buffer.grad_view
+
+    def grad_view(self, p):
+        view = original(self, p)
+        peak[0] = max(peak[0], sum(4 * b.size for b in self.buckets if b.full is not None))
+        return view
+
+    D._Buffer.grad_view = grad_view
+    try:
+        seq = torch.randint(0, spec.vocab_size, (2, 2, 17), generator=torch.Generator().manual_seed(0))
+        opt.zero_grad()
+        for i in range(2):
+            opt.begin_micro_batch(last=i == 1)
+            loss, _ = model(seq[i, :, :-1], None, None, seq[i, :, 1:])
+            loss.backward()
+        opt.finish_grads()
+    finally:
+        D._Buffer.grad_view = original
+        opt.close()
+    lay = Layout(dp=2, micro_batch=1, sharding="optimizer+grads")
+    planned = mem.dp_reduction_transient_bytes(0, 0, lay, mem.largest_layer_param_local(spec, 1),
+                                               mem.largest_param_local(spec, 1), bucket_elems=bucket)
+    assert peak[0] > 2 * 4 * bucket, "more than two buckets alive: the count the planner used to make"
+    assert peak[0] <= planned <= 3 * peak[0], (peak[0], planned)
