@@ -243,16 +243,15 @@ class DistributedOptimizer:
 
     def _on_grad(self, p):
         buf = self.buffer_of[p]
-        dst = buf.grad_view(p)
         if getattr(p, "grad_in_main_grad", False):  # the weight-gradient GEMM accumulated it already
             p.grad_in_main_grad = False
         else:
-            dst.add_(p.grad.reshape(-1))
+            buf.grad_view(p).add_(p.grad.reshape(-1))
         p.grad = None
         if not self.sync:
             return
         if getattr(p, "sequence_parallel", False) and group_size(self.groups.tp) > 1:
-            dist.all_reduce(dst, group=self.groups.tp)
+            dist.all_reduce(buf.grad_view(p), group=self.groups.tp)
         b = buf.bucket_of[p]
         b.pending -= 1
         if b.pending == 0:
