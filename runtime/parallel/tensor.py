@@ -24,7 +24,7 @@ Parameters carry metadata that checkpoints and tests use to map local shards to 
 """
 from __future__ import annotations
 
-import functools
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -40,11 +40,17 @@ class _Done:
         return None
 
 
-@functools.lru_cache(maxsize=None)
+_SIZE_AND_RANK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _size_and_rank(group) -> tuple[int, int]:
     # asked on every collective and every gradient hook; torch.distributed's lookups cost ~10 us of host
-    # time each, and a group's size and this rank's place in it never change
-    return dist.get_world_size(group), dist.get_rank(group)
+    # time each, and a group's size and this rank's place in it never change. Weak keys: a strong reference
+    # would keep destroyed groups alive until interpreter exit, where freeing them can abort the process
+    got = _SIZE_AND_RANK.get(group)
+    if got is None:
+        got = _SIZE_AND_RANK[group] = (dist.get_world_size(group), dist.get_rank(group))
+    return got
 
 
 def group_size(group) -> int:
