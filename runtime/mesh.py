@@ -21,7 +21,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from planner.plan import Layout
 
 
-
 def init_distributed(cuda: bool, timeout_min: float = 10) -> int:
     """The torchrun worker's default process group: NCCL for CUDA tensors with a gloo side for CPU ones
     (checkpoint staging), or gloo alone on CPU. Returns the local rank (its GPU on CUDA)."""
@@ -36,6 +35,7 @@ def init_distributed(cuda: bool, timeout_min: float = 10) -> int:
     else:
         dist.init_process_group("gloo", timeout=timeout)
     return local_rank
+
 
 @dataclass
 class ParallelGroups:

@@ -242,9 +242,12 @@ def validate(args) -> int:
         raise PlanError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) so that some steps are measured")
     plans = [Plan.load(Path(p)) for p in args.plan]
     preds, profile_label = [], args.profile if args.profile else None
+    profiles: dict = {}  # one load per GPU kind, not per plan
     for plan in plans:
         cluster = ClusterSpec.from_dict(plan.cluster)
-        preds.append(evaluate(plan, cluster, load_profile(args.profile, cluster.gpu)))
+        if cluster.gpu not in profiles:
+            profiles[cluster.gpu] = load_profile(args.profile, cluster.gpu)
+        preds.append(evaluate(plan, cluster, profiles[cluster.gpu]))
     append = Path(args.append) if args.append else None
     if append:
         _check_results_file(append)  # refuse a foreign file before spending the run

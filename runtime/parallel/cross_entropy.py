@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from runtime.parallel.tensor import group_rank, group_size
 from runtime.triton_support import tl, triton, use_triton
 
 _BLOCK_V = 4096
@@ -96,18 +97,14 @@ def _logit_grad_(logits: torch.Tensor, local_target: torch.Tensor, lse: torch.Te
     return logits.copy_(grad.mul_(scale.unsqueeze(-1)))
 
 
-def _group_size(group) -> int:
-    return 1 if group is None else dist.get_world_size(group)
-
-
 class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, group, ignore_index, fused):
         v_local = logits.shape[-1]
-        start = (0 if group is None else dist.get_rank(group)) * v_local
+        start = group_rank(group) * v_local
         local_target = target - start  # outside [0, v_local): another rank's slice (or ignore_index)
         m, sumexp, picked = _row_stats(logits, local_target, fused)
-        if _group_size(group) > 1:
+        if group_size(group) > 1:
             m_all = m.clone()
             dist.all_reduce(m_all, op=dist.ReduceOp.MAX, group=group)
             both = torch.stack([sumexp * torch.exp(m - m_all), picked])
