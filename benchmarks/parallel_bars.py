@@ -295,7 +295,7 @@ def worker(args) -> int:
                 emit(**rec)
                 if rank == 0:
                     extra = f" bubble {rec['bubble_measured']:.4f}" if "bubble_measured" in rec else ""
-                    print(f"[{args.tag}] step {step + 1}{' (profiled)' if profiling else ''} loss {loss:.4f} "
+                    print(f"[{args.tag}] step {step + 1}{' (profiled)' if profiling else ''} loss {float(loss):.4f} "
                           f"step_s {dt:.4f} tok/s/gpu {tokens / dt / world:.1f}{extra}", flush=True)
             if args.profile_steps:
                 allr = [None] * world

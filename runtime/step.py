@@ -5,6 +5,9 @@ pipeline schedule from runtime.parallel.pipeline, which must keep this signature
 
     train_step(stages, micro_batches, opt, groups, lr, before_step=None) -> (loss, grad_norm)
 
+loss and grad_norm are 0-d device tensors, so that returning does not wait for the GPU (the training loop
+reads them back a step later).
+
 stages: this rank's Stage modules (one per virtual stage); micro_batches: this rank's micro-batches of
 the step, dicts of tokens/labels [b, s], optional token_types [b, s] and positions [s]; the loss returned
 is the global-batch mean (the same number on every rank).
@@ -52,7 +55,7 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None):
         before_step()
     norm = opt.clip_grad_norm()
     opt.step(lr)
-    return float(total), float(norm)
+    return total, norm
 
 
 def select_train_step(layout):

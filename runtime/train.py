@@ -14,6 +14,7 @@ import gc
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -82,10 +83,11 @@ def parse_args(argv=None):
 
 class _StopFlag:
     """Set by SIGTERM/SIGINT; `agreed()` all-reduces it so every rank leaves the loop at the same step
-    (then the run saves its checkpoint at exit)."""
+    (then the run saves its checkpoint at exit). A CPU tensor: on GPU runs the default group's gloo side
+    carries it, so asking never waits for the GPU (the loop keeps one step queued ahead)."""
 
-    def __init__(self, device):
-        self.flag = torch.zeros(1, device=device)
+    def __init__(self):
+        self.flag = torch.zeros(1)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._set)
 
@@ -94,44 +96,52 @@ class _StopFlag:
 
     def agreed(self) -> bool:
         f = self.flag.clone()
-        dist.all_reduce(f, op=dist.ReduceOp.MAX)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(f, op=dist.ReduceOp.MAX)
         return bool(f.item())
 
 
-class _OptimizerTimer:
-    """Times clip + AdamW (from the step's `before_step` hook to its return): CUDA events on GPU, so the
-    step is not synchronised any more than it already is; the wall clock on CPU."""
+class _Clock:
+    """Marks on the GPU's stream (CUDA events, no synchronisation) or the host's wall clock (CPU)."""
 
     def __init__(self, cuda: bool):
-        self.cuda, self.t0, self.t1 = cuda, None, None
+        self.cuda = cuda
 
-    def _mark(self):
+    def mark(self):
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
 
-    def start(self):
-        self.t0 = self._mark()
-
-    def stop(self):
-        self.t1 = self._mark()
-
-    def seconds(self) -> float:
-        """Call after the step's synchronize."""
-        if self.t0 is None or self.t1 is None:
+    def seconds(self, a, b) -> float:
+        """Between two marks; on CUDA only once b has completed."""
+        if a is None or b is None:
             return 0.0
-        return self.t0.elapsed_time(self.t1) / 1e3 if self.cuda else self.t1 - self.t0
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
 
 
-def _per_rank_stats(cuda: bool, optimizer_s: float, world: int) -> list[tuple[float, float]]:
-    """(peak allocated GiB, optimizer seconds) of every rank, gathered after the timed step."""
-    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-    mine = torch.tensor([peak, optimizer_s], dtype=torch.float64, device=dev)
+@dataclass
+class _LaunchedStep:
+    """A step whose work is queued on the GPU; read back (`_finish`) once the next one is queued too.
+    step_s runs from the GPU reaching `start` (after the previous step's last kernel when steps run back to
+    back, or the host's arrival when the GPU was idle) to `end`: GPU idle time waiting for the host counts."""
+    step: int
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    peak_mem_gib: float
+    data_wait_s: float
+    lr: float
+    start: object
+    optimizer_start: object
+    end: object
+
+
+def _per_rank_stats(peak_gib: float, optimizer_s: float, world: int) -> list[tuple[float, float]]:
+    """(peak allocated GiB, optimizer seconds) of every rank. CPU tensors (gloo on GPU runs): no GPU sync."""
+    mine = torch.tensor([peak_gib, optimizer_s], dtype=torch.float64)
     if world == 1:
-        return [(peak, optimizer_s)]
+        return [(peak_gib, optimizer_s)]
     out = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(out, mine)
     return [(float(t[0]), float(t[1])) for t in out]
@@ -205,9 +215,40 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     tokens = shape.global_batch * shape.seq_len
     flops = spec.model_flops_per_token(shape.seq_len) * tokens
     world = dist.get_world_size()
-    step = start
     last_saved = start if args.resume else None
-    stop = _StopFlag(device)
+    stop = _StopFlag()
+    clock = _Clock(cuda)
+    # One step stays queued ahead: step N+1 is launched before step N's numbers are read back, so the host
+    # launches N+1's first kernels while the GPU still runs N's optimizer, rather than the GPU idling at every
+    # step start until the host catches up (as a loop that synchronises each step would make it). Pipelines
+    # (their timeline is read back per step), traced steps and checkpointed steps are read back at once.
+    queue_ahead = lay.pp == 1
+
+    def finish(rec: _LaunchedStep) -> bool:
+        """Wait for a launched step, log it; returns whether any rank was asked to stop."""
+        if cuda:
+            rec.end.synchronize()
+        dt = clock.seconds(rec.start, rec.end)
+        per_rank = _per_rank_stats(rec.peak_mem_gib, clock.seconds(rec.optimizer_start, rec.end), world)
+        bubble = _bubble_fraction(groups) if lay.pp > 1 else None
+        tflops = flops / dt / world / 1e12
+        row = dict(step=rec.step, loss=f"{float(rec.loss):.6f}", grad_norm=f"{float(rec.grad_norm):.5g}",
+                   step_s=f"{dt:.5g}", tokens_per_s=f"{tokens / dt:.6g}", tflops_per_gpu=f"{tflops:.4g}",
+                   mfu=f"{tflops / args.peak_tflops:.4g}", peak_mem_gib=f"{rec.peak_mem_gib:.4g}" if cuda else "",
+                   data_wait_s=f"{rec.data_wait_s:.4g}", lr=f"{rec.lr:.4g}",
+                   peak_mem_max_gib=f"{max(m for m, _ in per_rank):.4g}" if cuda else "",
+                   peak_mem_by_rank=";".join(f"{m:.4g}" for m, _ in per_rank) if cuda else "",
+                   optimizer_s=f"{max(o for _, o in per_rank):.4g}",
+                   bubble_frac=f"{bubble:.4g}" if bubble is not None else "")
+        if rank0:
+            print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+            if writer:
+                writer.writerow(row)
+                results.flush()
+        return stop.agreed()  # SIGTERM / SIGINT on any rank: every rank stops after the same step
+
+    pending: _LaunchedStep | None = None
+    done = start
     # Python's cyclic garbage collector pauses the host at unpredictable points, and a paused host leaves
     # the GPU idle in a launch-bound step; it runs between steps instead, every GC_EVERY_STEPS (Megatron's
     # manual GC). Objects alive now (the model, the optimizer) are frozen out of its scans.
@@ -218,51 +259,46 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         for step in range(start, start + args.steps):
             if step > start and (step - start) % GC_EVERY_STEPS == 0:
                 gc.collect()
+            traced = args.trace_step == step + 1
+            stopped = False
+            if pending is not None and traced:
+                stopped, pending = finish(pending), None
+                if stopped:
+                    break
+            start_mark = clock.mark()
             mbs, wait = prefetch.next()
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
             lr = lr_at(step, args.lr, args.warmup)
-            opt_mark = _OptimizerTimer(cuda)
-            if args.trace_step == step + 1:
-                loss, norm = _traced(args, cuda, lambda: step_fn(stages, mbs, opt, groups, lr,
-                                                                 before_step=opt_mark.start))
-            else:
-                loss, norm = step_fn(stages, mbs, opt, groups, lr, before_step=opt_mark.start)
-            opt_mark.stop()
-            if cuda:
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            per_rank = _per_rank_stats(cuda, opt_mark.seconds(), world)
-            bubble = _bubble_fraction(groups) if lay.pp > 1 else None
-            tflops = flops / dt / world / 1e12
-            row = dict(step=step + 1, loss=f"{loss:.6f}", grad_norm=f"{norm:.5g}", step_s=f"{dt:.5g}",
-                       tokens_per_s=f"{tokens / dt:.6g}", tflops_per_gpu=f"{tflops:.4g}",
-                       mfu=f"{tflops / args.peak_tflops:.4g}",
-                       peak_mem_gib=f"{torch.cuda.max_memory_allocated() / 2**30:.4g}" if cuda else "",
-                       data_wait_s=f"{wait:.4g}", lr=f"{lr:.4g}",
-                       peak_mem_max_gib=f"{max(m for m, _ in per_rank):.4g}" if cuda else "",
-                       peak_mem_by_rank=";".join(f"{m:.4g}" for m, _ in per_rank) if cuda else "",
-                       optimizer_s=f"{max(o for _, o in per_rank):.4g}",
-                       bubble_frac=f"{bubble:.4g}" if bubble is not None else "")
-            if rank0:
-                print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
-                if writer:
-                    writer.writerow(row)
-                    results.flush()
-            if args.ckpt_dir and args.save_every and (step + 1) % args.save_every == 0:
-                checkpoint.save(args.ckpt_dir, step + 1, opt, groups)
-                last_saved = step + 1
-            if stop.agreed():  # SIGTERM / SIGINT on any rank: every rank stops after this step
+            opt_marks = []
+
+            def run():
+                return step_fn(stages, mbs, opt, groups, lr, before_step=lambda: opt_marks.append(clock.mark()))
+
+            loss, norm = _traced(args, cuda, run) if traced else run()
+            rec = _LaunchedStep(step + 1, loss, norm, torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+                                wait, lr, start_mark, opt_marks[0] if opt_marks else None, clock.mark())
+            done = step + 1
+            if pending is not None:
+                stopped, pending = finish(pending), None
+            save_due = bool(args.ckpt_dir and args.save_every and done % args.save_every == 0)
+            if queue_ahead and not (traced or save_due or stopped):
+                pending = rec
+                continue
+            stopped = finish(rec) or stopped
+            if save_due:
+                checkpoint.save(args.ckpt_dir, done, opt, groups)
+                last_saved = done
+            if stopped:
                 if rank0:
-                    print(f"stopping after step {step + 1} (signal)", flush=True)
+                    print(f"stopping after step {done} (signal)", flush=True)
                 break
-        else:
-            step = start + args.steps - 1
-        step += 1
-        if args.ckpt_dir and last_saved != step:
-            checkpoint.save(args.ckpt_dir, step, opt, groups)  # at exit
+        if pending is not None:
+            if finish(pending) and rank0:
+                print(f"stopping after step {done} (signal)", flush=True)
+            pending = None
+        if args.ckpt_dir and last_saved != done:
+            checkpoint.save(args.ckpt_dir, done, opt, groups)  # at exit
     finally:
         gc.enable()
         gc.unfreeze()

@@ -134,6 +134,12 @@ class _Buffer:
                 p.main_grad = self.main_grad[self.offset[p]:self.offset[p] + p.numel()].view_as(p)
             elif hasattr(p, "main_grad"):
                 del p.main_grad
+        # what zero_grad clears: everything but the fused weights' views (their first GEMM overwrites them)
+        self.fusable = [p for p in self.params if hasattr(p, "main_grad")]
+        self.zero_views = []
+        if self.main_grad is not None:
+            taken = sorted((self.offset[p], self.offset[p] + p.numel()) for p in self.fusable)
+            self.zero_views = [self.main_grad[a:z] for a, z in _complement(taken, self.total)]
         # per bucket: this rank's shard [lo, hi) in buffer coordinates, and its optimizer tensors
         tp_rank = group_rank(tp_group)
         self.shard, self.master, self.m, self.v, self.grad_shard, self.decay, self.counted = [], [], [], [], [], [], []
@@ -227,7 +233,9 @@ class DistributedOptimizer:
     def zero_grad(self):
         for buf in self.buffers:
             if buf.main_grad is not None:
-                buf.main_grad.zero_()
+                torch._foreach_zero_(buf.zero_views)
+                for p in buf.fusable:  # overwritten by their first weight-gradient GEMM (tensor.weight_grad)
+                    p.main_grad_fresh = True
             for g in buf.grad_shard:
                 if g is not None:
                     g.zero_()
@@ -245,6 +253,9 @@ class DistributedOptimizer:
         buf = self.buffer_of[p]
         if getattr(p, "grad_in_main_grad", False):  # the weight-gradient GEMM accumulated it already
             p.grad_in_main_grad = False
+        elif getattr(p, "main_grad_fresh", False):  # not zeroed by zero_grad (a fused weight's view)
+            buf.grad_view(p).copy_(p.grad.reshape(-1))
+            p.main_grad_fresh = False
         else:
             buf.grad_view(p).add_(p.grad.reshape(-1))
         p.grad = None
@@ -291,6 +302,11 @@ class DistributedOptimizer:
     def finish_grads(self):
         """After backward: launch buckets whose parameters got no gradient, wait for every reduction."""
         if self.sync:
+            for buf in self.buffers:  # fused weights that got no gradient this step: zero, not last step's
+                for p in buf.fusable:
+                    if getattr(p, "main_grad_fresh", False):
+                        p.main_grad.zero_()
+                        p.main_grad_fresh = False
             for buf in self.buffers:
                 for b in buf.buckets:
                     if b.pending > 0:

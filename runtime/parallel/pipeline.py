@@ -450,7 +450,7 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
         before_step()
     norm = opt.clip_grad_norm()
     opt.step(lr)
-    return float(total), float(norm)
+    return total, norm
 
 
 pipeline_train_step = train_step

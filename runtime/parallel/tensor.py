@@ -116,18 +116,22 @@ def _recompute(fn, saved):
 _FP32_OUT_ADDMM = [True]  # cleared once if this torch/device has no addmm with an fp32 output for bf16 inputs
 
 
-def _accumulate_mm_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """main_grad += a @ b, accumulated in main_grad's precision (fp32) by the GEMM itself."""
+def _accumulate_mm_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> None:
+    """main_grad += a @ b (or main_grad = a @ b), in main_grad's precision (fp32), by the GEMM itself."""
+    beta = 0.0 if overwrite else 1.0  # beta 0: the GEMM does not read main_grad (stale values, even NaN, vanish)
     if a.dtype == main_grad.dtype:
-        main_grad.addmm_(a, b)
+        torch.addmm(main_grad, a, b, beta=beta, out=main_grad)
         return
     if _FP32_OUT_ADDMM[0]:
         try:
-            torch.ops.aten.addmm.dtype_out(main_grad, a, b, main_grad.dtype, out=main_grad)
+            torch.ops.aten.addmm.dtype_out(main_grad, a, b, main_grad.dtype, beta=beta, out=main_grad)
             return
         except (RuntimeError, NotImplementedError):
             _FP32_OUT_ADDMM[0] = False
-    main_grad.add_(a @ b)
+    if overwrite:
+        main_grad.copy_(a @ b)
+    else:
+        main_grad.add_(a @ b)
 
 
 def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, inp: torch.Tensor):
@@ -135,14 +139,17 @@ def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, inp: torch.Tensor)
 
     Gradient-accumulation fusion (Megatron's): when the optimizer gave the weight an fp32 `main_grad`
     (a view into its flat gradient buffer), the GEMM accumulates straight into it, so there is no bf16
-    gradient tensor and no separate fp32 add per micro-batch. The returned placeholder only lets autograd
-    run the optimizer's per-parameter hook (which sees `grad_in_main_grad` and skips its own add)."""
+    gradient tensor and no separate fp32 add per micro-batch. The optimizer does not zero these views between
+    steps: it sets `main_grad_fresh`, and the step's first weight-gradient GEMM overwrites rather than adds
+    (saves a pass over 4 bytes per parameter). The returned placeholder only lets autograd run the
+    optimizer's per-parameter hook (which sees `grad_in_main_grad` and skips its own add)."""
     g2 = grad_out.reshape(-1, grad_out.shape[-1])
     x2 = inp.reshape(-1, inp.shape[-1])
     main_grad = getattr(weight, "main_grad", None)
     if main_grad is None:
         return g2.t().matmul(x2)
-    _accumulate_mm_(main_grad, g2.t(), x2)
+    _accumulate_mm_(main_grad, g2.t(), x2, overwrite=getattr(weight, "main_grad_fresh", False))
+    weight.main_grad_fresh = False
     weight.grad_in_main_grad = True
     return torch.empty_like(weight)
 
@@ -159,6 +166,7 @@ class _ColumnParallelFn(torch.autograd.Function):
         y = F.linear(x_full, weight, bias)
         ctx.group, ctx.overlap, ctx.recompute_fn = group, overlap, recompute_fn
         ctx.has_bias = bias is not None
+        ctx.param = weight  # the Parameter itself: under activation checkpointing the saved copy lacks main_grad
         ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
         return y
 
@@ -172,7 +180,7 @@ class _ColumnParallelFn(torch.autograd.Function):
         gather.wait()
         # (2) reduce-scatter the input gradient while the weight-gradient GEMM runs
         grad_x, scatter = reduce_scatter_seq(grad_x_full, ctx.group, async_op=ctx.overlap)
-        grad_w = weight_grad(weight, grad_y, x_full)
+        grad_w = weight_grad(ctx.param, grad_y, x_full)
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         scatter.wait()
         return grad_x, grad_w, grad_b, None, None, None, None
@@ -192,6 +200,7 @@ class _RowParallelFn(torch.autograd.Function):
                 y.add_(bias)
         ctx.group, ctx.recompute_fn = group, recompute_fn
         ctx.has_bias = bias is not None
+        ctx.param = weight  # see _ColumnParallelFn
         ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
         return y
 
@@ -202,7 +211,7 @@ class _RowParallelFn(torch.autograd.Function):
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         grad_full, _ = gather_seq(grad_y, ctx.group)  # needed by both GEMMs: exposed
         grad_x = grad_full.matmul(weight)
-        return grad_x, weight_grad(weight, grad_full, x), grad_b, None, None, None
+        return grad_x, weight_grad(ctx.param, grad_full, x), grad_b, None, None, None
 
 
 PARAM_ATTRS = ("tp_dim", "tp_parts", "init", "sequence_parallel", "logical_name", "tied_copy", "expert")

@@ -87,7 +87,7 @@ def pipelined(spec, lay: Layout, stage_plans: list[StagePlan], steps=2, lr=1e-3)
     for step in range(steps):
         mbs = micro_batches(spec, step, lay.dp, groups.dp_rank, lay.micro_batch, lay.cp, groups.cp_rank)
         loss, _ = train_step(stages, mbs, opt, groups, lr, before_step=capture if step == 0 else None)
-        losses.append(loss)
+        losses.append(float(loss))
     return losses, grads, groups
 
 

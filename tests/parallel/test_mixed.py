@@ -43,7 +43,7 @@ def _cp_tp(spec):
     for step in range(2):
         mbs = C.micro_batches(spec, step, 1, 0, 2, cp=2, cp_rank=groups.cp_rank)
         loss, _ = train_step([model], mbs, opt, groups, before_step=capture if step == 0 else None)
-        losses.append(loss)
+        losses.append(float(loss))
     return losses, grads
 
 

@@ -54,7 +54,7 @@ def run_case(spec, lay: Layout, groups, modes, steps=2):
     for step in range(steps):
         mbs = micro_batches(spec, step, lay.dp, groups.dp_rank, lay.micro_batch)
         loss, _ = train_step([model], mbs, opt, groups, before_step=capture if step == 0 else None)
-        losses.append(loss)
+        losses.append(float(loss))
     return losses, grads
 
 

@@ -21,7 +21,7 @@ def _run(spec, lay_kw, ckpt_dir, steps, save_at=None, resume=False):
     losses = []
     for step in range(start, start + steps):
         loss, _ = train_step([model], micro_batches(spec, step, lay.dp, groups.dp_rank, lay.micro_batch), opt, groups)
-        losses.append(loss)
+        losses.append(float(loss))
     if save_at is not None:
         checkpoint.save(ckpt_dir, start + steps, opt, groups)
     return losses, start

@@ -50,3 +50,21 @@ def test_cpu_launch_checkpoint_and_resume(tmp_path):
     a, b = _losses(tmp_path / "a.csv"), _losses(tmp_path / "b.csv")
     assert len(a) == len(b) == 4
     assert a == pytest.approx(b, abs=2e-6)
+
+
+def test_mid_run_checkpoint_holds_its_own_step(tmp_path):
+    """The loop keeps one step queued ahead; a checkpoint due after step 2 must still hold step 2's state,
+    not step 3's (which the loop would otherwise have launched before reading step 2 back)."""
+    plan = write_plan(tmp_path / "p.json", tp=1, dp=1, micro_batch=2, sharding="none")
+    base = ["--device", "cpu", "--lr", "1e-3", "--nproc-per-node", "1"]
+    ck = tmp_path / "ck"
+    assert main([str(plan), "--steps", "4", "--results", str(tmp_path / "a.csv"), "--ckpt-dir", str(ck),
+                 "--save-every", "2"] + base) == 0
+    import shutil
+    shutil.rmtree(ck / "step-00000004")  # resume from the mid-run checkpoint, not the one at exit
+    (ck / "latest").write_text("2")
+    assert main([str(plan), "--steps", "2", "--results", str(tmp_path / "b.csv"), "--ckpt-dir", str(ck),
+                 "--resume"] + base) == 0
+    a, b = _losses(tmp_path / "a.csv"), _losses(tmp_path / "b.csv")
+    assert len(a) == 4 and len(b) == 2
+    assert a[2:] == pytest.approx(b, abs=2e-6)

@@ -132,3 +132,34 @@ def test_triton_adamw_matches_torch_fused_adamw_interpreted(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton AdamW kernel runs on CUDA")
 def test_triton_adamw_matches_torch_fused_adamw_on_cuda():
     assert _adamw_paths_agree("cuda", 100_003)
+
+
+def test_fresh_main_grad_is_overwritten_not_accumulated():
+    """After zero_grad the fused weights' main_grad views are not cleared; the step's first weight-gradient
+    GEMM overwrites them (whatever they held, NaN included) and later micro-batches add."""
+    w = torch.nn.Parameter(torch.zeros(5, 3))
+    w.main_grad = torch.full((5, 3), float("nan"))
+    w.main_grad_fresh = True
+    gy, x = torch.randn(4, 5), torch.randn(4, 3)
+    weight_grad(w, gy, x)
+    torch.testing.assert_close(w.main_grad, gy.t() @ x)
+    assert not w.main_grad_fresh
+    weight_grad(w, gy, x)
+    torch.testing.assert_close(w.main_grad, 2 * gy.t() @ x)
+
+
+def test_weight_gradient_goes_to_main_grad_under_activation_checkpointing():
+    """torch.utils.checkpoint hands backward a recomputed copy of the weight that lacks main_grad; the layer
+    must still accumulate into the Parameter's main_grad (fused path), not return a separate gradient."""
+    from torch.utils.checkpoint import checkpoint
+
+    from runtime.parallel.tensor import ColumnParallelLinear
+
+    torch.manual_seed(0)
+    lin = ColumnParallelLinear(4, [3], False, None)
+    lin.weight.main_grad = torch.full((3, 4), float("nan"))
+    lin.weight.main_grad_fresh = True
+    x = torch.randn(2, 1, 4)
+    checkpoint(lin, x, use_reentrant=False).sum().backward()
+    torch.testing.assert_close(lin.weight.main_grad, torch.ones(2, 3).t() @ x.reshape(2, 4))
+    assert lin.weight.grad_in_main_grad
