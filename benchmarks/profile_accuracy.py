@@ -58,7 +58,9 @@ def _stats(errs, median_bar, worst_bar):
             "pass": statistics.median(a) <= median_bar and max(a) <= worst_bar}
 
 
-def held_out_gemms(profile: Profile, device, n: int, seed: int = 0) -> list[shapes.GemmShape]:
+def held_out_gemms(profile: Profile, device, n: int, seed: int = 0, first: int = 0) -> list[shapes.GemmShape]:
+    """n shapes outside the profile's grid, from position `first` of a seeded shuffle (disjoint ranges give
+    disjoint sets: one to develop a GEMM model on, another to report it on)."""
     grid = {(m, nn, k) for m, nn, k, _ in profile.gemm_points}
     cap = profile.extras.get("gemm_grid", {}).get("flops_cap", 1.5e13)
     cands = []
@@ -80,11 +82,11 @@ def held_out_gemms(profile: Profile, device, n: int, seed: int = 0) -> list[shap
                                 cands.append(s)
     uniq = list({s.key: s for s in cands}.values())
     random.Random(seed).shuffle(uniq)
-    return uniq[:n]
+    return uniq[first:first + n]
 
 
-def bench_gemm(profile, device, n, out_dir):
-    sh = held_out_gemms(profile, device, n)
+def bench_gemm(profile, device, n, out_dir, first=0):
+    sh = held_out_gemms(profile, device, n, first=first)
     pts, _, _ = kernels.time_gemms(sh, device, warmup=2, repeats=7)
     rows, errs = [], []
     for s, (_, _, _, t) in zip(sh, pts):
@@ -268,6 +270,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--gpus", type=int, default=None)
     ap.add_argument("--gemm-shapes", type=int, default=150)
+    ap.add_argument("--gemm-first", type=int, default=0, help="skip this many of the shuffled held-out shapes")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: gemm,attention,collectives,layer")
     a = ap.parse_args(argv)
     coll.force_env()
@@ -284,7 +287,7 @@ def main(argv=None) -> int:
                "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": " ".join(["python", "benchmarks/profile_accuracy.py"] + (argv or sys.argv[1:]))}
     t0 = time.monotonic()
-    for name, fn in (("gemm", lambda: bench_gemm(prof, device, a.gemm_shapes, out)),
+    for name, fn in (("gemm", lambda: bench_gemm(prof, device, a.gemm_shapes, out, a.gemm_first)),
                      ("attention", lambda: bench_attention(prof, device, out)),
                      ("collectives", lambda: bench_collectives(prof, device, gpus, out)),
                      ("layer", lambda: bench_layer(prof, device, out, a.profile, gpus))):

@@ -124,8 +124,8 @@ class _Clock:
 @dataclass
 class _LaunchedStep:
     """A step whose work is queued on the GPU; read back (`_finish`) once the next one is queued too.
-    step_s runs from the GPU reaching `start` (after the previous step's last kernel when steps run back to
-    back, or the host's arrival when the GPU was idle) to `end`: GPU idle time waiting for the host counts."""
+    step_s runs from `start` to `end`: the previous step's end when this step was queued behind it, else a
+    mark made as the host began this step; GPU time idle waiting for the host counts either way."""
     step: int
     loss: torch.Tensor
     grad_norm: torch.Tensor
@@ -276,8 +276,10 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                 return step_fn(stages, mbs, opt, groups, lr, before_step=lambda: opt_marks.append(clock.mark()))
 
             loss, norm = _traced(args, cuda, run) if traced else run()
+            # queued behind the previous step: timed from that step's end, so GPU idle between the two counts
             rec = _LaunchedStep(step + 1, loss, norm, torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
-                                wait, lr, start_mark, opt_marks[0] if opt_marks else None, clock.mark())
+                                wait, lr, pending.end if pending is not None else start_mark,
+                                opt_marks[0] if opt_marks else None, clock.mark())
             done = step + 1
             if pending is not None:
                 stopped, pending = finish(pending), None
