@@ -255,4 +255,7 @@ class Prefetcher:
         return mbs, time.perf_counter() - t
 
     def close(self):
+        # join: a daemon thread still inside a torch op when the interpreter shuts down aborts the process
+        # ("terminate called without an active exception")
         self.stop.set()
+        self.thread.join(timeout=30)

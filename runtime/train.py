@@ -127,8 +127,8 @@ class _LaunchedStep:
     step_s runs from `start` to `end`: the previous step's end when this step was queued behind it, else a
     mark made as the host began this step; GPU time idle waiting for the host counts either way."""
     step: int
-    loss: torch.Tensor
-    grad_norm: torch.Tensor
+    loss_and_norm: torch.Tensor
+    """[loss, grad norm] in (pinned) host memory, valid once `end` has completed."""
     peak_mem_gib: float
     data_wait_s: float
     lr: float
@@ -232,7 +232,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         per_rank = _per_rank_stats(rec.peak_mem_gib, clock.seconds(rec.optimizer_start, rec.end), world)
         bubble = _bubble_fraction(groups) if lay.pp > 1 else None
         tflops = flops / dt / world / 1e12
-        row = dict(step=rec.step, loss=f"{float(rec.loss):.6f}", grad_norm=f"{float(rec.grad_norm):.5g}",
+        loss, grad_norm = rec.loss_and_norm.tolist()
+        row = dict(step=rec.step, loss=f"{loss:.6f}", grad_norm=f"{grad_norm:.5g}",
                    step_s=f"{dt:.5g}", tokens_per_s=f"{tokens / dt:.6g}", tflops_per_gpu=f"{tflops:.4g}",
                    mfu=f"{tflops / args.peak_tflops:.4g}", peak_mem_gib=f"{rec.peak_mem_gib:.4g}" if cuda else "",
                    data_wait_s=f"{rec.data_wait_s:.4g}", lr=f"{rec.lr:.4g}",
@@ -276,8 +277,13 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                 return step_fn(stages, mbs, opt, groups, lr, before_step=lambda: opt_marks.append(clock.mark()))
 
             loss, norm = _traced(args, cuda, run) if traced else run()
+            # loss and norm go to pinned host memory behind this step's kernels: reading a device tensor later
+            # (.item()) would queue behind the next step's kernels too and wait for them
+            numbers = torch.empty(2, pin_memory=cuda)
+            numbers.copy_(torch.stack([loss.detach().float().reshape(()), norm.detach().float().reshape(())]),
+                          non_blocking=True)
             # queued behind the previous step: timed from that step's end, so GPU idle between the two counts
-            rec = _LaunchedStep(step + 1, loss, norm, torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+            rec = _LaunchedStep(step + 1, numbers, torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
                                 wait, lr, pending.end if pending is not None else start_mark,
                                 opt_marks[0] if opt_marks else None, clock.mark())
             done = step + 1
