@@ -50,13 +50,18 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="folder for loo.csv and summary.txt (must not hold them)")
     ap.add_argument("--sample", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--table", choices=("points", "wgrad_points"), default="points",
+                    help="the profile's bf16-output GEMMs, or its weight-gradient GEMMs (fp32 accumulation)")
     args = ap.parse_args()
     out = Path(args.out)
     if (out / "loo.csv").exists() or (out / "summary.txt").exists():
         print(f"error: {out} already holds results; choose another --out", file=sys.stderr)
         return 1
     prof = json.loads(Path(args.profile).read_text())
-    points = [tuple(p) for p in prof["gemm"]["points"]]
+    points = [tuple(p) for p in prof["gemm"].get(args.table, [])]
+    if len(points) < 2:
+        print(f"error: {args.profile} has no '{args.table}' GEMM table to test", file=sys.stderr)
+        return 1
     sample = random.Random(args.seed).sample(range(len(points)), min(args.sample, len(points)))
     rows = leave_one_out(points, prof["copy_bandwidth_bytes_per_s"], sample)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,7 +69,7 @@ def main() -> int:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    lines = [f"leave-one-out over {len(rows)} of {len(points)} measured GEMMs of {args.profile} "
+    lines = [f"leave-one-out over {len(rows)} of {len(points)} measured GEMMs ({args.table}) of {args.profile} "
              f"(seed {args.seed}), interpolation at commit {git_commit(short=True)['git_commit']}"]
     lines += [summary(rows, s) for s in (0.0, 20e-6, 100e-6)]
     (out / "summary.txt").write_text("\n".join(lines) + "\n")

@@ -61,7 +61,9 @@ def _stats(errs, median_bar, worst_bar):
 def held_out_gemms(profile: Profile, device, n: int, seed: int = 0, first: int = 0) -> list[shapes.GemmShape]:
     """n shapes outside the profile's grid, from position `first` of a seeded shuffle (disjoint ranges give
     disjoint sets: one to develop a GEMM model on, another to report it on)."""
-    grid = {(m, nn, k) for m, nn, k, _ in profile.gemm_points}
+    grid = {(m, nn, k, False) for m, nn, k, _ in profile.gemm_points}
+    # an older profile without a wgrad table answers wgrad from its one table: shapes in it are not held out
+    grid |= {(m, nn, k, True) for m, nn, k, _ in (profile.wgrad_points or profile.gemm_points)}
     cap = profile.extras.get("gemm_grid", {}).get("flops_cap", 1.5e13)
     cands = []
     if device.type == "cuda":
@@ -89,8 +91,9 @@ def bench_gemm(profile, device, n, out_dir, first=0):
     sh = held_out_gemms(profile, device, n, first=first)
     pts, _, _ = kernels.time_gemms(sh, device, warmup=2, repeats=7)
     rows, errs = [], []
-    for s, (_, _, _, t) in zip(sh, pts):
-        pred = profile.gemm_s(s.m, s.n, s.k) - GEMM_LAUNCH_ADDER
+    for s, (_, _, _, t, _) in zip(sh, pts):
+        lookup = profile.wgrad_s if s.kind == "wgrad" else profile.gemm_s
+        pred = lookup(s.m, s.n, s.k) - GEMM_LAUNCH_ADDER
         e = _err(pred, t)
         errs.append(e)
         rows.append({"m": s.m, "n": s.n, "k": s.k, "kind": s.kind, "measured_s": t, "predicted_s": pred,

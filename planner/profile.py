@@ -3,8 +3,13 @@
 `plan profile` (runtime/profiler) writes it; `Profile.load` validates it. The cost model asks it four
 kinds of question, each answered from measured points:
 
-- `gemm_s(m, n, k)`: a bf16 GEMM [m,k] x [k,n]; achieved FLOP rate interpolated in log-shape space from
-  measured shapes (inverse-distance weights on the nearest points), capped by the roofline.
+- `gemm_s(m, n, k)`: a bf16 GEMM [m,k] x [k,n] with a bf16 output (forward and input-gradient GEMMs);
+  achieved FLOP rate interpolated in log-shape space from measured shapes (along a measured line of the
+  grid, else inverse-distance weights on the nearest points), capped by the roofline.
+- `wgrad_s(m, n, k)`: the weight-gradient GEMM dY^T X as the runtime runs it, accumulating into an fp32
+  main gradient (reads and writes m x n fp32 besides the bf16 operands), from its own measured points:
+  with few tokens (k) it is far slower than a bf16-output GEMM of the same shape, so one table for both
+  mispredicted either by up to 60% (session 4, benchmarks/results/README.md).
 - `attention_s(...)`: flash/SDPA attention forward and backward; achieved rate interpolated over measured
   (sequence, head_dim, causal) points.
 - `memory_bound_s(bytes)`: elementwise work at the measured device-copy bandwidth times an efficiency.
@@ -153,7 +158,7 @@ class Profile:
     gpu: str
     provenance: dict
     gemm_points: list[tuple[int, int, int, float]]
-    """(m, n, k, seconds) for bf16 [m,k] x [k,n]."""
+    """(m, n, k, seconds) for bf16 [m,k] x [k,n] with a bf16 output (forward and input-gradient layouts)."""
     attention_points: list[dict]
     """{'seq', 'head_dim', 'causal', 'fwd_tflops', 'bwd_tflops'}: achieved rates counting causal work halved."""
     copy_bandwidth_bytes_per_s: float
@@ -178,6 +183,9 @@ class Profile:
     extras: dict = field(default_factory=dict)
     host: HostOverheads | None = None
     """Measured host time per layer (runtime/profiler/host.py); None: no host floor (older profiles)."""
+    wgrad_points: list[tuple[int, int, int, float]] = field(default_factory=list)
+    """(m, n, k, seconds) of weight-gradient GEMMs [m,k] x [k,n] accumulated into fp32 (k = tokens); empty in
+    profiles measured before session 4, where wgrad_s falls back to gemm_s."""
 
     # -- queries -------------------------------------------------------------
     def eff(self, term: str) -> float:
@@ -192,10 +200,18 @@ class Profile:
             return 0.0
         return _gemm_s_cached(self._gemm_key(), m, n, k)
 
-    def _gemm_key(self):
-        key = self.__dict__.get("_gk")
+    def wgrad_s(self, m: int, n: int, k: int) -> float:
+        if not self.wgrad_points:
+            return self.gemm_s(m, n, k)
+        if m <= 0 or n <= 0 or k <= 0:
+            return 0.0
+        return _gemm_s_cached(self._gemm_key("wgrad"), m, n, k)
+
+    def _gemm_key(self, kind: str = "mm"):
+        key = self.__dict__.get(f"_gk_{kind}")
         if key is None:
-            key = self.__dict__["_gk"] = _GemmTable(tuple(self.gemm_points), self.copy_bandwidth_bytes_per_s)
+            pts = self.wgrad_points if kind == "wgrad" else self.gemm_points
+            key = self.__dict__[f"_gk_{kind}"] = _GemmTable(tuple(pts), self.copy_bandwidth_bytes_per_s)
         return key
 
     def attention_s(self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int, causal: bool,
@@ -270,7 +286,8 @@ class Profile:
     def to_dict(self) -> dict:
         return {
             "format": PROFILE_FORMAT, "version": PROFILE_VERSION, "gpu": self.gpu, "provenance": self.provenance,
-            "gemm": {"points": [list(p) for p in self.gemm_points]},
+            "gemm": {"points": [list(p) for p in self.gemm_points],
+                     **({"wgrad_points": [list(p) for p in self.wgrad_points]} if self.wgrad_points else {})},
             "attention": {"points": self.attention_points},
             "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s,
             "elementwise_efficiency": self.elementwise_efficiency,
@@ -317,6 +334,7 @@ class Profile:
                 efficiency={str(k): float(v) for k, v in (d.get("efficiency") or {}).items()},
                 source_path=source, extras=dict(d.get("extras") or {}),
                 host=HostOverheads.from_measurement(d["host"]) if d.get("host") is not None else None,
+                wgrad_points=[(int(m), int(n), int(k), float(t)) for m, n, k, t in d["gemm"].get("wgrad_points", [])],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"{where} is corrupted ({exc.__class__.__name__}: {exc})") from None
@@ -330,7 +348,7 @@ class Profile:
 
 
 def _validate(p: Profile, where: str) -> None:
-    if not p.gemm_points or any(t <= 0 or min(m, n, k) <= 0 for m, n, k, t in p.gemm_points):
+    if not p.gemm_points or any(t <= 0 or min(m, n, k) <= 0 for m, n, k, t in p.gemm_points + p.wgrad_points):
         raise PlanError(f"{where} is corrupted: its GEMM table is empty or holds non-positive entries")
     if not p.attention_points or any(a["fwd_tflops"] <= 0 or a["bwd_tflops"] <= 0 for a in p.attention_points):
         raise PlanError(f"{where} is corrupted: its attention table is empty or holds non-positive rates")

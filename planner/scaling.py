@@ -119,6 +119,7 @@ def derive_profile(base, gpu: str):
     prov["modelled"] = list(prov.get("modelled", [])) + [note]
     return replace(base, gpu=gpu, provenance=prov,
                    gemm_points=[(m, n, k, t / peak) for m, n, k, t in base.gemm_points],
+                   wgrad_points=[(m, n, k, t / peak) for m, n, k, t in base.wgrad_points],
                    attention_points=[{**p, "fwd_tflops": p["fwd_tflops"] * peak, "bwd_tflops": p["bwd_tflops"] * peak}
                                      for p in base.attention_points],
                    copy_bandwidth_bytes_per_s=base.copy_bandwidth_bytes_per_s * hbm,

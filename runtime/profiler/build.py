@@ -216,11 +216,13 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     points, spreads, skipped = kernels.time_gemms(grid, device, deadline=deadline, progress=rep.advance, **greps)
     if not points:
         raise PlanError("the time budget ran out before any GEMM was timed; give a larger --budget")
-    extras["gemm_spread"] = spreads
+    extras["gemm_spread"] = [sp for sp, p in zip(spreads, points) if p[4] != "wgrad"]   # aligned with each table
+    extras["wgrad_spread"] = [sp for sp, p in zip(spreads, points) if p[4] == "wgrad"]
     extras["gemm_grid"] = {
         "models": [m.name for m in grid_spec.models], "tp": list(grid_spec.tp_degrees),
         "tokens": [min(grid_spec.tokens), max(grid_spec.tokens)], "flops_cap": grid_spec.flops_cap,
         "shapes": len(grid), "timed": len(points), "skipped_by_budget": skipped,
+        "tables": "gemm.points: forward and dgrad (bf16 output); gemm.wgrad_points: wgrad (fp32 accumulation)",
         "convention": "as runtime/parallel/tensor.py: forward (m=tokens, n=n_out, k=k_in) = F.linear(x, W); "
                       "dgrad (tokens, k_in, n_out) = dY @ W; wgrad (n_out, k_in, tokens) = main_grad += dY^T @ X "
                       "(accumulated into an fp32 main gradient by the GEMM: gradient-accumulation fusion)",
@@ -241,7 +243,12 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     prov["wall_s"] = round(time.monotonic() - t_start, 1)
     att_for_profile = [{k: p[k] for k in ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads",
                                           "fwd_s", "bwd_s", "fwd_spread", "bwd_spread")} for p in att_points]
-    prof = Profile(gpu=kind, provenance=prov, gemm_points=points, attention_points=att_for_profile,
+    mm_points = [(m, n, k, t) for m, n, k, t, knd in points if knd != "wgrad"]
+    wgrad_points = [(m, n, k, t) for m, n, k, t, knd in points if knd == "wgrad"]
+    if not mm_points:
+        raise PlanError("the time budget ran out before any forward GEMM was timed; give a larger --budget")
+    prof = Profile(gpu=kind, provenance=prov, gemm_points=mm_points, wgrad_points=wgrad_points,
+                   attention_points=att_for_profile,
                    copy_bandwidth_bytes_per_s=copy_bw, elementwise_efficiency=eff, optimizer_s_per_param=opt_s,
                    collectives=fits, overlap_hidden_fraction=overlap, kernel_launch_s=launch, extras=extras,
                    host=host)

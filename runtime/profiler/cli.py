@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> Path:
 def _summary(prof, out: Path) -> None:
     pv = prof.provenance
     lines = [f"wrote {out}: {prof.gpu} ({pv.get('gpu_name')}, {pv.get('gpus_used')} used) in {pv.get('wall_s')} s",
-             f"  GEMM: {len(prof.gemm_points)} shapes, best {prof.peak_gemm_flops / 1e12:.1f} TFLOP/s",
+             f"  GEMM: {len(prof.gemm_points)} shapes (+ {len(prof.wgrad_points)} weight-gradient), best "
+             f"{prof.peak_gemm_flops / 1e12:.1f} TFLOP/s",
              f"  attention: {len(prof.attention_points)} points, best fwd "
              f"{max(p['fwd_tflops'] for p in prof.attention_points):.1f} / bwd "
              f"{max(p['bwd_tflops'] for p in prof.attention_points):.1f} TFLOP/s",

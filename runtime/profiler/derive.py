@@ -33,10 +33,13 @@ def derive(src: Profile, target: str = "h100-sxm") -> Profile:
         raise PlanError(f"can derive only between {', '.join(HBM_TB_PER_S)}; the profile is for '{src.gpu}'")
     r = HBM_TB_PER_S[src.gpu] / HBM_TB_PER_S[target]   # > 1 when the target's HBM is slower
     copy_bw = src.copy_bandwidth_bytes_per_s / r
-    gemm = []
-    for m, n, k, t in src.gemm_points:
-        phi = min(1.0, 2.0 * (m * k + k * n + m * n) / src.copy_bandwidth_bytes_per_s / t)
-        gemm.append((m, n, k, t * (1.0 + phi * (r - 1.0))))
+    def scaled(m, n, k, t, out_bytes):
+        # phi: the share of the time the GEMM's HBM traffic (bf16 operands, its output) takes at copy bandwidth
+        phi = min(1.0, (2.0 * (m * k + k * n) + out_bytes * m * n) / src.copy_bandwidth_bytes_per_s / t)
+        return (m, n, k, t * (1.0 + phi * (r - 1.0)))
+
+    gemm = [scaled(m, n, k, t, 2.0) for m, n, k, t in src.gemm_points]
+    wgrad = [scaled(m, n, k, t, 8.0) for m, n, k, t in src.wgrad_points]  # fp32 main gradient read and written
     prov = {
         "derived_from": copy.deepcopy(src.provenance),
         "derived_from_gpu": src.gpu,
@@ -60,7 +63,7 @@ def derive(src: Profile, target: str = "h100-sxm") -> Profile:
     from dataclasses import replace
     colls = [replace(c, measured=False) for c in colls]
     extras = {"derived": True, "hbm_ratio": r, "source_extras_keys": sorted(src.extras)}
-    return Profile(gpu=target, provenance=prov, gemm_points=gemm,
+    return Profile(gpu=target, provenance=prov, gemm_points=gemm, wgrad_points=wgrad,
                    attention_points=copy.deepcopy(src.attention_points), copy_bandwidth_bytes_per_s=copy_bw,
                    elementwise_efficiency=src.elementwise_efficiency,
                    optimizer_s_per_param=src.optimizer_s_per_param * r, collectives=colls,

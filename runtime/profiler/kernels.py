@@ -103,8 +103,9 @@ def rotation_sets(set_bytes: int, device) -> int:
 
 
 def time_gemms(shapes: list[GemmShape], device, *, warmup: int, repeats: int, deadline: float | None = None,
-               progress=None) -> tuple[list[tuple[int, int, int, float]], list[float], int]:
-    """Times each shape; returns ((m, n, k, seconds) points, relative spreads, shapes skipped by the deadline)."""
+               progress=None) -> tuple[list[tuple[int, int, int, float, str]], list[float], int]:
+    """Times each shape; returns ((m, n, k, seconds, kind) points, relative spreads, shapes skipped by the
+    deadline)."""
     device = torch.device(device)
     dtype = compute_dtype(device)
     pool = RandomPool(gemm_pool_numel(shapes, device), device, dtype)
@@ -122,7 +123,7 @@ def time_gemms(shapes: list[GemmShape], device, *, warmup: int, repeats: int, de
         sets = rotation_sets((s.m * s.k + s.k * s.n) * esize, device)
         fn = gemm_call(s, pool, device, sets)
         t = time_fn(fn, device, warmup=warmup, repeats=repeats)
-        points.append((s.m, s.n, s.k, t.median_s))
+        points.append((s.m, s.n, s.k, t.median_s, s.kind))
         spreads.append(round(t.spread, 4))
         if progress:
             progress(1)

@@ -35,8 +35,9 @@ class GemmShape:
         return 2.0 * self.m * self.n * self.k
 
     @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.m, self.n, self.k)
+    def key(self) -> tuple[int, int, int, bool]:
+        """Shape and whether it is a weight-gradient GEMM (fp32 accumulation: timed and tabled apart)."""
+        return (self.m, self.n, self.k, self.kind == "wgrad")
 
 
 def linear_layers(spec: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
@@ -98,7 +99,7 @@ def cpu_grid_spec(quick: bool) -> GridSpec:
 
 def gemm_grid(spec: GridSpec) -> list[GemmShape]:
     """The deduplicated GEMM shapes, ordered coarse (m a power of 4) to fine, capped in count."""
-    shapes: dict[tuple[int, int, int], GemmShape] = {}
+    shapes: dict[tuple, GemmShape] = {}
 
     def add(m, n, k, kind):
         if min(m, n, k) < 1:

@@ -51,13 +51,13 @@ def test_gemm_grid_from_catalogue():
     assert all(s.flops <= spec.flops_cap for s in grid)
     l70 = CATALOGUE["llama3-70b"]
     q = 8192 // 8 + 2 * 128   # TP8: 8 query heads + 1 KV head each for K and V, head_dim 128
-    assert (4096, q, 8192) in keys                       # QKV forward
-    assert (4096, 8192, q) in keys                       # its dgrad
-    assert (q, 8192, 4096) in keys                       # its wgrad dY^T X (tokens = reduction)
-    assert (4096, 2 * l70.ffn_hidden // 8, 8192) in keys  # gate-up fused, TP8
-    assert (8192, 8192, l70.ffn_hidden // 8) in keys     # fc2 forward
+    assert (4096, q, 8192, False) in keys                # QKV forward
+    assert (4096, 8192, q, False) in keys                # its dgrad
+    assert (q, 8192, 4096, True) in keys                 # its wgrad dY^T X (tokens = reduction, fp32)
+    assert (4096, 2 * l70.ffn_hidden // 8, 8192, False) in keys  # gate-up fused, TP8
+    assert (8192, 8192, l70.ffn_hidden // 8, False) in keys  # fc2 forward
     # MoE experts: one grouped GEMM over the tokens x top_k routed rows
-    assert (8192, 2 * 14336, 4096) in keys               # mixtral-8x7b, 4096 tokens, TP1
+    assert (8192, 2 * 14336, 4096, False) in keys        # mixtral-8x7b, 4096 tokens, TP1
 
 
 def test_quick_grid_smaller():

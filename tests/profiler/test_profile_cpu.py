@@ -44,6 +44,7 @@ def test_cpu_profile_provenance(cpu_profile):
     assert statuses["gemm"] == "measured" and statuses["collectives/loopback"] == "measured"
     assert any(s == "modelled" for s in statuses.values())
     assert len(d["extras"]["gemm_spread"]) == len(d["gemm"]["points"])
+    assert len(d["extras"]["wgrad_spread"]) == len(d["gemm"]["wgrad_points"]) > 0
 
 
 def test_overwrite_refused_then_forced(cpu_profile, tmp_path, capsys):
@@ -98,7 +99,8 @@ def test_derive_h100(cpu_profile, tmp_path, capsys):
     assert h100.gpu == "h100-sxm"
     assert h100.copy_bandwidth_bytes_per_s == pytest.approx(h200.copy_bandwidth_bytes_per_s * 3.35 / 4.8)
     assert h100.optimizer_s_per_param == pytest.approx(h200.optimizer_s_per_param * 4.8 / 3.35)
-    for (m, n, k, t0), (_, _, _, t1) in zip(h200.gemm_points, h100.gemm_points):
+    assert len(h100.wgrad_points) == len(h200.wgrad_points) > 0
+    for (m, n, k, t0), (_, _, _, t1) in zip(h200.gemm_points + h200.wgrad_points, h100.gemm_points + h100.wgrad_points):
         assert t0 <= t1 <= t0 * 4.8 / 3.35 * (1 + 1e-9)
     assert all(p["status"] == "derived" for p in h100.provenance["parts"])
     assert not any(c.measured for c in h100.collectives)
