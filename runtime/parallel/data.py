@@ -509,7 +509,9 @@ class FullyShardedOptimizer:
                 if getattr(p, "sequence_parallel", False) and p.grad is not None:
                     dist.all_reduce(p.grad.to_local(), group=self.groups.tp)
 
-    def clip_grad_norm(self, max_norm: float | None = None) -> float:
+    def clip_grad_norm(self, max_norm: float | None = None) -> torch.Tensor:
+        """Global gradient norm as a 0-d tensor; gradients scaled on the device when it exceeds max_norm (no host
+        synchronisation: the training loop keeps the next step queued behind this one)."""
         max_norm = self.cfg.grad_clip if max_norm is None else max_norm
         tp_rank = group_rank(self.groups.tp)
         sq = None
@@ -523,11 +525,12 @@ class FullyShardedOptimizer:
         for g in (self.groups.dp_cp, self.groups.tp, self.groups.pp):
             if group_size(g) > 1:
                 dist.all_reduce(sq, group=g)
-        norm = float(sq.sqrt())
-        if max_norm and norm > max_norm:
-            for _, p in self.named:
-                if p.grad is not None:
-                    p.grad.to_local().mul_(max_norm / (norm + 1e-6))
+        norm = sq.sqrt()
+        if max_norm:
+            coef = torch.where(norm > max_norm, max_norm / (norm + 1e-6), torch.ones_like(norm))
+            grads = [p.grad.to_local() for _, p in self.named if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, coef)
         return norm
 
     def step(self, lr: float | None = None):

@@ -68,3 +68,10 @@ def test_mid_run_checkpoint_holds_its_own_step(tmp_path):
     a, b = _losses(tmp_path / "a.csv"), _losses(tmp_path / "b.csv")
     assert len(a) == 4 and len(b) == 2
     assert a[2:] == pytest.approx(b, abs=2e-6)
+
+
+def test_cpu_launch_fully_sharded(tmp_path):
+    """FSDP (sharding 'full') through the training loop: its norm is a tensor like the other optimizers'."""
+    plan = write_plan(tmp_path / "p.json", tp=1, dp=2, micro_batch=2, sharding="full")
+    assert main([str(plan), "--steps", "3", "--results", str(tmp_path / "a.csv"), "--device", "cpu"]) == 0
+    assert len(_losses(tmp_path / "a.csv")) == 3
