@@ -263,8 +263,17 @@ def validate(args) -> int:
             f.write_text(Path(src).read_text())
             files.append(f)
         failed: dict[str, str] = {}
-        for world in dict.fromkeys(p.layout.world_size for p in plans):
-            failed.update(_run_plans(args, [f for f, p in zip(files, plans) if p.layout.world_size == world], tmp))
+        stopped, ran = None, set()
+        try:
+            for world in dict.fromkeys(p.layout.world_size for p in plans):
+                group = [f for f, p in zip(files, plans) if p.layout.world_size == world]
+                failed.update(_run_plans(args, group, tmp))
+                ran.update(f.stem for f in group)
+        except SystemExit as exc:  # SIGTERM (a wall-clock limit, say): still report and append what finished
+            stopped = exc.code if isinstance(exc.code, int) else 143
+            for f in files:
+                if f.stem not in failed and f.stem not in ran and not (tmp / f"{f.stem}.done").exists():
+                    failed[f.stem] = "validation was stopped (SIGTERM) before this plan finished"
         for src, f, plan, pred in zip(args.plan, files, plans, preds):
             head = f"--- {src}" if len(plans) > 1 else None
             try:
@@ -296,8 +305,9 @@ def validate(args) -> int:
                 print(f"{head}\nplan: {exc}", file=sys.stderr, flush=True)
     if failures:
         print(f"plan: {failures} of {len(plans)} plans failed; the others are reported above", file=sys.stderr)
-        return 1
-    return 0
+    if stopped is not None:
+        return stopped
+    return 1 if failures else 0
 
 
 def main(argv=None) -> int:

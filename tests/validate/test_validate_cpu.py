@@ -123,3 +123,29 @@ def test_validate_several_plans_of_two_world_sizes_in_one_call(tiny_plan, tmp_pa
         ("tiny-gpt", 2, 2, 1), ("tiny-llama", 1, 1, 1), ("tiny-gpt", 2, 1, 2)]
     assert so.count("step time (s)") == 3
     assert so.count("=== plan") == 2  # the two 2-process plans ran in one worker
+
+
+def test_validate_stopped_midway_still_appends_what_finished(tiny_plan, tmp_path, monkeypatch, capsys):
+    """A wall-clock limit's SIGTERM during a sweep (session 4 lost a 56-plan sweep to it): the plans that
+    finished are still reported and appended, the rest are named, and the exit code says it was stopped."""
+    from runtime import validate as V
+
+    two = tmp_path / "two.json"
+    d = json.loads(tiny_plan.read_text())
+    d["layout"]["dp"], d["cluster"]["num_gpus"], d["training"]["global_batch"] = 2, 2, 8
+    two.write_text(json.dumps(d))
+    real = V._run_plans
+    calls = []
+
+    def run_then_stop(args, files, out):
+        calls.append(len(files))
+        if len(calls) == 2:   # the second world size: as if SIGTERM arrived while it ran
+            raise SystemExit(143)
+        return real(args, files, out)
+
+    monkeypatch.setattr(V, "_run_plans", run_then_stop)
+    out = tmp_path / "r.csv"
+    rc = V.main([str(tiny_plan), str(two), "--steps", "3", "--warmup", "1", "--device", "cpu", "--append", str(out)])
+    assert rc == 143
+    assert len(read_results(out)) == 1
+    assert "stopped (SIGTERM) before this plan finished" in capsys.readouterr().err
