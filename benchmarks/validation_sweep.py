@@ -195,8 +195,12 @@ echo "# sweep of {n} plans, device $DEVICE, commit $PLAN_COMMIT, $(date -u +%FT%
 "$PY" -m runtime.validate \\
 {files} \\
     --steps "$STEPS" --warmup "$WARMUP" --device "$DEVICE" --timeout "$PLAN_TIMEOUT" \\
-    --append "$OUT/validation.csv" "${{PROFILE_ARGS[@]}}" >> "$OUT/validation.log" 2>&1
-rc=$?
+    --append "$OUT/validation.csv" "${{PROFILE_ARGS[@]}}" >> "$OUT/validation.log" 2>&1 &
+pid=$!
+# a wall-clock limit's SIGTERM goes on to validate, which then reports and appends the plans that finished
+trap 'kill -TERM $pid 2>/dev/null' TERM INT
+wait $pid; rc=$?
+if kill -0 $pid 2>/dev/null; then wait $pid; rc=$?; fi
 echo "# done rc=$rc, ${{SECONDS}} s" | tee -a "$OUT/validation.log"
 [ -f "$OUT/validation.csv" ] && cut -d, -f1-14 "$OUT/validation.csv"
 exit 0

@@ -11,7 +11,7 @@ STEPS="${STEPS:-6}"
 WARMUP="${WARMUP:-2}"
 PLAN_TIMEOUT="${PLAN_TIMEOUT:-45}"
 OUT="${OUT:-$HERE/out}"
-export PLAN_COMMIT="${PLAN_COMMIT:-3841b61}"
+export PLAN_COMMIT="${PLAN_COMMIT:-6d41b7d}"
 PY="${PYTHON:-python}"
 mkdir -p "$OUT"
 PROFILE_ARGS=()
@@ -119,8 +119,12 @@ echo "# sweep of 100 plans, device $DEVICE, commit $PLAN_COMMIT, $(date -u +%FT%
     "$HERE/plans/q-llama-1b-gqa-r49-tp1-pp1-dp1-cp2-mb1-optimizer+grads.json" \
     "$HERE/plans/q-llama-1b-gqa-r50-tp1-pp1-dp1-cp2-mb1-full.json" \
     --steps "$STEPS" --warmup "$WARMUP" --device "$DEVICE" --timeout "$PLAN_TIMEOUT" \
-    --append "$OUT/validation.csv" "${PROFILE_ARGS[@]}" >> "$OUT/validation.log" 2>&1
-rc=$?
+    --append "$OUT/validation.csv" "${PROFILE_ARGS[@]}" >> "$OUT/validation.log" 2>&1 &
+pid=$!
+# a wall-clock limit's SIGTERM goes on to validate, which then reports and appends the plans that finished
+trap 'kill -TERM $pid 2>/dev/null' TERM INT
+wait $pid; rc=$?
+if kill -0 $pid 2>/dev/null; then wait $pid; rc=$?; fi
 echo "# done rc=$rc, ${SECONDS} s" | tee -a "$OUT/validation.log"
 [ -f "$OUT/validation.csv" ] && cut -d, -f1-14 "$OUT/validation.csv"
 exit 0
