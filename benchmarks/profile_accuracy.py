@@ -147,7 +147,9 @@ def bench_collectives(profile, device, gpus, out_dir):
 def _layer_prediction(p: Profile, spec: ModelSpec, b: int, s: int, tp: int = 1) -> dict:
     """The planner's own prediction of one layer's forward + backward (planner.cost.CostModel), so this
     checks the rule the search uses rather than a second copy of it. TP > 1 includes the exposed TP
-    communication the cost model charges."""
+    communication the cost model charges. As in CostModel.stage_time_s, the layer takes the larger of its
+    GPU time and the host time the profile measured for issuing it (a host-paced layer, such as GPT 1.3B
+    at TP2, runs at the host's pace; before session 4 this check compared the GPU time alone)."""
     from planner.cluster import ClusterSpec
     from planner.cost import CostModel
     from planner.plan import Layout, TrainingShape
@@ -155,7 +157,12 @@ def _layer_prediction(p: Profile, spec: ModelSpec, b: int, s: int, tp: int = 1) 
     cm = CostModel(spec, TrainingShape(s, b), Layout(tp=tp, micro_batch=b, sharding="none"),
                    ClusterSpec(gpu="h200-sxm", num_gpus=tp, gpus_per_node=max(tp, 1)), p)
     L = cm.layer
-    return {"fwd_s": L.fwd_s, "bwd_s": L.bwd_compute_s + L.bwd_comm_s, "total_s": L.fwd_bwd_s}
+    host_s = 0.0
+    if p.host is not None:
+        host_s = p.host.layer_host_s("none", tp, 1, "none", spec.is_moe, 1, spec.family, p.eff("host_tp"),
+                                     p.eff("host_cp")) * p.eff("host")
+    return {"fwd_s": L.fwd_s, "bwd_s": L.bwd_compute_s + L.bwd_comm_s, "gpu_s": L.fwd_bwd_s, "host_s": host_s,
+            "total_s": max(L.fwd_bwd_s, host_s)}
 
 
 def _as_in_training(stage, dtype):

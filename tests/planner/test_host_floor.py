@@ -97,3 +97,20 @@ def test_moe_expert_host_time_adds_to_the_gpu_time_only_under_ep():
     fine = replace(resolve_model("mixtral-8x7b"), name="mixtral-64e", num_experts=64)
     many = _cm(Layout(dp=2, micro_batch=1, sharding="optimizer"), model=fine, seq=1024)
     assert many.stage_host_s(0, st) == pytest.approx(ep1.stage_host_s(0, st))
+
+
+def test_layer_check_takes_the_host_floor_as_the_planner_does():
+    """benchmarks/profile_accuracy.py's per-layer prediction is max(GPU time, host time), by hand."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from profile_accuracy import _layer_prediction
+
+    slow_host = HostOverheads(layer_s={"none": 1.0}, tp_extra_s={"none": 0.5})  # seconds: far above any GPU time
+    prof = replace(load_profile(None, "h200-sxm"), host=slow_host)
+    pred = _layer_prediction(prof, resolve_model("gpt-1.3b"), 4, 2048, tp=2)
+    assert pred["host_s"] == pytest.approx(1.5) and pred["total_s"] == pytest.approx(1.5)
+    assert pred["gpu_s"] < 0.1
+    fast = _layer_prediction(replace(prof, host=None), resolve_model("gpt-1.3b"), 4, 2048, tp=2)
+    assert fast["total_s"] == pytest.approx(fast["gpu_s"]) == pytest.approx(pred["gpu_s"])
