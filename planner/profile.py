@@ -135,6 +135,18 @@ class HostOverheads:
             t += self.ep_extra_s
         return t
 
+    def recompute_order_violations(self) -> list[str]:
+        """Families whose per-layer host time breaks none <= selective <= full. Recompute only adds work to a
+        layer, so such a figure is the probe's noise (session 4's llama: selective 5.1 ms above full 3.8 ms),
+        and the planner will misjudge recompute in host-paced plans; worth a re-measurement."""
+        out = []
+        for family, t in sorted({"": self.layer_s, **self.family_layer_s}.items()):
+            vals = [t.get(m) for m in ("none", "selective", "full")]
+            if None not in vals and not vals[0] <= vals[1] <= vals[2]:
+                out.append(f"{family or 'base'}: none {vals[0] * 1e3:.2f} / selective {vals[1] * 1e3:.2f} / "
+                           f"full {vals[2] * 1e3:.2f} ms")
+        return out
+
     def to_dict(self) -> dict:
         return {"layer_s": dict(self.layer_s), "tp_extra_s": dict(self.tp_extra_s), "cp_extra_s": self.cp_extra_s,
                 "fsdp_extra_s": self.fsdp_extra_s, "expert_s": self.expert_s, "ep_extra_s": self.ep_extra_s,

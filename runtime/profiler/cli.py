@@ -118,6 +118,11 @@ def _summary(prof, out: Path) -> None:
                       key=lambda s: (s.split("/")[0], int(s.split("/")[1])))
     if modelled:
         lines.append(f"  modelled collective groups: {', '.join(modelled[:6])}{' ...' if len(modelled) > 6 else ''}")
+    bad = prof.host.recompute_order_violations() if prof.host is not None else []
+    if bad:
+        lines.append("  warning: host time per layer is not ordered none <= selective <= full (probe noise; the "
+                     "planner will misjudge recompute where the host paces the step; re-run the probe with "
+                     "python -m runtime.profiler.host): " + "; ".join(bad))
     print("\n".join(lines))
 
 

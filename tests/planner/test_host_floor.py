@@ -114,3 +114,14 @@ def test_layer_check_takes_the_host_floor_as_the_planner_does():
     assert pred["gpu_s"] < 0.1
     fast = _layer_prediction(replace(prof, host=None), resolve_model("gpt-1.3b"), 4, 2048, tp=2)
     assert fast["total_s"] == pytest.approx(fast["gpu_s"]) == pytest.approx(pred["gpu_s"])
+
+
+def test_host_figures_out_of_recompute_order_are_named():
+    ok = HostOverheads(layer_s={"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3}, tp_extra_s={})
+    assert ok.recompute_order_violations() == []
+    bad = HostOverheads(layer_s={"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3}, tp_extra_s={},
+                        family_layer_s={"llama": {"none": 2.3e-3, "selective": 5.1e-3, "full": 3.8e-3}})
+    (msg,) = bad.recompute_order_violations()
+    assert msg.startswith("llama:") and "selective 5.10" in msg
+    shipped = load_profile(None, "h200-sxm").host  # session 4's probe: llama's selective above its full
+    assert any(v.startswith("llama") for v in shipped.recompute_order_violations())
