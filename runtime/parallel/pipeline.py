@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from runtime.parallel.tensor import group_rank, group_size
+from runtime.parallel.tensor import group_size
 
 __all__ = ["build_pipeline_stages", "stage_layer_ranges", "rank_schedule", "simulate", "train_step",
            "pipeline_train_step", "measured_bubble_fraction", "gather_timeline", "analytic_step_time", "analytic_bubble_fraction",
@@ -288,7 +288,6 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
     this rank (dicts with tokens/labels [b, s], optional positions [s], token_types [b, s]); every
     pipeline rank gets the same list (only the first stage reads tokens, only the last labels).
     Returns (global-batch mean loss, same on every rank; gradient norm)."""
-    from runtime.model import IGNORE_INDEX
     from runtime.parallel.expert import collect_aux_loss
     from runtime.step import global_label_count
 

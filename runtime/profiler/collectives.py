@@ -240,6 +240,6 @@ def _degenerate(fit, pts) -> bool:
     times the smallest one's time (a clamped, non-positive slope)."""
     from planner.profile import bus_factor
 
-    (b0, t0), (b1, t1) = pts[0], pts[-1]
+    (_, t0), (b1, t1) = pts[0], pts[-1]
     bw_term = b1 * bus_factor(fit.op, fit.group_size) / fit.bus_bandwidth_bytes_per_s
     return bw_term < 0.01 * t1 and (t1 > 2 * t0 or fit.bus_bandwidth_bytes_per_s >= 1e14)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from planner.plan import Layout, StagePlan
 from runtime.mesh import build_groups, single_process_groups

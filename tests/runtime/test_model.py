@@ -56,7 +56,6 @@ def test_selective_recompute_keeps_fewer_tensors():
     """Saved-activation bytes per layer fall from none > selective > full (what the planner counts)."""
     spec = tiny_model("gpt", num_layers=1)
     g = single_process_groups()
-    tokens = torch.randint(0, spec.vocab_size, (2, 32))
     sizes = {}
     for mode in ("none", "selective", "full"):
         m = build_stage(spec, g, 0, 1, False, False, [mode])

@@ -2,7 +2,6 @@
 sentence; the sweep's plans are legal and distinct."""
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
