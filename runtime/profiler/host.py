@@ -6,7 +6,8 @@ for a peer that has not launched yet. The kernel and collective times of the pro
 the profiler measures it: real training steps of this runtime (runtime.step / runtime.parallel.pipeline,
 the same code `plan launch` runs) on models so narrow (hidden 256, 256 tokens) that every kernel is
 shorter than its launch, in `world` spawned processes. Each figure is a difference of two depths
-(2 and 6 layers), so per-step costs (optimizer, loss, data) cancel:
+(2 and 6 layers), so per-step costs (optimizer, loss, data) cancel; the two depths are timed in alternating
+rounds and the median over rounds is kept (ROUNDS), so that a transient cannot fall on one depth only:
 
   layer_s[mode]      per layer and micro-batch, recompute none / selective / full (DP2, the base),
                      for each model family (family_layer_s: gpt, llama, bert; layer_s is llama's)
@@ -50,60 +51,110 @@ def _spec(layers: int, experts: int = 1, family: str = "llama"):
                       default_seq_len=256, num_experts=experts, top_k=2 if experts > 1 else 1)
 
 
+class _ProbeRun:
+    """The probe model at one depth under `lay`, built once (every rank builds it); `step()` runs one training
+    step of the runtime and returns its wall seconds on the slowest rank."""
+
+    def __init__(self, lay, layers: int, recompute: str, device, experts: int = 1, family: str = "llama",
+                 groups=None):
+        import torch
+
+        from planner.cluster import ClusterSpec
+        from planner.plan import Plan, TrainingShape, even_stages
+        from runtime.data import open_source
+        from runtime.mesh import build_groups
+        from runtime.parallel.data import AdamConfig, build_optimizer
+        from runtime.step import select_train_step
+        from runtime.train import build_rank_stages
+
+        self.lay, self.device = lay, device
+        self.spec = _spec(layers, experts, family)
+        self.shape = TrainingShape(seq_len=256, global_batch=MICRO_BATCHES * lay.dp)
+        cluster = ClusterSpec(gpu="h200-sxm", num_gpus=lay.world_size, gpus_per_node=lay.world_size)
+        plan = Plan(model=self.spec, cluster=cluster.to_dict(), training=self.shape, layout=lay,
+                    stages=even_stages(layers, lay.pp * lay.vpp, recompute))
+        self.groups = groups if groups is not None else build_groups(lay, device.type)
+        self.stages = build_rank_stages(plan, self.groups, device, lay.overlap_tp, 1234)
+        self.opt = build_optimizer(self.stages, self.groups, lay.sharding, AdamConfig(),
+                                   torch.bfloat16 if device.type == "cuda" else torch.float32, lay.overlap_dp)
+        self.step_fn = select_train_step(lay)
+        self.source = open_source("synthetic", self.spec.vocab_size, 256, None, seed=1)
+        self.count = 0
+
+    def step(self) -> float:
+        import torch
+        import torch.distributed as dist
+
+        from runtime.data import step_micro_batches
+
+        g, lay = self.groups, self.lay
+        mbs = [{k: v.to(self.device) for k, v in mb.items()} for mb in
+               step_micro_batches(self.source, self.spec.family, self.spec.vocab_size, 256, self.shape.global_batch,
+                                  1, lay.dp, g.dp_rank, self.count, lay.cp, g.cp_rank, seed=1)]
+        self.count += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        self.step_fn(self.stages, mbs, self.opt, g, 1e-4)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the step
+        return float(t)
+
+    def close(self):
+        self.opt.close()
+
+
 def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, steps: int = 14, warmup: int = 3,
                  family: str = "llama") -> float:
     """Median wall seconds of a training step of the probe model under `lay` (every rank calls this)."""
-    import torch
-    import torch.distributed as dist
-
-    from planner.cluster import ClusterSpec
-    from planner.plan import Plan, TrainingShape, even_stages
-    from runtime.data import open_source, step_micro_batches
-    from runtime.mesh import build_groups
-    from runtime.parallel.data import AdamConfig, build_optimizer
-    from runtime.step import select_train_step
-    from runtime.train import build_rank_stages
-
-    spec = _spec(layers, experts, family)
-    shape = TrainingShape(seq_len=256, global_batch=MICRO_BATCHES * lay.dp)
-    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=lay.world_size, gpus_per_node=lay.world_size)
-    plan = Plan(model=spec, cluster=cluster.to_dict(), training=shape, layout=lay,
-                stages=even_stages(layers, lay.pp * lay.vpp, recompute))
-    groups = build_groups(lay, device.type)
-    stages = build_rank_stages(plan, groups, device, lay.overlap_tp, 1234)
-    opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(), torch.bfloat16 if device.type == "cuda"
-                          else torch.float32, lay.overlap_dp)
-    step_fn = select_train_step(lay)
-    source = open_source("synthetic", spec.vocab_size, 256, None, seed=1)
-    times = []
+    run = _ProbeRun(lay, layers, recompute, device, experts, family)
     try:
-        for step in range(steps):
-            mbs = [{k: v.to(device) for k, v in mb.items()} for mb in
-                   step_micro_batches(source, spec.family, spec.vocab_size, 256, shape.global_batch, 1, lay.dp,
-                                      groups.dp_rank, step, lay.cp, groups.cp_rank, seed=1)]
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            step_fn(stages, mbs, opt, groups, 1e-4)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the step
-            if step >= warmup:
-                times.append(float(t))
+        times = [run.step() for _ in range(steps)][warmup:]
     finally:
-        opt.close()
+        run.close()
     return statistics.median(times)
+
+
+ROUNDS, STEPS_PER_ROUND, WARMUP_STEPS = 3, 4, 3
+"""The two depths are timed in alternating rounds, and the per-layer figure is the median over rounds of
+the difference of the round medians. Timing each depth in one block made a transient (another process, a
+clock change) that fell on one block land whole in the difference: session 4's probe put llama's selective
+recompute at 5.1 ms per layer, above its full recompute at 3.8 ms."""
+
+
+def _depth_difference_s(lay, recompute, device, experts=1, family="llama") -> tuple[float, float]:
+    """(step seconds at the larger depth minus the smaller, step seconds at the smaller depth), robust to drift."""
+    from runtime.mesh import build_groups
+
+    groups = build_groups(lay, device.type)  # one set of communicators for both depths
+    runs = [_ProbeRun(lay, n, recompute, device, experts, family, groups) for n in DEPTHS]
+    try:
+        for run in runs:
+            for _ in range(WARMUP_STEPS):
+                run.step()
+        diffs, lows = [], []
+        for r in range(ROUNDS):
+            med = {}
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate which depth goes first
+                med[i] = statistics.median(runs[i].step() for _ in range(STEPS_PER_ROUND))
+            diffs.append(med[1] - med[0])
+            lows.append(med[0])
+    finally:
+        for run in runs:
+            run.close()
+    return statistics.median(diffs), statistics.median(lows)
 
 
 def _per_layer_s(lay, recompute, device, experts=1, family="llama", with_ends=False):
     """Seconds per layer and micro-batch: the difference of two depths, per micro-batch. with_ends: also
     the rest of a micro-batch (embedding, head, loss, and the step's own costs spread over its
     micro-batches): the step at the smaller depth minus its layers, per micro-batch."""
-    lo, hi = (_step_wall_s(lay, n, recompute, device, experts, family=family) for n in DEPTHS)
+    diff, lo = _depth_difference_s(lay, recompute, device, experts, family)
     per_rank_layers = (DEPTHS[1] - DEPTHS[0]) / lay.pp
-    slope = max(hi - lo, 0.0) / (per_rank_layers * MICRO_BATCHES)
+    slope = max(diff, 0.0) / (per_rank_layers * MICRO_BATCHES)
     if not with_ends:
         return slope
     return slope, max(lo - DEPTHS[0] / lay.pp * MICRO_BATCHES * slope, 0.0) / MICRO_BATCHES
