@@ -140,7 +140,10 @@ class HostOverheads:
         layer, so such a figure is the probe's noise (session 4's llama: selective 5.1 ms above full 3.8 ms),
         and the planner will misjudge recompute in host-paced plans; worth a re-measurement."""
         out = []
-        for family, t in sorted({"": self.layer_s, **self.family_layer_s}.items()):
+        tables = dict(self.family_layer_s)
+        if self.layer_s not in tables.values():  # the base is one family's figures (llama's) when measured so
+            tables[""] = self.layer_s
+        for family, t in sorted(tables.items()):
             vals = [t.get(m) for m in ("none", "selective", "full")]
             if None not in vals and not vals[0] <= vals[1] <= vals[2]:
                 out.append(f"{family or 'base'}: none {vals[0] * 1e3:.2f} / selective {vals[1] * 1e3:.2f} / "

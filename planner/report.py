@@ -102,6 +102,8 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
     prov = best.provenance
     con.print(f"times from profile {prov.get('profile')} ({prov.get('profile_kind')}); modelled: "
               + "; ".join(prov.get("modelled", [])), style="dim")
+    for w in prov.get("profile_warnings", []):
+        con.print(f"profile warning: {w}", style="yellow")
 
 
 def result_json(result: SearchResult, elapsed_s: float) -> str:

@@ -432,7 +432,11 @@ def plan_provenance(profile: Profile) -> dict:
                              if isinstance(prov.get("derived_from"), dict) else prov.get("kind", prov.get("mode", "measured"))),
             "measured": measured,
             "modelled": modelled + [f"memory allowance: {mem.RESERVED_GIB} GiB outside the allocator, "
-                                    f"{mem.FRAGMENTATION:.0%} fragmentation"]}
+                                    f"{mem.FRAGMENTATION:.0%} fragmentation"],
+            "profile_warnings": ([f"host time per layer out of recompute order (probe noise; recompute choices of "
+                                  f"host-paced plans may be misjudged): {v}"
+                                  for v in profile.host.recompute_order_violations()]
+                                 if profile.host is not None else [])}
 
 
 def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit) -> PlanError:

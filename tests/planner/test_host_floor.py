@@ -125,3 +125,12 @@ def test_host_figures_out_of_recompute_order_are_named():
     assert msg.startswith("llama:") and "selective 5.10" in msg
     shipped = load_profile(None, "h200-sxm").host  # session 4's probe: llama's selective above its full
     assert any(v.startswith("llama") for v in shipped.recompute_order_violations())
+
+
+def test_plan_provenance_carries_the_profile_warning():
+    from planner.search import plan_provenance
+
+    prov = plan_provenance(load_profile(None, "h200-sxm"))
+    assert any("llama" in w and "recompute order" in w for w in prov["profile_warnings"])
+    clean = replace(load_profile(None, "h200-sxm"), host=None)
+    assert plan_provenance(clean)["profile_warnings"] == []
