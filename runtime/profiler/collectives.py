@@ -113,6 +113,7 @@ def _worker(rank: int, world: int, device_type: str, port: int, job: dict, resul
         for g in job["group_sizes"]:
             group = dist.new_group(list(range(g)))
             if rank < g:
+                _warm_up(job["ops"], g, rank, group, device, dtype)
                 for op in job["ops"]:
                     if op == "send_recv" and g != 2:
                         continue   # point-to-point: one pair, measured in the 2-rank group
@@ -129,19 +130,39 @@ def _worker(rank: int, world: int, device_type: str, port: int, job: dict, resul
         dist.destroy_process_group()
 
 
-def _time_op(op, numel, g, rank, group, device, dtype, job) -> float:
+WARM_UP_S = 0.5
+"""Seconds of back-to-back collectives before the first timed one of a group (GPU only). The first op timed
+(all-reduce at the smallest sizes) came out 20-66% slower at 1-4 MiB than the same sizes re-measured later in
+the same device call (sessions 1 and 4): a GPU leaving idle clocks and NCCL setting up its connections."""
+
+
+def _warm_up(ops, g, rank, group, device, dtype) -> None:
+    import torch
+
+    numel = max((64 << 20) // torch.tensor([], dtype=dtype).element_size() // g * g, g)
+    fns = [_op_fn(op, numel if device.type == "cuda" else g * 256, g, rank, group, device, dtype)
+           for op in ops if op != "send_recv" or g == 2]
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + (WARM_UP_S if device.type == "cuda" else 0.0)
+    while True:
+        for fn in fns:
+            fn()
+        # every rank must run the same number of rounds (collectives pair up in order): stop when any is done
+        done = torch.tensor([float(time.monotonic() >= deadline)], device=device)
+        dist.all_reduce(done, op=dist.ReduceOp.MAX, group=group)
+        if done.item():
+            break
+
+
+def _op_fn(op, numel, g, rank, group, device, dtype):
+    """A closure running one `op` over `numel` elements of this rank's buffers (allocated once)."""
     import torch
     import torch.distributed as dist
 
     def rnd(n):
         return torch.randn(n, device=device, dtype=torch.float32).to(dtype)
 
-    size = numel * torch.tensor([], dtype=dtype).element_size()
-    # batch short messages so that event overhead and rank skew average out
-    batch = 1 if size >= (64 << 20) else (4 if size >= (4 << 20) else 20)
-    if device.type != "cuda":
-        batch = max(1, batch // 4)
-    warm, reps = job["warmup"], job["repeats"]
     if op == "all_reduce":
         x = rnd(numel)
         fn = lambda: dist.all_reduce(x, group=group)  # noqa: E731
@@ -162,8 +183,19 @@ def _time_op(op, numel, g, rank, group, device, dtype, job) -> float:
         fn = (lambda: dist.send(x, dst=peer, group=group)) if rank == 0 else (lambda: dist.recv(x, src=peer, group=group))
     else:
         raise ValueError(op)
-    t = _time_batch(fn, device, warm, reps, batch, group)
-    return t
+    return fn
+
+
+def _time_op(op, numel, g, rank, group, device, dtype, job) -> float:
+    import torch
+
+    size = numel * torch.tensor([], dtype=dtype).element_size()
+    # batch short messages so that event overhead and rank skew average out
+    batch = 1 if size >= (64 << 20) else (4 if size >= (4 << 20) else 20)
+    if device.type != "cuda":
+        batch = max(1, batch // 4)
+    fn = _op_fn(op, numel, g, rank, group, device, dtype)
+    return _time_batch(fn, device, job["warmup"], job["repeats"], batch, group)
 
 
 # -- the parent ------------------------------------------------------------------------------------------------
