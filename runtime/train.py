@@ -285,8 +285,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             # loss and norm go to pinned host memory behind this step's kernels: reading a device tensor later
             # (.item()) would queue behind the next step's kernels too and wait for them
             numbers = torch.empty(2, pin_memory=cuda)
-            numbers.copy_(torch.stack([torch.as_tensor(x, device=device).detach().float().reshape(())
-                                       for x in (loss, norm)]), non_blocking=True)
+            numbers.copy_(torch.stack([loss.detach().float(), norm.detach().float()]), non_blocking=True)
             # queued behind the previous step: timed from that step's end, so GPU idle between the two counts
             rec = _LaunchedStep(step + 1, numbers, torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
                                 wait, lr, pending.end if pending is not None else start_mark,

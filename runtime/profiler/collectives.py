@@ -138,13 +138,12 @@ the same device call (sessions 1 and 4): a GPU leaving idle clocks and NCCL sett
 
 def _warm_up(ops, g, rank, group, device, dtype) -> None:
     import torch
-
-    numel = max((64 << 20) // torch.tensor([], dtype=dtype).element_size() // g * g, g)
-    fns = [_op_fn(op, numel if device.type == "cuda" else g * 256, g, rank, group, device, dtype)
-           for op in ops if op != "send_recv" or g == 2]
     import torch.distributed as dist
 
-    deadline = time.monotonic() + (WARM_UP_S if device.type == "cuda" else 0.0)
+    cuda = device.type == "cuda"
+    numel = (64 << 20) // torch.tensor([], dtype=dtype).element_size() // g * g if cuda else g * 256
+    fns = [_op_fn(op, numel, g, rank, group, device, dtype) for op in ops if op != "send_recv" or g == 2]
+    deadline = time.monotonic() + (WARM_UP_S if cuda else 0.0)
     while True:
         for fn in fns:
             fn()
