@@ -27,9 +27,12 @@ out and lse (the flash-attention backward identity), dQ accumulates locally, and
 a block travels with it (rank r adds its contribution and sends it on to r+1; after cp hops it arrives
 back at the block's owner).
 
-Block kernels: on CUDA with fp16/bf16 inputs, torch's flash-attention forward (which returns the
-log-sum-exp) and its matching backward (aten._scaled_dot_product_flash_attention[_backward]); otherwise a
-plain fp32 math implementation. GQA: K/V travel with their own (fewer) heads and are expanded per block;
+Block kernels: on CUDA with fp16/bf16 inputs, cuDNN's fused attention when torch has it
+(aten._scaled_dot_product_cudnn_attention[_backward], the kernel that F.scaled_dot_product_attention picks
+on Hopper, so a CP rank runs the same attention kernel as the one-GPU model), else torch's flash-attention
+(aten._scaled_dot_product_flash_attention[_backward], FA2: on H200 it ran the 32k CP2 step at 65% of one
+GPU in session 3); otherwise a plain fp32 math implementation. All three return the natural-log
+log-sum-exp the merge needs, and their backward takes the final out and lse. GQA: K/V travel with their own (fewer) heads and are expanded per block;
 their gradients are summed back over the query-head groups before they travel.
 """
 from __future__ import annotations
@@ -91,6 +94,24 @@ def _use_flash(q: torch.Tensor) -> bool:
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.size(-1) % 8 == 0 and q.size(-1) <= 256
 
 
+# cuDNN's attention is tried first on CUDA; if it ever raises (an older cuDNN, an unsupported shape) the
+# ring falls back to flash for the rest of the process and says so once.
+_cudnn_state = {"usable": None}
+
+
+def _use_cudnn(q: torch.Tensor) -> bool:
+    if not (_use_flash(q) and q.size(-1) <= 128 and _cudnn_state["usable"] is not False):
+        return False
+    return hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention") and \
+        torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def _disable_cudnn(err: Exception) -> None:
+    import warnings
+    _cudnn_state["usable"] = False
+    warnings.warn(f"ring attention: cuDNN attention failed ({err!r:.200}); using flash attention instead")
+
+
 def _expand_kv(k: torch.Tensor, heads: int) -> torch.Tensor:
     g = heads // k.size(1)
     return k if g == 1 else k.repeat_interleave(g, dim=1)
@@ -107,11 +128,21 @@ def attention_block_forward(q, k, v, causal: bool, scale: float):
     K/V may have fewer heads than Q (GQA). A causal block has sq == sk (aligned top-left)."""
     h = q.size(1)
     ke, ve = _expand_kv(k, h), _expand_kv(v, h)
+    if _use_cudnn(q):
+        try:
+            res = torch.ops.aten._scaled_dot_product_cudnn_attention(
+                q, ke, ve, None, True, 0.0, causal, False, scale=scale)
+            out, lse = res[0], res[1]
+            # lse comes as [b, h, sq] or [b, h, sq, 1] depending on the version; keep [b, h, sq] here
+            meta = ("cudnn", lse.dim()) + tuple(res[2:8])  # cum_seq_q, cum_seq_k, max_q, max_k, seed, offset
+            return out, lse.reshape(q.shape[:3]).float(), meta
+        except RuntimeError as err:
+            _disable_cudnn(err)
     if _use_flash(q):
         res = torch.ops.aten._scaled_dot_product_flash_attention(
             q, ke, ve, 0.0, causal, False, scale=scale)
         out, lse = res[0], res[1]
-        meta = res[2:8]  # cum_seq_q, cum_seq_k, max_q, max_k, philox seed, philox offset
+        meta = ("flash",) + tuple(res[2:8])  # cum_seq_q, cum_seq_k, max_q, max_k, philox seed, philox offset
         return out, lse.float(), meta
     qf, kf, vf = q.float(), ke.float(), ve.float()
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
@@ -130,14 +161,21 @@ def attention_block_backward(dout, q, k, v, out, lse, causal: bool, scale: float
     (dq [b,h,sq,d], dk, dv [b,kvh,sk,d]) with dk/dv already summed over GQA groups."""
     h, kvh = q.size(1), k.size(1)
     ke, ve = _expand_kv(k, h), _expand_kv(v, h)
-    if _use_flash(q):
-        if meta is None:
-            raise RuntimeError("flash backward needs the forward's metadata")
-        cum_q, cum_k, max_q, max_k, seed, offset = meta
+    if meta is not None and meta[0] == "cudnn":
+        lse_dims, (cum_q, cum_k, max_q, max_k, seed, offset) = meta[1], meta[2:]
+        lse_k = lse.contiguous() if lse_dims == 3 else lse.unsqueeze(-1).contiguous()
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            dout.contiguous(), q, ke, ve, out.contiguous(), lse_k, seed, offset, None, cum_q, cum_k,
+            max_q, max_k, 0.0, causal, scale=scale)
+        return dq.float(), _reduce_kv_grad(dk.float(), kvh), _reduce_kv_grad(dv.float(), kvh)
+    if meta is not None and meta[0] == "flash":
+        cum_q, cum_k, max_q, max_k, seed, offset = meta[1:]
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
             dout.contiguous(), q, ke, ve, out.contiguous(), lse.contiguous(), cum_q, cum_k, max_q, max_k,
             0.0, causal, seed, offset, scale=scale)
         return dq.float(), _reduce_kv_grad(dk.float(), kvh), _reduce_kv_grad(dv.float(), kvh)
+    if _use_flash(q):
+        raise RuntimeError("the fused attention backward needs the forward's metadata")
     qf, kf, vf, of, gf = q.float(), ke.float(), ve.float(), out.float(), dout.float()
     s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     if causal:
