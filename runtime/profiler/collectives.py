@@ -5,7 +5,8 @@ all_reduce, all_gather_into_tensor (all_gather_single from torch 2.13), reduce_s
 (reduce_scatter_single) and all_to_all_single, and send/recv between two
 ranks, over message sizes from 4 KiB to 1 GiB. Sizes follow nccl-tests (and planner.profile.bus_factor):
 bytes = the full buffer (all-gather output, reduce-scatter input). Each time is the median over repeats of
-a batch of back-to-back calls (batches grow for short messages), the slowest rank's. The fits are made
+a batch of back-to-back calls (batches grow for short messages) timed from the end of one untimed call that
+absorbs the ranks' skew, the slowest rank's. The fits are made
 with planner.profile.fit_collective over 1 MiB and up (the messages training sends), the points below kept.
 
 NVLink multicast (NVLS) stays off in every spawned process: NCCL_NVLS_ENABLE=0 and
@@ -73,6 +74,11 @@ def _time_batch(fn, device, warmup: int, repeats: int, batch: int, group) -> flo
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # one untimed call first: the ranks leave barrier() and synchronize() at different host times,
+            # and the first collective of a batch absorbs that skew (it waits for the later rank). Timing
+            # from its end measures the collective, not the skew (session 5: a 4 MiB all-gather timed in a
+            # batch of 4 came out at 97 us between 43 us at 8 MiB and 48 us at 2 MiB).
+            fn()
             s.record()
             for _ in range(batch):
                 fn()
@@ -190,7 +196,7 @@ def _time_op(op, numel, g, rank, group, device, dtype, job) -> float:
 
     size = numel * torch.tensor([], dtype=dtype).element_size()
     # batch short messages so that event overhead and rank skew average out
-    batch = 1 if size >= (64 << 20) else (4 if size >= (4 << 20) else 20)
+    batch = 2 if size >= (64 << 20) else (8 if size >= (4 << 20) else 20)
     if device.type != "cuda":
         batch = max(1, batch // 4)
     fn = _op_fn(op, numel, g, rank, group, device, dtype)
