@@ -160,7 +160,7 @@ def _layer_prediction(p: Profile, spec: ModelSpec, b: int, s: int, tp: int = 1) 
     host_s = 0.0
     if p.host is not None:
         host_s = p.host.layer_host_s("none", tp, 1, "none", spec.is_moe, 1, spec.family, p.eff("host_tp"),
-                                     p.eff("host_cp")) * p.eff("host")
+                                     p.eff("host_cp"), data_parallel=False) * p.eff("host")
     return {"fwd_s": L.fwd_s, "bwd_s": L.bwd_compute_s + L.bwd_comm_s, "gpu_s": L.fwd_bwd_s, "host_s": host_s,
             "total_s": max(L.fwd_bwd_s, host_s)}
 

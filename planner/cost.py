@@ -329,15 +329,17 @@ class CostModel:
             return 0.0
         lay, m = self.lay, self.m
 
+        data_parallel = lay.dp * lay.cp > 1
+
         def per_layer(mode):
             return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.family,
-                                     self.prof.eff("host_tp"), self.prof.eff("host_cp"))
+                                     self.prof.eff("host_tp"), self.prof.eff("host_cp"), data_parallel)
 
         none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
         t = none * per_layer("none") + st.full_recompute_layers * per_layer("full") \
             + st.selective_recompute_layers * per_layer("selective")
         if j == lay.pp * lay.vpp - 1:
-            t += host.micro_batch_ends_s(m.family)
+            t += host.micro_batch_ends_s(m.family, data_parallel)
         return (t + (host.pp_chunk_s if lay.pp > 1 else 0.0)) * self.prof.eff("host")
 
     @cached_property

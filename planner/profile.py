@@ -113,17 +113,40 @@ class HostOverheads:
     ends_s: float = 0.0
     """Per micro-batch outside the layers (embedding, head, loss, per-step costs spread over micro-batches)."""
     family_ends_s: dict = field(default_factory=dict)
+    family_single_rank_layer_s: dict = field(default_factory=dict)
+    """family -> seconds per layer and micro-batch, recompute none, in one process without data parallelism.
+    The base figures above come from DP2, whose gradient hooks and bucketed reductions cost host time a
+    plan without a data-parallel group (dp * cp == 1) does not spend; for those plans layer_host_s takes
+    off the difference (the same for every recompute mode: the hooks are per parameter). Empty in profiles
+    measured before session 5, and when the probe ran on one GPU (its base is then single-rank already)."""
+    family_single_rank_ends_s: dict = field(default_factory=dict)
+    """family -> seconds per micro-batch outside the layers, in one process without data parallelism."""
 
-    def micro_batch_ends_s(self, family: str = "") -> float:
+    def micro_batch_ends_s(self, family: str = "", data_parallel: bool = True) -> float:
+        if not data_parallel and family in self.family_single_rank_ends_s:
+            return self.family_single_rank_ends_s[family]
         return self.family_ends_s.get(family, self.ends_s)
+
+    def data_parallel_layer_s(self, family: str = "") -> float:
+        """Host seconds per layer and micro-batch that data parallelism's gradient reduction adds (DP2 base
+        minus the single-rank figure, at least 0); 0 where the single-rank figure was not measured."""
+        single = self.family_single_rank_layer_s.get(family or "llama")
+        if single is None:
+            return 0.0
+        base = self.family_layer_s.get(family, self.layer_s).get("none", 0.0)
+        return max(base - single, 0.0)
 
     def moe_layer_s(self) -> float:
         """Host time an MoE layer adds to a dense one (router, sort, dispatch, grouped expert GEMMs)."""
         return PROBE_EXPERTS * self.expert_s
 
     def layer_host_s(self, mode: str, tp: int, cp: int, sharding: str, moe: bool, ep: int,
-                     family: str = "", tp_scale: float = 1.0, cp_scale: float = 1.0) -> float:
+                     family: str = "", tp_scale: float = 1.0, cp_scale: float = 1.0,
+                     data_parallel: bool = True) -> float:
+        """data_parallel: the plan has a gradient-reduction group (dp * cp > 1)."""
         t = self.family_layer_s.get(family, self.layer_s).get(mode, 0.0)
+        if not data_parallel:
+            t = max(t - self.data_parallel_layer_s(family), 0.0)
         if tp > 1:
             t += self.tp_extra_s.get(mode, 0.0) * tp_scale
         t += (cp - 1) * self.cp_extra_s * cp_scale
@@ -155,7 +178,10 @@ class HostOverheads:
                 "fsdp_extra_s": self.fsdp_extra_s, "expert_s": self.expert_s, "ep_extra_s": self.ep_extra_s,
                 "pp_chunk_s": self.pp_chunk_s,
                 "family_layer_s": {f: dict(v) for f, v in self.family_layer_s.items()},
-                "ends_s": self.ends_s, "family_ends_s": dict(self.family_ends_s)}
+                "ends_s": self.ends_s, "family_ends_s": dict(self.family_ends_s),
+                **({"family_single_rank_layer_s": dict(self.family_single_rank_layer_s),
+                    "family_single_rank_ends_s": dict(self.family_single_rank_ends_s)}
+                   if self.family_single_rank_layer_s else {})}
 
     @staticmethod
     def from_measurement(d: dict) -> "HostOverheads":
@@ -164,6 +190,10 @@ class HostOverheads:
                              family_layer_s={str(f): {str(k): float(v) for k, v in m.items()}
                                              for f, m in (d.get("family_layer_s") or {}).items()},
                              family_ends_s={str(f): float(v) for f, v in (d.get("family_ends_s") or {}).items()},
+                             family_single_rank_layer_s={str(f): float(v) for f, v in
+                                                         (d.get("family_single_rank_layer_s") or {}).items()},
+                             family_single_rank_ends_s={str(f): float(v) for f, v in
+                                                        (d.get("family_single_rank_ends_s") or {}).items()},
                              **{k: float(d.get(k, 0.0)) for k in ("cp_extra_s", "fsdp_extra_s", "expert_s",
                                                                   "ep_extra_s", "pp_chunk_s", "ends_s")})
 

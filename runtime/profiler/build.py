@@ -138,8 +138,8 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
         host = HostOverheads.from_measurement(host_mod.measure(device.type, world))
         rep.advance(1)
         parts.append({"part": "host_overhead", "status": "measured",
-                      "how": f"runtime training steps of a hidden-256 probe model in {world} process(es), 2 vs 6 "
-                             "layers (runtime/profiler/host.py)"})
+                      "how": f"runtime training steps of a hidden-256 probe model in {world} process(es) (and in "
+                             "one, for the single-rank figures), 2 vs 6 layers (runtime/profiler/host.py)"})
         done("host")
 
     # -- attention ----------------------------------------------------------------------------------------------

@@ -23,6 +23,10 @@ rounds and the median over rounds is kept (ROUNDS), so that a transient cannot f
                      over the probe's micro-batches), per family as family_ends_s
   pp_chunk_s         per pipeline chunk and micro-batch (sends, receives, schedule), from PP2 with 2 vs
                      1 chunks per rank
+  family_single_rank_layer_s, family_single_rank_ends_s
+                     recompute none and the ends, per family, in one more spawned process alone (no data
+                     parallelism: no gradient hooks, no bucketed reductions); the planner charges plans
+                     without a data-parallel group the DP2 figures minus the difference (when world > 1)
 
     python -m runtime.profiler.host --profile profiles/h200-sxm.json --out NEW.json   # measure, merge
 """
@@ -192,11 +196,28 @@ def probe(world: int, device) -> dict:
     return out
 
 
+def probe_single_rank(world: int, device) -> dict:
+    """Per family, recompute none and the ends in one process without data parallelism (world == 1)."""
+    from planner.plan import Layout
+
+    lay = Layout(tp=1, pp=1, vpp=1, dp=1, cp=1, ep=1, micro_batch=1, sharding="none")
+    out: dict = {"family_single_rank_layer_s": {}, "family_single_rank_ends_s": {}}
+    for family in FAMILIES:
+        none, ends = _per_layer_s(lay, "none", device, family=family, with_ends=True)
+        out["family_single_rank_layer_s"][family] = none
+        out["family_single_rank_ends_s"][family] = ends
+    return out
+
+
 def measure(device_type: str, world: int) -> dict:
-    """Spawn `world` processes and return the host figures (seconds)."""
+    """Spawn `world` processes and return the host figures (seconds); with world > 1 also the single-rank
+    figures, from one process spawned after them."""
     from runtime.profiler.spawn import run_spawned
 
-    return run_spawned(probe, world, device_type == "cuda")
+    out = run_spawned(probe, world, device_type == "cuda")
+    if world > 1:
+        out.update(run_spawned(probe_single_rank, 1, device_type == "cuda"))
+    return out
 
 
 def main(argv=None) -> int:
@@ -220,8 +241,9 @@ def main(argv=None) -> int:
 
         from runtime.profiler.environment import git_commit
         part = {"part": "host_overhead", "status": "measured",
-                "how": f"runtime training steps of a hidden-256 llama-style probe in {args.gpus} {args.device} "
-                       f"process(es), 2 vs 6 layers, {MICRO_BATCHES} micro-batches (runtime/profiler/host.py)",
+                "how": f"runtime training steps of a hidden-256 probe (gpt, llama, bert) in {args.gpus} {args.device} "
+                       f"process(es) and, for the single-rank figures, in one; 2 vs 6 layers, {MICRO_BATCHES} "
+                       "micro-batches (runtime/profiler/host.py)",
                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - t0, 1),
                 **git_commit()}
         prov = dict(prof.provenance)

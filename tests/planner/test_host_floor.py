@@ -134,3 +134,23 @@ def test_plan_provenance_carries_the_profile_warning():
     assert any("llama" in w and "recompute order" in w for w in prov["profile_warnings"])
     clean = replace(load_profile(None, "h200-sxm"), host=None)
     assert plan_provenance(clean)["profile_warnings"] == []
+
+
+def test_plans_without_a_data_parallel_group_drop_the_reduction_host_time():
+    # DP2 base gpt 1.0 ms none / 1.5 ms full; one rank alone 0.7 ms: the hooks cost 0.3 ms per layer
+    fam = replace(HOST, family_layer_s={"gpt": {"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3}},
+                  family_ends_s={"gpt": 2e-3}, family_single_rank_layer_s={"gpt": 7e-4},
+                  family_single_rank_ends_s={"gpt": 1.5e-3})
+    st = StagePlan(layers=4, full_recompute_layers=1)
+    one_gpu = _cm(Layout(micro_batch=1, sharding="none"), host=fam)
+    assert one_gpu.stage_host_s(0, st) == pytest.approx(3 * 7e-4 + 1 * 1.2e-3 + 1.5e-3)
+    tp2 = _cm(Layout(tp=2, micro_batch=1, sharding="none"), host=fam)     # still no data-parallel group
+    assert tp2.stage_host_s(0, st) == pytest.approx(3 * (7e-4 + 4e-4) + (1.2e-3 + 6e-4) + 1.5e-3)
+    dp2 = _cm(Layout(dp=2, micro_batch=1, sharding="optimizer"), host=fam)
+    assert dp2.stage_host_s(0, st) == pytest.approx(3 * 1e-3 + 1.5e-3 + 2e-3)
+    cp2 = _cm(Layout(cp=2, micro_batch=1, sharding="optimizer"), host=fam)  # CP ranks reduce gradients too
+    assert cp2.stage_host_s(0, st) == pytest.approx(3 * (1e-3 + 2e-4) + (1.5e-3 + 2e-4) + 2e-3)
+    # no single-rank figure for llama: nothing taken off; and the fields survive the JSON round trip
+    llama = _cm(Layout(micro_batch=1, sharding="none"), host=fam, model="llama3-8b")
+    assert llama.stage_host_s(0, StagePlan(layers=2)) == pytest.approx(2 * HOST.layer_s["none"] + HOST.ends_s)
+    assert Profile.from_dict(replace(load_profile(None, "h200-sxm"), host=fam).to_dict()).host == fam
