@@ -152,11 +152,23 @@ def _depth_difference_s(lay, recompute, device, experts=1, family="llama") -> tu
     return statistics.median(diffs), statistics.median(lows)
 
 
+_T0 = time.monotonic()
+
+
+def _log(msg: str) -> None:
+    """One progress line on stderr from rank 0 (how long each figure took: the probe has no progress bar)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"[host probe +{time.monotonic() - _T0:.0f}s] {msg}", file=sys.stderr, flush=True)
+
+
 def _per_layer_s(lay, recompute, device, experts=1, family="llama", with_ends=False):
     """Seconds per layer and micro-batch: the difference of two depths, per micro-batch. with_ends: also
     the rest of a micro-batch (embedding, head, loss, and the step's own costs spread over its
     micro-batches): the step at the smaller depth minus its layers, per micro-batch."""
     diff, lo = _depth_difference_s(lay, recompute, device, experts, family)
+    _log(f"{family} {recompute} tp{lay.tp} cp{lay.cp} dp{lay.dp} ep{lay.ep} {lay.sharding} experts {experts}")
     per_rank_layers = (DEPTHS[1] - DEPTHS[0]) / lay.pp
     slope = max(diff, 0.0) / (per_rank_layers * MICRO_BATCHES)
     if not with_ends:
@@ -229,25 +241,44 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="the profile to write (must not exist)")
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--single-rank-only", action="store_true",
+                    help="measure only the single-rank figures and add them to the profile's host figures")
     args = ap.parse_args(argv)
     try:
         if Path(args.out).exists():
             raise PlanError(f"'{args.out}' already exists")
         prof = Profile.load(Path(args.profile) if Path(args.profile).exists() else shipped_profile_path(args.profile))
-        t0 = time.time()
-        raw = measure(args.device, args.gpus)
-        host = HostOverheads.from_measurement(raw)
         from dataclasses import replace
 
         from runtime.profiler.environment import git_commit
-        part = {"part": "host_overhead", "status": "measured",
-                "how": f"runtime training steps of a hidden-256 probe (gpt, llama, bert) in {args.gpus} {args.device} "
-                       f"process(es) and, for the single-rank figures, in one; 2 vs 6 layers, {MICRO_BATCHES} "
-                       "micro-batches (runtime/profiler/host.py)",
-                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - t0, 1),
-                **git_commit()}
+        t0 = time.time()
+        if args.single_rank_only:
+            if prof.host is None:
+                raise PlanError(f"'{args.profile}' has no host figures to add single-rank ones to")
+            from runtime.profiler.spawn import run_spawned
+            raw = run_spawned(probe_single_rank, 1, args.device == "cuda")
+            host = replace(prof.host, family_single_rank_layer_s=raw["family_single_rank_layer_s"],
+                           family_single_rank_ends_s=raw["family_single_rank_ends_s"])
+            part = {"part": "host_overhead/single_rank", "status": "measured",
+                    "how": "runtime training steps of a hidden-256 probe (gpt, llama, bert) in one "
+                           f"{args.device} process, no data parallelism, 2 vs 6 layers, {MICRO_BATCHES} micro-batches "
+                           "(runtime/profiler/host.py --single-rank-only); the other host figures are the input "
+                           "profile's",
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "seconds": round(time.time() - t0, 1), **git_commit()}
+            keep = lambda p: p.get("part") != "host_overhead/single_rank"  # noqa: E731
+        else:
+            raw = measure(args.device, args.gpus)
+            host = HostOverheads.from_measurement(raw)
+            part = {"part": "host_overhead", "status": "measured",
+                    "how": f"runtime training steps of a hidden-256 probe (gpt, llama, bert) in {args.gpus} "
+                           f"{args.device} process(es) and, for the single-rank figures, in one; 2 vs 6 layers, "
+                           f"{MICRO_BATCHES} micro-batches (runtime/profiler/host.py)",
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "seconds": round(time.time() - t0, 1), **git_commit()}
+            keep = lambda p: not str(p.get("part", "")).startswith("host_overhead")  # noqa: E731
         prov = dict(prof.provenance)
-        prov["parts"] = [p for p in prov.get("parts", []) if p.get("part") != "host_overhead"] + [part]
+        prov["parts"] = [p for p in prov.get("parts", []) if keep(p)] + [part]
         replace(prof, host=host, provenance=prov).save(Path(args.out))
         print(json.dumps(raw, indent=1))
         print(f"wrote {args.out}")
