@@ -66,7 +66,6 @@ class _ProbeRun:
         from planner.cluster import ClusterSpec
         from planner.plan import Plan, TrainingShape, even_stages
         from runtime.data import open_source
-        from runtime.mesh import build_groups
         from runtime.parallel.data import AdamConfig, build_optimizer
         from runtime.step import select_train_step
         from runtime.train import build_rank_stages
@@ -77,7 +76,7 @@ class _ProbeRun:
         cluster = ClusterSpec(gpu="h200-sxm", num_gpus=lay.world_size, gpus_per_node=lay.world_size)
         plan = Plan(model=self.spec, cluster=cluster.to_dict(), training=self.shape, layout=lay,
                     stages=even_stages(layers, lay.pp * lay.vpp, recompute))
-        self.groups = groups if groups is not None else build_groups(lay, device.type)
+        self.groups = groups if groups is not None else _groups_for(lay, device.type)
         self.stages = build_rank_stages(plan, self.groups, device, lay.overlap_tp, 1234)
         self.opt = build_optimizer(self.stages, self.groups, lay.sharding, AdamConfig(),
                                    torch.bfloat16 if device.type == "cuda" else torch.float32, lay.overlap_dp)
@@ -129,11 +128,26 @@ clock change) that fell on one block land whole in the difference: session 4's p
 recompute at 5.1 ms per layer, above its full recompute at 3.8 ms."""
 
 
-def _depth_difference_s(lay, recompute, device, experts=1, family="llama") -> tuple[float, float]:
-    """(step seconds at the larger depth minus the smaller, step seconds at the smaller depth), robust to drift."""
+_GROUPS: dict = {}
+"""Process groups by degrees, built once per probe process: creating NCCL communicators for every figure
+made the probe take 150 s of session 5's 270 s profile (as `plan launch` with several plans does, a layout
+of the same degrees reuses them)."""
+
+
+def _groups_for(lay, device_type: str):
     from runtime.mesh import build_groups
 
-    groups = build_groups(lay, device.type)  # one set of communicators for both depths
+    key = (lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, device_type)
+    if key not in _GROUPS:
+        _GROUPS[key] = build_groups(lay, device_type)
+    groups = _GROUPS[key]
+    groups.layout = lay  # same degrees; the rest (sharding, micro-batch) is this figure's
+    return groups
+
+
+def _depth_difference_s(lay, recompute, device, experts=1, family="llama") -> tuple[float, float]:
+    """(step seconds at the larger depth minus the smaller, step seconds at the smaller depth), robust to drift."""
+    groups = _groups_for(lay, device.type)  # one set of communicators for both depths and every figure
     runs = [_ProbeRun(lay, n, recompute, device, experts, family, groups) for n in DEPTHS]
     try:
         for run in runs:

@@ -36,3 +36,20 @@ def test_probe_alternates_depths_and_gives_a_positive_per_layer_time():
     # rounds alternate which depth goes first
     firsts = [timed[r * 2 * H.STEPS_PER_ROUND] for r in range(H.ROUNDS)]
     assert firsts == [lo, hi, lo][:H.ROUNDS]
+
+
+def _figures_sharing_groups(world, device):
+    from planner.plan import Layout
+    from runtime.profiler import host as H
+
+    dp = H._per_layer_s(Layout(dp=2, micro_batch=1, sharding="optimizer"), "none", device)
+    fsdp = H._per_layer_s(Layout(dp=2, micro_batch=1, sharding="full"), "none", device)
+    tp = H._per_layer_s(Layout(tp=2, micro_batch=1, sharding="none"), "none", device)
+    return dp, fsdp, tp, sorted(k[:5] for k in H._GROUPS)
+
+
+def test_figures_of_the_same_degrees_share_one_set_of_process_groups():
+    # DP2 with ZeRO-1 and DP2 fully sharded reuse the DP2 groups; TP2 builds its own
+    dp, fsdp, tp, keys = run_spawned(_figures_sharing_groups, 2, False)
+    assert keys == [[1, 1, 2, 1, 1], [2, 1, 1, 1, 1]]
+    assert all(0 < x < 1 and math.isfinite(x) for x in (dp, fsdp, tp))
