@@ -1,7 +1,7 @@
 """How well a profile predicts what it did not measure (issue 3's bars), on the machine it describes.
 
-- GEMMs left out of the grid (catalogue models at non-power-of-two token counts, models outside the
-  catalogue): predicted device time (Profile.gemm_s less its fixed 5 us launch adder) within 5% median and
+- GEMMs left out of the grid (catalogue models at 5 x 2^e token counts, between the grid's 2^e and 3 x 2^e
+  since session 5; models outside the catalogue at powers of two): predicted device time (Profile.gemm_s less its fixed 5 us launch adder) within 5% median and
   15% worst of the measured time (same timer as the profiler).
 - Attention left out of the grid (sequence lengths between grid points, other batch x heads, GQA): same bars
   (prediction: Profile.attention_s less kernel_launch_s).
@@ -67,7 +67,8 @@ def held_out_gemms(profile: Profile, device, n: int, seed: int = 0, first: int =
     cap = profile.extras.get("gemm_grid", {}).get("flops_cap", 1.5e13)
     cands = []
     if device.type == "cuda":
-        models, toks = list(CATALOGUE.values()), [1536, 3072, 6144, 12288, 24576, 49152]
+        # token counts between the grid's (powers of two and 3 x 2^e since session 5): micro-batches of 5
+        models, toks = list(CATALOGUE.values()), [1280, 2560, 5120, 10240, 20480, 40960]
         models_off, toks_off = OFF_CATALOGUE, [2048, 4096, 8192, 16384]
     else:
         from planner.model import tiny_model

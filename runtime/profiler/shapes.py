@@ -75,7 +75,8 @@ def pow2_range(lo: int, hi: int, step: int = 1) -> list[int]:
 class GridSpec:
     models: tuple
     tokens: tuple
-    """Token counts m (powers of two) for dense layers."""
+    """Token counts m for dense layers: powers of two, and in the full GPU grid also 3 x 2^e (micro-batches
+    of 3, 6, 12 ... are divisors of common global batches such as 1536, so the planner asks for them)."""
     flops_cap: float
     max_shapes: int
     tp_degrees: tuple = TP_DEGREES
@@ -86,7 +87,9 @@ def gpu_grid_spec(quick: bool) -> GridSpec:
     if quick:
         return GridSpec(models=models, tokens=tuple(pow2_range(256, 65536, 2)), flops_cap=4e12, max_shapes=500,
                         tp_degrees=(1, 2, 8))
-    return GridSpec(models=models, tokens=tuple(pow2_range(128, 131072)), flops_cap=1.5e13, max_shapes=4500)
+    threes = [3 * t for t in pow2_range(64, 65536)]  # 192 ... 196608 / 2: between the powers of two
+    return GridSpec(models=models, tokens=tuple(sorted(pow2_range(128, 131072) + threes)), flops_cap=1.5e13,
+                    max_shapes=9500)
 
 
 def cpu_grid_spec(quick: bool) -> GridSpec:
@@ -127,13 +130,16 @@ COMMON_TOKENS = (1024, 16384)
 
 
 def _coarse_first(s: GemmShape):
-    # the common token counts first (a time budget cut the 2026-11-30 H200 grid after 1943 of 4242 shapes
-    # and left m = 8192, gpt-1.3b at micro-batch 4, unmeasured: its interpolation then decided plans); then
-    # level 0: the token axis a power of 4, level 1: the rest; within those, small first
+    # every power-of-two token count before any 3 x 2^e one (a budget that runs out then thins the grid
+    # between its lines, not the lines); among them the common token counts first (a time budget cut the
+    # 2026-11-30 H200 grid after 1943 of 4242 shapes and left m = 8192, gpt-1.3b at micro-batch 4,
+    # unmeasured: its interpolation then decided plans); then level 0: the token axis a power of 4,
+    # level 1: the rest; within those, small first
     tok = s.k if s.kind == "wgrad" else s.m
+    between = tok & (tok - 1) != 0
     level = 0 if int(math.log2(tok)) % 2 == 0 else 1
     common = 0 if COMMON_TOKENS[0] <= tok <= COMMON_TOKENS[1] else 1
-    return (common, level, s.flops, s.key)
+    return (between, common, level, s.flops, s.key)
 
 
 def attention_grid(device_type: str, quick: bool) -> list[dict]:

@@ -81,3 +81,14 @@ def test_env_forced():
     import os
     collectives.force_env()
     assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+
+
+def test_full_grid_measures_three_times_powers_of_two_after_every_power_of_two():
+    grid = shapes.gemm_grid(shapes.gpu_grid_spec(quick=False))
+    tok = [s.k if s.kind == "wgrad" else s.m for s in grid]
+    between = [t & (t - 1) != 0 for t in tok]
+    first = between.index(True)
+    assert not any(between[:first]) and all(between[first:])   # a budget cut thins between the lines first
+    gpt = CATALOGUE["gpt-1.3b"]
+    assert (3072, 3 * gpt.hidden, gpt.hidden, False) in {s.key for s in grid}   # micro-batch 3 x 1024 tokens, QKV
+    assert all(t % 3 == 0 for t, b in zip(tok, between) if b)
