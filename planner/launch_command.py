@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak used for MFU")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
+    ap.add_argument("--memory-step", type=int, default=0,
+                    help="record the CUDA allocator during this step (1-based) and write what is alive at its peak")
+    ap.add_argument("--memory-out", default=None, help="prefix of --memory-step's files: PREFIX.rank<r>.json")
     ap.add_argument("--nproc-per-node", type=int, default=None)
     ap.add_argument("--nnodes", type=int, default=1)
     ap.add_argument("--node-rank", type=int, default=0)
@@ -53,4 +56,6 @@ def torchrun_command(args, nproc: int, results: Path, plans: list[str] | None = 
         cmd += ["--resume"]
     if args.compile:
         cmd += ["--compile"]
+    if getattr(args, "memory_step", 0):
+        cmd += ["--memory-step", str(args.memory_step), "--memory-out", str(args.memory_out)]
     return cmd

@@ -27,7 +27,24 @@ def check(args) -> tuple[Plan, int, Path]:
         raise PlanError("--resume needs --ckpt-dir")
     if args.save_every and not args.ckpt_dir:
         raise PlanError("--save-every needs --ckpt-dir")
+    check_memory_trace(args, nproc)
     return plan, nproc, results
+
+
+def check_memory_trace(args, nproc: int) -> None:
+    """--memory-step / --memory-out: CUDA only, a step the run reaches, and no file of it already there."""
+    step, prefix = getattr(args, "memory_step", 0), getattr(args, "memory_out", None)
+    if not step and not prefix:
+        return
+    if not step or not prefix:
+        raise PlanError("--memory-step and --memory-out go together")
+    if args.device != "cuda":
+        raise PlanError("--memory-step records the CUDA allocator; it needs --device cuda")
+    if not 1 <= step <= args.steps:
+        raise PlanError(f"--memory-step {step} is not one of the run's steps 1..{args.steps}")
+    taken = [f"{prefix}.rank{r}.json" for r in range(nproc * args.nnodes) if Path(f"{prefix}.rank{r}.json").exists()]
+    if taken:
+        raise PlanError(f"'{taken[0]}' already exists; give another --memory-out")
 
 
 def check_plan_on_machine(args) -> tuple[Plan, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import os
 import signal
 import sys
 import time
@@ -78,6 +79,9 @@ def parse_args(argv=None):
     ap.add_argument("--trace-step", type=int, default=0,
                     help="run this step (1-based) under torch.profiler and write its op tables (diagnosis)")
     ap.add_argument("--trace-out", default=None, help="text file for --trace-step's tables (rank 0)")
+    ap.add_argument("--memory-step", type=int, default=0,
+                    help="record the CUDA allocator during this step (1-based): what is alive at its peak")
+    ap.add_argument("--memory-out", default=None, help="prefix of --memory-step's files: PREFIX.rank<r>.json")
     return ap.parse_args(argv)
 
 
@@ -265,7 +269,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         for step in range(start, start + args.steps):
             if step > start and (step - start) % GC_EVERY_STEPS == 0:
                 gc.collect()
-            traced = args.trace_step == step + 1
+            memory = cuda and args.memory_step == step + 1 and bool(args.memory_out)
+            traced = args.trace_step == step + 1 or memory  # a recorded step runs alone, like a traced one
             stopped = False
             if pending is not None and traced:
                 stopped, pending = finish(pending), None
@@ -281,7 +286,16 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             def run():
                 return step_fn(stages, mbs, opt, groups, lr, before_step=lambda: opt_marks.append(clock.mark()))
 
-            loss, norm = _traced(args, cuda, run) if traced else run()
+            if memory:
+                from runtime import memory_trace
+                (loss, norm), summary = memory_trace.record_step(run, local_rank)
+                memory_trace.write(summary, args.memory_out, dist.get_rank(),
+                                   {"model": spec.name, "layout": lay.short(), "micro_batch": lay.micro_batch,
+                                    "step": step + 1, "rank": dist.get_rank(), "commit": os.environ.get("PLAN_COMMIT", "")})
+            elif args.trace_step == step + 1:
+                loss, norm = _traced(args, cuda, run)
+            else:
+                loss, norm = run()
             # loss and norm go to pinned host memory behind this step's kernels: reading a device tensor later
             # (.item()) would queue behind the next step's kernels too and wait for them
             numbers = torch.empty(2, pin_memory=cuda)
