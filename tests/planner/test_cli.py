@@ -127,3 +127,10 @@ def test_headroom_lowers_the_memory_limit():
     pred = json.loads(out)["plans"][0]["prediction"]
     assert pred["memory_limit_gib"] == pytest.approx(base["memory_limit_gib"] - 20 * 0.95)
     assert max(pred["memory_gib_per_rank"]) <= pred["memory_limit_gib"]
+
+
+def test_host_paced_plan_is_flagged_and_a_gpu_paced_one_is_not():
+    code, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "1", "--micro-batch", "1", "--global-batch", "8")
+    assert code == 0 and "host-paced" in out and "depends on the CPU" in out
+    code, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "2")
+    assert code == 0 and "host-paced" not in out
