@@ -104,9 +104,9 @@ class CostModel:
     def __init__(self, model: ModelSpec, shape: TrainingShape, layout: Layout, cluster: ClusterSpec,
                  profile: Profile, shared: dict | None = None):
         self.m, self.shape, self.lay, self.cluster, self.prof = model, shape, layout, cluster, profile
-        # layer and end costs depend only on (tp, cp, ep, micro-batch, overlap): a search shares them
+        # layer and end costs depend only on (tp, cp, ep, micro-batch, overlap, fp8): a search shares them
         self._shared = shared if shared is not None else {}
-        self._key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp)
+        self._key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8)
 
     def _memo(self, name, fn):
         k = (name, self._key)
@@ -163,10 +163,11 @@ class CostModel:
         """Tokens of one micro-batch on one rank (all of them after the sequence-parallel gather)."""
         return self.lay.micro_batch * self.shape.seq_len / self.lay.cp
 
-    def _gemm_fwd_bwd_s(self, m: int, n: int, k: int) -> tuple[float, float]:
+    def _gemm_fwd_bwd_s(self, m: int, n: int, k: int, fp8: bool = False) -> tuple[float, float]:
         """Forward [m,k]x[k,n]; backward dgrad dY W = [m,n]x[n,k] and wgrad dY^T X = [n,m]x[m,k], keyed as
-        the runtime calls them (and the profiler times them)."""
-        g = self.prof.gemm_s
+        the runtime calls them (and the profiler times them). fp8: forward and dgrad as FP8 GEMMs (modelled,
+        Profile.fp8_gemm_s), wgrad in bf16 as the runtime runs it."""
+        g = self.prof.fp8_gemm_s if fp8 else self.prof.gemm_s
         return g(m, n, k), g(m, k, n) + self.prof.wgrad_s(n, k, m)
 
     @cached_property
@@ -183,7 +184,7 @@ class CostModel:
             gemms += [(T, (2 if m.gated_mlp else 1) * f // t, h), (T, h, f // t)]
         fwd = bwd = 0.0
         for shape in gemms:
-            a, b = self._gemm_fwd_bwd_s(*shape)
+            a, b = self._gemm_fwd_bwd_s(*shape, fp8=lay.fp8)
             fwd, bwd = fwd + a, bwd + b
         # attention core: this rank's heads over its share of the sequence (the ring covers the rest)
         s = self.shape.seq_len

@@ -192,6 +192,12 @@ def megatron_args(plan: Plan) -> MegatronExport:
     add("--attention-dropout", "0.0")
     add("--hidden-dropout", "0.0")
     add("--bf16")
+    if plan.layout.fp8:
+        # E4M3 forward, E5M2 gradients, per-tensor scaling from the current amax: the runtime's recipe
+        add("--fp8-format", "hybrid")
+        add("--fp8-recipe", "tensorwise")
+        notes.append("FP8 in Megatron-LM runs through Transformer Engine, which must be installed; its FP8 also "
+                     "covers the weight-gradient GEMMs, which this runtime keeps in bf16")
     script = "pretrain_gpt.py"
     if m.family == "bert":
         script = "pretrain_bert.py"

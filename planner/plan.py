@@ -64,6 +64,9 @@ class Layout:
     """Overlap gradient reduce-scatter with backward and parameter all-gather with forward."""
     overlap_pp: bool = True
     """Post pipeline sends/receives asynchronously so they run beside compute."""
+    fp8: bool = False
+    """Forward and input-gradient GEMMs of the transformer layers in FP8 (E4M3 / E5M2 with per-tensor current
+    scaling, runtime/parallel/fp8.py); weight gradients, embedding, output layer and attention stay bf16."""
 
     @property
     def world_size(self) -> int:
@@ -83,6 +86,8 @@ class Layout:
             parts.append(f"CP{self.cp}")
         if self.ep > 1:
             parts.append(f"EP{self.ep}")
+        if self.fp8:
+            parts.append("FP8")
         return " ".join(parts)
 
 

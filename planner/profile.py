@@ -82,6 +82,13 @@ class CollectiveFit:
         return self.latency_s + size_bytes * bus_factor(self.op, self.group_size) / self.bus_bandwidth_bytes_per_s
 
 
+FP8_GEMM_SPEEDUP = 2.0
+"""Modelled: dense FP8 tensor-core peak over dense bf16 on H100 / H200 SXM (1,979 against 989 TFLOP/s, NVIDIA
+datasheets). The profiler does not time FP8 GEMMs yet; a plan with FP8 says so in its provenance."""
+
+FP8_MODEL_NOTE = ("fp8 GEMMs: modelled as the measured bf16 GEMM at 2x its rate (H100/H200 datasheet FP8 vs bf16 "
+                  "peak) plus the per-tensor scaling passes at copy bandwidth; not measured")
+
 PROBE_EXPERTS = 8
 """Experts of the host probe's MoE layer (runtime/profiler/host.py)."""
 
@@ -244,6 +251,23 @@ class Profile:
         if m <= 0 or n <= 0 or k <= 0:
             return 0.0
         return _gemm_s_cached(self._gemm_key(), m, n, k)
+
+    @property
+    def fp8_measured(self) -> bool:
+        """Whether FP8 GEMMs were timed (no profiler times them yet: fp8_gemm_s is modelled)."""
+        return False
+
+    def fp8_gemm_s(self, m: int, n: int, k: int) -> float:
+        """An FP8 GEMM as runtime/parallel/fp8.py runs it, modelled (FP8_MODEL_NOTE): the measured bf16 GEMM at
+        FP8_GEMM_SPEEDUP times its rate, never faster than moving its 1-byte operands and 2-byte output once,
+        plus the per-tensor scaling of both operands (absolute maximum, then scale and cast: 2 + 2 + 1 bytes per
+        element of the bf16 operands at copy bandwidth, four small kernels each)."""
+        if m <= 0 or n <= 0 or k <= 0:
+            return 0.0
+        bf16 = self.gemm_s(m, n, k) - 5e-6
+        t_mem = (m * k + k * n + 2 * m * n) / self.copy_bandwidth_bytes_per_s
+        scaling = 5.0 * (m * k + n * k) / self.copy_bandwidth_bytes_per_s + 8 * self.kernel_launch_s
+        return max(bf16 / FP8_GEMM_SPEEDUP, t_mem) + scaling + 5e-6
 
     def wgrad_s(self, m: int, n: int, k: int) -> float:
         if not self.wgrad_points:

@@ -28,7 +28,7 @@ from planner.errors import NoFitError, PlanError
 from planner.legality import layout_violation
 from planner.model import ModelSpec
 from planner.plan import SHARDING_LEVELS, Layout, Plan, StagePlan, TrainingShape
-from planner.profile import Profile
+from planner.profile import FP8_MODEL_NOTE, Profile
 
 MAX_VPP = 8
 MAX_MICRO_BATCH = 16
@@ -50,6 +50,8 @@ class Pins:
     sharding: str | None = None
     recompute: str | None = None
     """none / selective / full for every layer, or None to let the search choose per stage."""
+    fp8: bool = False
+    """Plan the transformer layers' GEMMs in FP8 (every layout searched uses it)."""
     no_overlap: frozenset = frozenset()
     """Dimensions ('tp', 'dp', 'pp') whose communication must not be overlapped with compute; the search
     otherwise turns every overlap on (in this cost model overlap never costs time)."""
@@ -126,7 +128,7 @@ def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSp
                                 yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, micro_batch=mb, sharding=sh,
                                              overlap_tp="tp" not in pins.no_overlap,
                                              overlap_dp="dp" not in pins.no_overlap,
-                                             overlap_pp="pp" not in pins.no_overlap)
+                                             overlap_pp="pp" not in pins.no_overlap, fp8=pins.fp8)
 
 
 @dataclass
@@ -410,16 +412,18 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
         if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
             continue  # the solver rounds memory up and never allows this; kept as a guard
         plans.append(Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
-                          prediction=pred, provenance=plan_provenance(profile)))
+                          prediction=pred, provenance=plan_provenance(profile, lay.fp8)))
     best = plans[0].prediction.step_s
     stats.gap_to_bound = max(0.0, best / unsettled_bound - 1) if unsettled_bound < math.inf and best > unsettled_bound else 0.0
     return SearchResult(plans=plans, stats=stats)
 
 
-def plan_provenance(profile: Profile) -> dict:
+def plan_provenance(profile: Profile, fp8: bool = False) -> dict:
     """Which profile the times came from, and which of its figures are measured and which modelled."""
     prov = profile.provenance
     measured, modelled = list(prov.get("measured", [])), list(prov.get("modelled", []))
+    if fp8 and not profile.fp8_measured:
+        modelled.append(FP8_MODEL_NOTE)
     for part in prov.get("parts", []):
         status = str(part.get("status", ""))
         text = part.get("part", "?") + (f" ({part['model']})" if "model" in part else "")

@@ -65,6 +65,12 @@ def check_plan_on_machine(args) -> tuple[Plan, int]:
         if torch.cuda.device_count() < nproc:
             raise PlanError(f"the plan puts {nproc} processes on this node but it has "
                             f"{torch.cuda.device_count()} GPU(s)")
+        if plan.layout.fp8:
+            from runtime.parallel.fp8 import check_fp8_device
+            for i in range(nproc):
+                why = check_fp8_device(f"cuda:{i}")
+                if why:
+                    raise PlanError(why)
     from runtime.data import open_source
     open_source(args.data, plan.model.vocab_size, plan.training.seq_len, args.data_dtype)
     return plan, nproc

@@ -55,8 +55,13 @@ def build_rank_stages(plan: Plan, groups, device, overlap_tp: bool, seed: int, c
     stages = []
     for j in plan.stages_of_rank(groups.pp_rank):
         a, b = ranges[j]
-        stages.append(build_stage(plan.model, groups, a, b, j == 0, j == last, plan.stages[j].layer_modes(),
-                                  overlap=overlap_tp, device=device, seed=seed, compile=compile))
+        stage = build_stage(plan.model, groups, a, b, j == 0, j == last, plan.stages[j].layer_modes(),
+                            overlap=overlap_tp, device=device, seed=seed, compile=compile)
+        if plan.layout.fp8:
+            from runtime.parallel.tensor import enable_fp8
+            for layer in stage.layers.values():  # the embedding and the output layer stay in the compute dtype
+                enable_fp8(layer)
+        stages.append(stage)
     return stages
 
 
@@ -198,6 +203,11 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     rank0 = dist.get_rank() == 0
     source = open_source(args.data, spec.vocab_size, shape.seq_len, args.data_dtype, seed=args.seed)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if lay.fp8:
+        from runtime.parallel.fp8 import check_fp8_device
+        why = check_fp8_device(device)
+        if why:
+            raise PlanError(why)
     stages = build_rank_stages(plan, groups, device, lay.overlap_tp, args.seed, args.compile)
     compute = torch.bfloat16 if cuda else torch.float32
     opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(lr=args.lr), compute, lay.overlap_dp)

@@ -31,6 +31,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from runtime.parallel import fp8 as _fp8
+
 _ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -161,10 +163,10 @@ class _ColumnParallelFn(torch.autograd.Function):
     from: the norm input), never the gathered one; backward re-gathers it."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, overlap, recompute_fn, recompute_input):
+    def forward(ctx, x, weight, bias, group, overlap, recompute_fn, recompute_input, fp8=False):
         x_full, _ = gather_seq(x, group)
-        y = F.linear(x_full, weight, bias)
-        ctx.group, ctx.overlap, ctx.recompute_fn = group, overlap, recompute_fn
+        y = _fp8.linear(x_full, weight, bias) if fp8 else F.linear(x_full, weight, bias)
+        ctx.group, ctx.overlap, ctx.recompute_fn, ctx.fp8 = group, overlap, recompute_fn, fp8
         ctx.has_bias = bias is not None
         ctx.param = weight  # the Parameter itself: under activation checkpointing the saved copy lacks main_grad
         ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
@@ -176,14 +178,14 @@ class _ColumnParallelFn(torch.autograd.Function):
         x = _recompute(ctx.recompute_fn, saved) if ctx.recompute_fn is not None else saved
         # (1) re-gather the input while the input-gradient GEMM runs
         x_full, gather = gather_seq(x, ctx.group, async_op=ctx.overlap)
-        grad_x_full = grad_y.matmul(weight)
+        grad_x_full = _fp8.input_grad(grad_y, weight) if ctx.fp8 else grad_y.matmul(weight)
         gather.wait()
         # (2) reduce-scatter the input gradient while the weight-gradient GEMM runs
         grad_x, scatter = reduce_scatter_seq(grad_x_full, ctx.group, async_op=ctx.overlap)
         grad_w = weight_grad(ctx.param, grad_y, x_full)
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         scatter.wait()
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 class _RowParallelFn(torch.autograd.Function):
@@ -191,14 +193,15 @@ class _RowParallelFn(torch.autograd.Function):
     With t == 1 the bias goes into the GEMM's epilogue; otherwise it is added to the reduced shard."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, recompute_fn, recompute_input):
+    def forward(ctx, x, weight, bias, group, recompute_fn, recompute_input, fp8=False):
+        mm = _fp8.linear if fp8 else F.linear
         if group_size(group) == 1:
-            y = F.linear(x, weight, bias)
+            y = mm(x, weight, bias)
         else:
-            y, _ = reduce_scatter_seq(F.linear(x, weight), group)
+            y, _ = reduce_scatter_seq(mm(x, weight, None), group)
             if bias is not None:
                 y.add_(bias)
-        ctx.group, ctx.recompute_fn = group, recompute_fn
+        ctx.group, ctx.recompute_fn, ctx.fp8 = group, recompute_fn, fp8
         ctx.has_bias = bias is not None
         ctx.param = weight  # see _ColumnParallelFn
         ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
@@ -210,8 +213,8 @@ class _RowParallelFn(torch.autograd.Function):
         x = _recompute(ctx.recompute_fn, saved) if ctx.recompute_fn is not None else saved
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         grad_full, _ = gather_seq(grad_y, ctx.group)  # needed by both GEMMs: exposed
-        grad_x = grad_full.matmul(weight)
-        return grad_x, weight_grad(ctx.param, grad_full, x), grad_b, None, None, None
+        grad_x = _fp8.input_grad(grad_full, weight) if ctx.fp8 else grad_full.matmul(weight)
+        return grad_x, weight_grad(ctx.param, grad_full, x), grad_b, None, None, None, None
 
 
 PARAM_ATTRS = ("tp_dim", "tp_parts", "init", "sequence_parallel", "logical_name", "tied_copy", "expert")
@@ -247,12 +250,13 @@ class ColumnParallelLinear(nn.Module):
         self.weight = _tp_param((self.out_local, in_features), 0, list(out_parts), ("normal", std))
         self.weight.wgrad_fusable = True  # used once per forward: its gradient may go straight to main_grad
         self.bias = _tp_param((self.out_local,), 0, list(out_parts), ("zeros",)) if bias else None
+        self.fp8 = False  # forward and input-gradient GEMMs in FP8 (runtime.parallel.fp8; enable_fp8 sets it)
 
     def forward(self, x, recompute=None, weight=None):
         """x: [s/t, b, in]. recompute=(fn, src): x == fn(src); keep src instead of x (selective recompute)."""
         fn, src = recompute if recompute is not None else (None, None)
         w = self.weight if weight is None else weight
-        return _ColumnParallelFn.apply(x, w, self.bias, self.group, self.overlap, fn, src)
+        return _ColumnParallelFn.apply(x, w, self.bias, self.group, self.overlap, fn, src, self.fp8)
 
 
 class RowParallelLinear(nn.Module):
@@ -266,10 +270,23 @@ class RowParallelLinear(nn.Module):
         self.weight = _tp_param((out_features, in_features // t), 1, None, ("normal", std))
         self.weight.wgrad_fusable = True
         self.bias = _tp_param((out_features,), None, None, ("zeros",), sequence_parallel=True) if bias else None
+        self.fp8 = False  # see ColumnParallelLinear
 
     def forward(self, x, recompute=None):
         fn, src = recompute if recompute is not None else (None, None)
-        return _RowParallelFn.apply(x, self.weight, self.bias, self.group, fn, src)
+        return _RowParallelFn.apply(x, self.weight, self.bias, self.group, fn, src, self.fp8)
+
+
+def enable_fp8(module: nn.Module) -> int:
+    """Run the forward and input-gradient GEMMs of every column- and row-parallel linear inside `module` in FP8
+    (runtime/parallel/fp8.py). Apply it to the transformer layers, not to the embedding or the output layer.
+    Returns how many linears it switched."""
+    n = 0
+    for m in module.modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+            m.fp8 = True
+            n += 1
+    return n
 
 
 class VocabParallelEmbedding(nn.Module):

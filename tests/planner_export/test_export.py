@@ -196,3 +196,13 @@ def test_export_does_not_import_torch(tmp_path):
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_fp8_plan_exports_the_hybrid_tensorwise_recipe():
+    m = CATALOGUE["gpt-1.3b"]
+    plan = make_plan(m, even_stages(24, 1, "none"), gb=64, tp=2, dp=4, micro_batch=4, fp8=True)
+    ex = megatron_args(plan)
+    assert ex.value("--fp8-format") == "hybrid" and ex.value("--fp8-recipe") == "tensorwise"
+    assert any("Transformer Engine" in n for n in ex.notes)
+    plain = make_plan(m, even_stages(24, 1, "none"), gb=64, tp=2, dp=4, micro_batch=4)
+    assert megatron_args(plain).value("--fp8-format") is None

@@ -1,0 +1,108 @@
+"""FP8 GEMMs (runtime/parallel/fp8.py, torch._scaled_mm, which also runs on CPU): agreement with full precision
+within FP8's precision, TP2 against one process, the plan field, the modelled pricing and the device refusal."""
+import pytest
+import torch
+
+from planner.model import tiny_model
+from planner.plan import Layout
+from runtime.mesh import single_process_groups
+from runtime.parallel import fp8
+from tests.runtime.dist_util import run_workers
+from tests.runtime.equiv import run_case
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def test_fp8_gemms_agree_with_full_precision_within_fp8_precision():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 32, 96), torch.randn(48, 96), torch.randn(48)
+    y = fp8.linear(x, w, b)
+    assert y.shape == (2, 32, 48) and 0 < _rel(y, x @ w.t() + b) < 0.06  # E4M3: 3 mantissa bits
+    g = torch.randn(2, 32, 48)
+    dx = fp8.input_grad(g, w)
+    assert dx.shape == (2, 32, 96) and 0 < _rel(dx, g @ w) < 0.10        # the gradient in E5M2: 2 bits
+    # a shape that is not a multiple of 16 runs in full precision, exactly
+    x3, w3 = torch.randn(5, 24), torch.randn(8, 24)
+    torch.testing.assert_close(fp8.linear(x3, w3, None), x3 @ w3.t())
+    torch.testing.assert_close(fp8.input_grad(torch.randn(5, 8), w3).shape, torch.Size([5, 24]))
+
+
+def test_scaling_uses_the_format_range_and_keeps_zeros_finite():
+    q, inv = fp8.quantize(torch.tensor([0.5, -2.0, 1.0]), fp8.E4M3)
+    assert float(q.float().abs().max()) == 448.0 and float(inv) == pytest.approx(2.0 / 448.0)
+    q, inv = fp8.quantize(torch.zeros(4), fp8.E5M2)
+    assert torch.isfinite(inv) and float(q.float().abs().max()) == 0.0
+
+
+def _fp8_reference(family):
+    spec = tiny_model(family)
+    return run_case(spec, Layout(sharding="none", micro_batch=2, fp8=True), single_process_groups(), ["none"] * 4)
+
+
+def test_fp8_training_tracks_full_precision():
+    spec = tiny_model("llama")
+    full = run_case(spec, Layout(sharding="none", micro_batch=2), single_process_groups(), ["selective"] * 4, steps=3)
+    low = run_case(spec, Layout(sharding="none", micro_batch=2, fp8=True), single_process_groups(), ["selective"] * 4,
+                   steps=3)
+    for a, b in zip(full[0], low[0]):
+        assert abs(a - b) < 0.01 * abs(a), (full[0], low[0])
+    assert full[0] != low[0]  # the FP8 path did run
+    worst = max(_rel(low[1][n], full[1][n]) for n in full[1] if full[1][n].norm() > 0)
+    assert worst < 0.15
+
+
+def _worker(rank, world, cases):
+    from planner.model import tiny_model as tm
+    from runtime.mesh import build_groups
+    out = []
+    for family, lay_kw in cases:
+        lay = Layout(**lay_kw)
+        out.append(run_case(tm(family), lay, build_groups(lay, "cpu"), ["none"] * 4))
+    return out
+
+
+def test_tp2_fp8_matches_one_process_fp8_within_fp8_precision():
+    # each TP rank scales its own weight shard and its own input: not bit-identical to one process
+    cases = [("gpt", dict(tp=2, micro_batch=2, sharding="none", fp8=True))]
+    (got,) = run_workers(_worker, 2, cases)
+    ref = _fp8_reference("gpt")
+    for a, b in zip(ref[0], got[0]):
+        assert abs(a - b) < 0.01 * abs(a)
+    worst = max(_rel(got[1][n], ref[1][n]) for n in ref[1] if ref[1][n].norm() > 0)
+    assert worst < 0.15
+
+
+def test_gpu_without_fp8_tensor_cores_is_refused_in_one_sentence(monkeypatch):
+    assert fp8.check_fp8_device("cpu") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA A100-SXM4-80GB")
+    why = fp8.check_fp8_device(torch.device("cuda", 0))
+    assert "compute capability 8.9" in why and "A100" in why and "\n" not in why
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    assert fp8.check_fp8_device(torch.device("cuda", 0)) is None
+
+
+def test_planner_prices_fp8_and_says_it_is_modelled(tmp_path):
+    from planner.cluster import ClusterSpec
+    from planner.model import resolve_model
+    from planner.plan import Plan, TrainingShape
+    from planner.profile import FP8_GEMM_SPEEDUP, load_profile
+    from planner.search import Pins, search
+
+    prof = load_profile(None, "h200-sxm")
+    # compute-bound: at most FP8_GEMM_SPEEDUP faster; the scaling passes keep it from reaching that exactly
+    big = prof.gemm_s(16384, 8192, 8192)
+    assert big / FP8_GEMM_SPEEDUP < prof.fp8_gemm_s(16384, 8192, 8192) < big
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=8)
+    model, shape = resolve_model("gpt-13b"), TrainingShape(2048, 256)
+    bf16 = search(model, shape, cluster, prof, Pins(tp=2, pp=1, micro_batch=2), top_k=1).plans[0]
+    low = search(model, shape, cluster, prof, Pins(tp=2, pp=1, micro_batch=2, fp8=True), top_k=1).plans[0]
+    assert low.layout.fp8 and not bf16.layout.fp8 and "FP8" in low.layout.short()
+    assert low.prediction.step_s < bf16.prediction.step_s
+    assert any("fp8 GEMMs: modelled" in m for m in low.provenance["modelled"])
+    assert not any("fp8" in m for m in bf16.provenance["modelled"])
+    path = tmp_path / "p.json"
+    low.save(path)
+    assert Plan.load(path).layout.fp8
