@@ -238,6 +238,10 @@ class Profile:
     wgrad_points: list[tuple[int, int, int, float]] = field(default_factory=list)
     """(m, n, k, seconds) of weight-gradient GEMMs [m,k] x [k,n] accumulated into fp32 (k = tokens); empty in
     profiles measured before session 4, where wgrad_s falls back to gemm_s."""
+    fp8_points: list[tuple[int, int, int, float]] = field(default_factory=list)
+    """(m, n, k, seconds) of FP8 GEMMs as runtime/parallel/fp8.py runs them (per-tensor scaling of both bf16
+    operands included), forward and input-gradient layouts; empty before session 5 and on devices without FP8,
+    where fp8_gemm_s is modelled."""
 
     # -- queries -------------------------------------------------------------
     def eff(self, term: str) -> float:
@@ -254,16 +258,19 @@ class Profile:
 
     @property
     def fp8_measured(self) -> bool:
-        """Whether FP8 GEMMs were timed (no profiler times them yet: fp8_gemm_s is modelled)."""
-        return False
+        """Whether the profiler timed FP8 GEMMs (else fp8_gemm_s is modelled)."""
+        return bool(self.fp8_points)
 
     def fp8_gemm_s(self, m: int, n: int, k: int) -> float:
-        """An FP8 GEMM as runtime/parallel/fp8.py runs it, modelled (FP8_MODEL_NOTE): the measured bf16 GEMM at
+        """An FP8 GEMM as runtime/parallel/fp8.py runs it: from the measured FP8 table where the profile has one;
+        else modelled (FP8_MODEL_NOTE): the measured bf16 GEMM at
         FP8_GEMM_SPEEDUP times its rate, never faster than moving its 1-byte operands and 2-byte output once,
         plus the per-tensor scaling of both operands (absolute maximum, then scale and cast: 2 + 2 + 1 bytes per
         element of the bf16 operands at copy bandwidth, four small kernels each)."""
         if m <= 0 or n <= 0 or k <= 0:
             return 0.0
+        if self.fp8_points:
+            return _gemm_s_cached(self._gemm_key("fp8"), m, n, k)
         bf16 = self.gemm_s(m, n, k) - 5e-6
         t_mem = (m * k + k * n + 2 * m * n) / self.copy_bandwidth_bytes_per_s
         scaling = 5.0 * (m * k + n * k) / self.copy_bandwidth_bytes_per_s + 8 * self.kernel_launch_s
@@ -279,7 +286,7 @@ class Profile:
     def _gemm_key(self, kind: str = "mm"):
         key = self.__dict__.get(f"_gk_{kind}")
         if key is None:
-            pts = self.wgrad_points if kind == "wgrad" else self.gemm_points
+            pts = {"wgrad": self.wgrad_points, "fp8": self.fp8_points}.get(kind, self.gemm_points)
             key = self.__dict__[f"_gk_{kind}"] = _GemmTable(tuple(pts), self.copy_bandwidth_bytes_per_s)
         return key
 
@@ -356,7 +363,8 @@ class Profile:
         return {
             "format": PROFILE_FORMAT, "version": PROFILE_VERSION, "gpu": self.gpu, "provenance": self.provenance,
             "gemm": {"points": [list(p) for p in self.gemm_points],
-                     **({"wgrad_points": [list(p) for p in self.wgrad_points]} if self.wgrad_points else {})},
+                     **({"wgrad_points": [list(p) for p in self.wgrad_points]} if self.wgrad_points else {}),
+                     **({"fp8_points": [list(p) for p in self.fp8_points]} if self.fp8_points else {})},
             "attention": {"points": self.attention_points},
             "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s,
             "elementwise_efficiency": self.elementwise_efficiency,
@@ -404,6 +412,7 @@ class Profile:
                 source_path=source, extras=dict(d.get("extras") or {}),
                 host=HostOverheads.from_measurement(d["host"]) if d.get("host") is not None else None,
                 wgrad_points=[(int(m), int(n), int(k), float(t)) for m, n, k, t in d["gemm"].get("wgrad_points", [])],
+                fp8_points=[(int(m), int(n), int(k), float(t)) for m, n, k, t in d["gemm"].get("fp8_points", [])],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"{where} is corrupted ({exc.__class__.__name__}: {exc})") from None
@@ -417,7 +426,8 @@ class Profile:
 
 
 def _validate(p: Profile, where: str) -> None:
-    if not p.gemm_points or any(t <= 0 or min(m, n, k) <= 0 for m, n, k, t in p.gemm_points + p.wgrad_points):
+    if not p.gemm_points or any(t <= 0 or min(m, n, k) <= 0
+                                for m, n, k, t in p.gemm_points + p.wgrad_points + p.fp8_points):
         raise PlanError(f"{where} is corrupted: its GEMM table is empty or holds non-positive entries")
     if not p.attention_points or any(a["fwd_tflops"] <= 0 or a["bwd_tflops"] <= 0 for a in p.attention_points):
         raise PlanError(f"{where} is corrupted: its attention table is empty or holds non-positive rates")

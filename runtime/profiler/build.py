@@ -210,26 +210,34 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     # -- GEMMs (last: they take what remains of the budget) -------------------------------------------------
     grid_spec = shapes.gpu_grid_spec(opts.quick) if cuda else shapes.cpu_grid_spec(opts.quick)
     grid = shapes.gemm_grid(grid_spec)
-    rep.stage(f"GEMMs ({len(grid)} shapes from the catalogue)", len(grid))
+    from runtime.parallel.fp8 import check_fp8_device
+    fp8_grid = shapes.fp8_gemm_grid(grid_spec) if check_fp8_device(device) is None and not opts.quick else []
+    # order: the bf16 powers of two, then FP8 at the common token counts, then the bf16 3 x 2^e in between
+    on_lines = [s for s in grid if ((s.k if s.kind == "wgrad" else s.m) & ((s.k if s.kind == "wgrad" else s.m) - 1)) == 0]
+    grid = on_lines + fp8_grid + grid[len(on_lines):]
+    rep.stage(f"GEMMs ({len(grid)} shapes from the catalogue, {len(fp8_grid)} of them FP8)", len(grid))
     greps = (dict(warmup=2, repeats=5) if opts.quick else dict(warmup=2, repeats=7)) if cuda else \
         dict(warmup=1, repeats=3)
     points, spreads, skipped = kernels.time_gemms(grid, device, deadline=deadline, progress=rep.advance, **greps)
     if not points:
         raise PlanError("the time budget ran out before any GEMM was timed; give a larger --budget")
-    extras["gemm_spread"] = [sp for sp, p in zip(spreads, points) if p[4] != "wgrad"]   # aligned with each table
+    extras["gemm_spread"] = [sp for sp, p in zip(spreads, points) if p[4] in ("fwd", "dgrad")]  # aligned with each table
     extras["wgrad_spread"] = [sp for sp, p in zip(spreads, points) if p[4] == "wgrad"]
+    extras["fp8_spread"] = [sp for sp, p in zip(spreads, points) if p[4].startswith("fp8")]
     extras["gemm_grid"] = {
         "models": [m.name for m in grid_spec.models], "tp": list(grid_spec.tp_degrees),
         "tokens": [min(grid_spec.tokens), max(grid_spec.tokens)], "flops_cap": grid_spec.flops_cap,
         "shapes": len(grid), "timed": len(points), "skipped_by_budget": skipped,
-        "tables": "gemm.points: forward and dgrad (bf16 output); gemm.wgrad_points: wgrad (fp32 accumulation)",
+        "tables": "gemm.points: forward and dgrad (bf16 output); gemm.wgrad_points: wgrad (fp32 accumulation); "
+                  "gemm.fp8_points: forward and dgrad through runtime/parallel/fp8.py (scaling included)",
+        "fp8_shapes": len(fp8_grid),
         "convention": "as runtime/parallel/tensor.py: forward (m=tokens, n=n_out, k=k_in) = F.linear(x, W); "
                       "dgrad (tokens, k_in, n_out) = dY @ W; wgrad (n_out, k_in, tokens) = main_grad += dY^T @ X "
                       "(accumulated into an fp32 main gradient by the GEMM: gradient-accumulation fusion)",
     }
     parts.append({"part": "gemm", "status": "measured",
                   "how": f"{len(points)} of {len(grid)} catalogue shapes (TP {list(grid_spec.tp_degrees)}, fwd/dgrad/"
-                         "wgrad), median of repeats after warm-up, device time (host launch excluded), inputs "
+                         "wgrad, and fwd/dgrad in FP8 at the common token counts), median of repeats after warm-up, device time (host launch excluded), inputs "
                          "rotated over > 2x L2" + (f"; {skipped} shapes skipped (time budget, or operands beyond the memory pool)"
                                                    if skipped else "")})
     done("gemm")
@@ -243,11 +251,12 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     prov["wall_s"] = round(time.monotonic() - t_start, 1)
     att_for_profile = [{k: p[k] for k in ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads",
                                           "fwd_s", "bwd_s", "fwd_spread", "bwd_spread")} for p in att_points]
-    mm_points = [(m, n, k, t) for m, n, k, t, knd in points if knd != "wgrad"]
+    mm_points = [(m, n, k, t) for m, n, k, t, knd in points if knd in ("fwd", "dgrad")]
     wgrad_points = [(m, n, k, t) for m, n, k, t, knd in points if knd == "wgrad"]
+    fp8_points = [(m, n, k, t) for m, n, k, t, knd in points if knd.startswith("fp8")]
     if not mm_points:
         raise PlanError("the time budget ran out before any forward GEMM was timed; give a larger --budget")
-    prof = Profile(gpu=kind, provenance=prov, gemm_points=mm_points, wgrad_points=wgrad_points,
+    prof = Profile(gpu=kind, provenance=prov, gemm_points=mm_points, wgrad_points=wgrad_points, fp8_points=fp8_points,
                    attention_points=att_for_profile,
                    copy_bandwidth_bytes_per_s=copy_bw, elementwise_efficiency=eff, optimizer_s_per_param=opt_s,
                    collectives=fits, overlap_hidden_fraction=overlap, kernel_launch_s=launch, extras=extras,

@@ -40,6 +40,7 @@ def derive(src: Profile, target: str = "h100-sxm") -> Profile:
 
     gemm = [scaled(m, n, k, t, 2.0) for m, n, k, t in src.gemm_points]
     wgrad = [scaled(m, n, k, t, 8.0) for m, n, k, t in src.wgrad_points]  # fp32 main gradient read and written
+    fp8 = [scaled(m, n, k, t, 2.0) for m, n, k, t in src.fp8_points]   # bf16 operands read by the scaling passes
     prov = {
         "derived_from": copy.deepcopy(src.provenance),
         "derived_from_gpu": src.gpu,
@@ -63,7 +64,7 @@ def derive(src: Profile, target: str = "h100-sxm") -> Profile:
     from dataclasses import replace
     colls = [replace(c, measured=False) for c in colls]
     extras = {"derived": True, "hbm_ratio": r, "source_extras_keys": sorted(src.extras)}
-    return Profile(gpu=target, provenance=prov, gemm_points=gemm, wgrad_points=wgrad,
+    return Profile(gpu=target, provenance=prov, gemm_points=gemm, wgrad_points=wgrad, fp8_points=fp8,
                    attention_points=copy.deepcopy(src.attention_points), copy_bandwidth_bytes_per_s=copy_bw,
                    elementwise_efficiency=src.elementwise_efficiency,
                    optimizer_s_per_param=src.optimizer_s_per_param * r, collectives=colls,

@@ -72,11 +72,11 @@ def gemm_call(shape: GemmShape, pool: RandomPool, device, sets: int):
     m, n, k = shape.m, shape.n, shape.k
     pairs = []
     for _ in range(sets):
-        if shape.kind == "fwd":        # x[m,k] @ w[n,k]^T  (F.linear)
+        if shape.kind in ("fwd", "fp8fwd"):  # x[m,k] @ w[n,k]^T  (F.linear)
             a = pool.take(m * k).view(m, k)
             b = pool.take(n * k).view(n, k)
             pairs.append((a, b))
-        elif shape.kind == "dgrad":    # dy[m,k] @ w[k,n]
+        elif shape.kind in ("dgrad", "fp8dgrad"):  # dy[m,k] @ w[k,n]
             a = pool.take(m * k).view(m, k)
             b = pool.take(k * n).view(k, n)
             pairs.append((a, b))
@@ -86,6 +86,11 @@ def gemm_call(shape: GemmShape, pool: RandomPool, device, sets: int):
             pairs.append((a, b))
     if shape.kind == "fwd":
         return lambda i: F.linear(*pairs[i % sets])
+    if shape.kind in ("fp8fwd", "fp8dgrad"):   # as the runtime runs them: both operands scaled on the device
+        from runtime.parallel import fp8
+        if shape.kind == "fp8fwd":
+            return lambda i: fp8.linear(pairs[i % sets][0], pairs[i % sets][1], None)
+        return lambda i: fp8.input_grad(*pairs[i % sets])
     if shape.kind == "dgrad":
         return lambda i: torch.matmul(*pairs[i % sets])
     # wgrad as the runtime runs it (gradient-accumulation fusion): accumulated into an fp32 main gradient

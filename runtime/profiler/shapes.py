@@ -28,7 +28,8 @@ class GemmShape:
     n: int
     k: int
     kind: str
-    """'fwd' (F.linear(x, w)), 'dgrad' (dy @ w) or 'wgrad' (dy.T @ x, tokens the reduction): the runtime's layouts."""
+    """'fwd' (F.linear(x, w)), 'dgrad' (dy @ w) or 'wgrad' (dy.T @ x, tokens the reduction): the runtime's layouts;
+    'fp8fwd' / 'fp8dgrad': the same through runtime/parallel/fp8.py (scaling of both operands included)."""
 
     @property
     def flops(self) -> float:
@@ -123,6 +124,33 @@ def gemm_grid(spec: GridSpec) -> list[GemmShape]:
                     add(n_out, k_in, m, "wgrad")
     ordered = sorted(shapes.values(), key=_coarse_first)
     return ordered[:spec.max_shapes]
+
+
+FP8_LAYERS = ("qkv", "out_proj", "fc1", "gate_up", "fc2")
+"""The linears runtime/parallel/fp8.py runs in FP8 (the dense transformer layers'; not the output layer, the
+router, BERT's head transform, or MoE experts, whose grouped GEMMs stay bf16)."""
+
+
+def fp8_gemm_grid(spec: GridSpec) -> list[GemmShape]:
+    """FP8 forward ('fp8fwd') and input-gradient ('fp8dgrad') shapes of the dense layers at the common token
+    counts (powers of two from COMMON_TOKENS[0] to COMMON_TOKENS[1]), small first."""
+    shapes: dict[tuple, GemmShape] = {}
+    tokens = [t for t in spec.tokens if COMMON_TOKENS[0] <= t <= COMMON_TOKENS[1] and t & (t - 1) == 0] \
+        or [t for t in spec.tokens if t & (t - 1) == 0]
+    for model in spec.models:
+        if model.is_moe:
+            gemm_layers = ("qkv", "out_proj")  # the experts' GEMMs stay bf16
+        else:
+            gemm_layers = FP8_LAYERS
+        for tp in allowed_tp(model, spec.tp_degrees):
+            for name, n_out, k_in in linear_layers(model, tp):
+                if name not in gemm_layers:
+                    continue
+                for m in tokens:
+                    for s in (GemmShape(m, n_out, k_in, "fp8fwd"), GemmShape(m, k_in, n_out, "fp8dgrad")):
+                        if s.flops <= spec.flops_cap and min(s.m, s.n, s.k) % 16 == 0:
+                            shapes.setdefault((s.m, s.n, s.k), s)
+    return sorted(shapes.values(), key=lambda s: (s.flops, s.key))
 
 
 COMMON_TOKENS = (1024, 16384)

@@ -92,3 +92,17 @@ def test_full_grid_measures_three_times_powers_of_two_after_every_power_of_two()
     gpt = CATALOGUE["gpt-1.3b"]
     assert (3072, 3 * gpt.hidden, gpt.hidden, False) in {s.key for s in grid}   # micro-batch 3 x 1024 tokens, QKV
     assert all(t % 3 == 0 for t, b in zip(tok, between) if b)
+
+
+def test_fp8_grid_covers_the_dense_layer_gemms_only():
+    grid = shapes.fp8_gemm_grid(shapes.gpu_grid_spec(quick=False))
+    keys = {(s.m, s.n, s.k) for s in grid}
+    gpt = CATALOGUE["gpt-1.3b"]
+    assert (1024, 3 * gpt.hidden, gpt.hidden) in keys       # QKV forward at TP1
+    assert (1024, gpt.hidden, 3 * gpt.hidden) in keys       # its input gradient
+    # fc1's input gradient and fc2's forward are one shape and one kernel (both run A x B^T in _scaled_mm)
+    assert (1024, gpt.hidden, gpt.ffn_hidden) in keys
+    vocab_n = {s.n for s in grid} | {s.k for s in grid}
+    assert 50304 not in vocab_n                                                  # the output layer stays bf16
+    assert all(s.kind in ("fp8fwd", "fp8dgrad") and min(s.m, s.n, s.k) % 16 == 0 for s in grid)
+    assert {s.m for s in grid} <= {1024, 2048, 4096, 8192, 16384}

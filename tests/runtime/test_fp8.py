@@ -106,3 +106,19 @@ def test_planner_prices_fp8_and_says_it_is_modelled(tmp_path):
     path = tmp_path / "p.json"
     low.save(path)
     assert Plan.load(path).layout.fp8
+
+
+def test_a_measured_fp8_table_replaces_the_model_and_the_provenance_note():
+    from dataclasses import replace
+
+    from planner.profile import Profile, load_profile
+    from planner.search import plan_provenance
+
+    prof = load_profile(None, "h200-sxm")
+    modelled = prof.fp8_gemm_s(4096, 4096, 4096)
+    measured = replace(prof, fp8_points=[(4096, 4096, 4096, 1.234e-4), (8192, 4096, 4096, 2.4e-4)])
+    back = Profile.from_dict(measured.to_dict())
+    assert back.fp8_points == measured.fp8_points and back.fp8_measured
+    assert back.fp8_gemm_s(4096, 4096, 4096) == pytest.approx(1.234e-4 + 5e-6) != modelled
+    assert not any("fp8" in m for m in plan_provenance(back, fp8=True)["modelled"])
+    assert any("fp8" in m for m in plan_provenance(prof, fp8=True)["modelled"])
