@@ -213,7 +213,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     from runtime.parallel.fp8 import check_fp8_device
     fp8_grid = shapes.fp8_gemm_grid(grid_spec) if check_fp8_device(device) is None and not opts.quick else []
     # order: the bf16 powers of two, then FP8 at the common token counts, then the bf16 3 x 2^e in between
-    on_lines = [s for s in grid if ((s.k if s.kind == "wgrad" else s.m) & ((s.k if s.kind == "wgrad" else s.m) - 1)) == 0]
+    on_lines = [s for s in grid if shapes.on_power_of_two(s)]   # gemm_grid puts them first
     grid = on_lines + fp8_grid + grid[len(on_lines):]
     rep.stage(f"GEMMs ({len(grid)} shapes from the catalogue, {len(fp8_grid)} of them FP8)", len(grid))
     greps = (dict(warmup=2, repeats=5) if opts.quick else dict(warmup=2, repeats=7)) if cuda else \

@@ -157,14 +157,24 @@ COMMON_TOKENS = (1024, 16384)
 """Token counts per GEMM that most plans use (micro-batch x sequence / CP): measured first."""
 
 
+def token_count(s: GemmShape) -> int:
+    """The token axis of a GEMM: m, or k for a weight gradient (tokens are its reduction)."""
+    return s.k if s.kind == "wgrad" else s.m
+
+
+def on_power_of_two(s: GemmShape) -> bool:
+    t = token_count(s)
+    return t & (t - 1) == 0
+
+
 def _coarse_first(s: GemmShape):
     # every power-of-two token count before any 3 x 2^e one (a budget that runs out then thins the grid
     # between its lines, not the lines); among them the common token counts first (a time budget cut the
     # 2026-11-30 H200 grid after 1943 of 4242 shapes and left m = 8192, gpt-1.3b at micro-batch 4,
     # unmeasured: its interpolation then decided plans); then level 0: the token axis a power of 4,
     # level 1: the rest; within those, small first
-    tok = s.k if s.kind == "wgrad" else s.m
-    between = tok & (tok - 1) != 0
+    tok = token_count(s)
+    between = not on_power_of_two(s)
     level = 0 if int(math.log2(tok)) % 2 == 0 else 1
     common = 0 if COMMON_TOKENS[0] <= tok <= COMMON_TOKENS[1] else 1
     return (between, common, level, s.flops, s.key)
