@@ -3,6 +3,8 @@
 - GEMMs left out of the grid (catalogue models at 5 x 2^e token counts, between the grid's 2^e and 3 x 2^e
   since session 5; models outside the catalogue at powers of two): predicted device time (Profile.gemm_s less its fixed 5 us launch adder) within 5% median and
   15% worst of the measured time (same timer as the profiler).
+- FP8 GEMMs (when the profile has an FP8 table) left out of it, timed through runtime/parallel/fp8.py: same
+  bars, against Profile.fp8_gemm_s.
 - Attention left out of the grid (sequence lengths between grid points, other batch x heads, GQA): same bars
   (prediction: Profile.attention_s less kernel_launch_s).
 - Collectives: each measured fit within 10% of freshly measured times for 1 MiB - 1 GiB.
@@ -100,6 +102,43 @@ def bench_gemm(profile, device, n, out_dir, first=0):
         rows.append({"m": s.m, "n": s.n, "k": s.k, "kind": s.kind, "measured_s": t, "predicted_s": pred,
                      "rel_error": e, "measured_tflops": s.flops / t / 1e12})
     _csv(out_dir / "gemm.csv", rows)
+    return _stats(errs, 0.05, 0.15)
+
+
+def held_out_fp8_gemms(profile: Profile, n: int, seed: int = 0) -> list[shapes.GemmShape]:
+    """n FP8 shapes outside the profile's FP8 table: the dense layers at 3 x 2^e and 5 x 2^e token counts
+    between its powers of two, and the off-catalogue models at powers of two."""
+    have = {(m, nn, k) for m, nn, k, _ in profile.fp8_points}
+    cands = []
+    for ms, toks in ((list(CATALOGUE.values()), [1536, 2560, 3072, 5120, 6144, 12288]),
+                     (OFF_CATALOGUE, [1024, 2048, 4096, 8192, 16384])):
+        grid = shapes.fp8_gemm_grid(shapes.GridSpec(models=tuple(ms), tokens=tuple(toks), flops_cap=1.5e13,
+                                                    max_shapes=10 ** 6), tokens=toks)
+        cands += [s for s in grid if (s.m, s.n, s.k) not in have]
+    uniq = list({(s.m, s.n, s.k): s for s in cands}.values())
+    random.Random(seed).shuffle(uniq)
+    return uniq[:n]
+
+
+def bench_fp8(profile, device, n, out_dir):
+    """FP8 GEMMs (runtime/parallel/fp8.py, scaling included) left out of the profile's FP8 table, against
+    Profile.fp8_gemm_s; skipped when the profile has no FP8 table (its FP8 times are then modelled)."""
+    from runtime.parallel.fp8 import check_fp8_device
+    if not profile.fp8_points:
+        return {"skipped": "the profile has no FP8 table (fp8_gemm_s is modelled)"}
+    why = check_fp8_device(device)
+    if why:
+        return {"skipped": why}
+    sh = held_out_fp8_gemms(profile, n)
+    pts, _, _ = kernels.time_gemms(sh, device, warmup=2, repeats=7)
+    rows, errs = [], []
+    for s, (_, _, _, t, _) in zip(sh, pts):
+        pred = profile.fp8_gemm_s(s.m, s.n, s.k) - GEMM_LAUNCH_ADDER
+        e = _err(pred, t)
+        errs.append(e)
+        rows.append({"m": s.m, "n": s.n, "k": s.k, "kind": s.kind, "measured_s": t, "predicted_s": pred,
+                     "rel_error": e, "measured_tflops": s.flops / t / 1e12})
+    _csv(out_dir / "fp8.csv", rows)
     return _stats(errs, 0.05, 0.15)
 
 
@@ -282,7 +321,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", type=int, default=None)
     ap.add_argument("--gemm-shapes", type=int, default=150)
     ap.add_argument("--gemm-first", type=int, default=0, help="skip this many of the shuffled held-out shapes")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: gemm,attention,collectives,layer")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: gemm,fp8,attention,collectives,layer")
     a = ap.parse_args(argv)
     coll.force_env()
     prof = Profile.load(Path(a.profile))
@@ -299,6 +338,7 @@ def main(argv=None) -> int:
                "command": " ".join(["python", "benchmarks/profile_accuracy.py"] + (argv or sys.argv[1:]))}
     t0 = time.monotonic()
     for name, fn in (("gemm", lambda: bench_gemm(prof, device, a.gemm_shapes, out, a.gemm_first)),
+                     ("fp8", lambda: bench_fp8(prof, device, max(a.gemm_shapes // 3, 10), out)),
                      ("attention", lambda: bench_attention(prof, device, out)),
                      ("collectives", lambda: bench_collectives(prof, device, gpus, out)),
                      ("layer", lambda: bench_layer(prof, device, out, a.profile, gpus))):

@@ -131,12 +131,13 @@ FP8_LAYERS = ("qkv", "out_proj", "fc1", "gate_up", "fc2")
 router, BERT's head transform, or MoE experts, whose grouped GEMMs stay bf16)."""
 
 
-def fp8_gemm_grid(spec: GridSpec) -> list[GemmShape]:
-    """FP8 forward ('fp8fwd') and input-gradient ('fp8dgrad') shapes of the dense layers at the common token
-    counts (powers of two from COMMON_TOKENS[0] to COMMON_TOKENS[1]), small first."""
+def fp8_gemm_grid(spec: GridSpec, tokens: list[int] | None = None) -> list[GemmShape]:
+    """FP8 forward ('fp8fwd') and input-gradient ('fp8dgrad') shapes of the dense layers, small first, at
+    `tokens` or else at the grid's common token counts (powers of two from COMMON_TOKENS[0] to [1])."""
     shapes: dict[tuple, GemmShape] = {}
-    tokens = [t for t in spec.tokens if COMMON_TOKENS[0] <= t <= COMMON_TOKENS[1] and t & (t - 1) == 0] \
-        or [t for t in spec.tokens if t & (t - 1) == 0]
+    if tokens is None:
+        tokens = [t for t in spec.tokens if COMMON_TOKENS[0] <= t <= COMMON_TOKENS[1] and t & (t - 1) == 0] \
+            or [t for t in spec.tokens if t & (t - 1) == 0]
     for model in spec.models:
         if model.is_moe:
             gemm_layers = ("qkv", "out_proj")  # the experts' GEMMs stay bf16

@@ -122,3 +122,28 @@ def test_a_measured_fp8_table_replaces_the_model_and_the_provenance_note():
     assert back.fp8_gemm_s(4096, 4096, 4096) == pytest.approx(1.234e-4 + 5e-6) != modelled
     assert not any("fp8" in m for m in plan_provenance(back, fp8=True)["modelled"])
     assert any("fp8" in m for m in plan_provenance(prof, fp8=True)["modelled"])
+
+
+def test_fp8_accuracy_check_holds_out_shapes_and_skips_without_a_table(tmp_path, monkeypatch):
+    """benchmarks/profile_accuracy.py's FP8 part: shapes outside the table, timed through the runtime's FP8
+    path on CPU (torch._scaled_mm), compared with Profile.fp8_gemm_s."""
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+
+    from planner.profile import load_profile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import profile_accuracy as pa
+
+    prof = load_profile(None, "h200-sxm")
+    assert "skipped" in pa.bench_fp8(prof, torch.device("cpu"), 3, tmp_path)
+    table = [(1024, 6144, 2048, 1e-5), (1536, 6144, 2048, 1.4e-5)]
+    held = pa.held_out_fp8_gemms(replace(prof, fp8_points=table), 200)
+    assert held and not {(s.m, s.n, s.k) for s in held} & {(m, n, k) for m, n, k, _ in table}
+    small = replace(prof, fp8_points=table)
+    from runtime.profiler.shapes import GemmShape
+    tiny = [GemmShape(64, 128, 64, "fp8fwd"), GemmShape(64, 64, 128, "fp8dgrad")]  # CPU FP8 is slow: time tiny ones
+    monkeypatch.setattr(pa, "held_out_fp8_gemms", lambda p, n, seed=0: tiny)
+    out = pa.bench_fp8(small, torch.device("cpu"), 2, tmp_path)
+    assert out["n"] == 2 and (tmp_path / "fp8.csv").exists()
