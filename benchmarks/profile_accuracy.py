@@ -90,19 +90,24 @@ def held_out_gemms(profile: Profile, device, n: int, seed: int = 0, first: int =
     return uniq[first:first + n]
 
 
-def bench_gemm(profile, device, n, out_dir, first=0):
-    sh = held_out_gemms(profile, device, n, first=first)
-    pts, _, _ = kernels.time_gemms(sh, device, warmup=2, repeats=7)
+def _gemms_against(profile, held_out, device, csv_path):
+    """Time the held-out shapes as the profiler does and compare each with the profile's lookup for its kind
+    (wgrad_s, fp8_gemm_s, else gemm_s, less the lookup's launch adder); writes csv_path, returns the stats."""
+    lookup = {"wgrad": profile.wgrad_s, "fp8fwd": profile.fp8_gemm_s, "fp8dgrad": profile.fp8_gemm_s}
+    pts, _, _ = kernels.time_gemms(held_out, device, warmup=2, repeats=7)
     rows, errs = [], []
-    for s, (_, _, _, t, _) in zip(sh, pts):
-        lookup = profile.wgrad_s if s.kind == "wgrad" else profile.gemm_s
-        pred = lookup(s.m, s.n, s.k) - GEMM_LAUNCH_ADDER
+    for m, n, k, t, kind in pts:   # the timed points themselves: a shape skipped by time_gemms has none
+        pred = lookup.get(kind, profile.gemm_s)(m, n, k) - GEMM_LAUNCH_ADDER
         e = _err(pred, t)
         errs.append(e)
-        rows.append({"m": s.m, "n": s.n, "k": s.k, "kind": s.kind, "measured_s": t, "predicted_s": pred,
-                     "rel_error": e, "measured_tflops": s.flops / t / 1e12})
-    _csv(out_dir / "gemm.csv", rows)
+        rows.append({"m": m, "n": n, "k": k, "kind": kind, "measured_s": t, "predicted_s": pred,
+                     "rel_error": e, "measured_tflops": 2.0 * m * n * k / t / 1e12})
+    _csv(csv_path, rows)
     return _stats(errs, 0.05, 0.15)
+
+
+def bench_gemm(profile, device, n, out_dir, first=0):
+    return _gemms_against(profile, held_out_gemms(profile, device, n, first=first), device, out_dir / "gemm.csv")
 
 
 def held_out_fp8_gemms(profile: Profile, n: int, seed: int = 0) -> list[shapes.GemmShape]:
@@ -129,17 +134,7 @@ def bench_fp8(profile, device, n, out_dir):
     why = check_fp8_device(device)
     if why:
         return {"skipped": why}
-    sh = held_out_fp8_gemms(profile, n)
-    pts, _, _ = kernels.time_gemms(sh, device, warmup=2, repeats=7)
-    rows, errs = [], []
-    for s, (_, _, _, t, _) in zip(sh, pts):
-        pred = profile.fp8_gemm_s(s.m, s.n, s.k) - GEMM_LAUNCH_ADDER
-        e = _err(pred, t)
-        errs.append(e)
-        rows.append({"m": s.m, "n": s.n, "k": s.k, "kind": s.kind, "measured_s": t, "predicted_s": pred,
-                     "rel_error": e, "measured_tflops": s.flops / t / 1e12})
-    _csv(out_dir / "fp8.csv", rows)
-    return _stats(errs, 0.05, 0.15)
+    return _gemms_against(profile, held_out_fp8_gemms(profile, n), device, out_dir / "fp8.csv")
 
 
 def bench_attention(profile, device, out_dir):

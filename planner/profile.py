@@ -84,7 +84,8 @@ class CollectiveFit:
 
 FP8_GEMM_SPEEDUP = 2.0
 """Modelled: dense FP8 tensor-core peak over dense bf16 on H100 / H200 SXM (1,979 against 989 TFLOP/s, NVIDIA
-datasheets). The profiler does not time FP8 GEMMs yet; a plan with FP8 says so in its provenance."""
+datasheets). Used only for a profile without a measured FP8 table (gemm.fp8_points); a plan priced so says so
+in its provenance."""
 
 FP8_MODEL_NOTE = ("fp8 GEMMs: modelled as the measured bf16 GEMM at 2x its rate (H100/H200 datasheet FP8 vs bf16 "
                   "peak) plus the per-tensor scaling passes at copy bandwidth; not measured")

@@ -284,15 +284,21 @@ class Stage(nn.Module):
 
 def build_stage(spec: ModelSpec, groups, layer_start: int, layer_end: int, has_embedding: bool, has_head: bool,
                 layer_modes: list[str] | None = None, overlap: bool = True, device="cpu", seed: int = 1234,
-                compile: bool = False) -> Stage:
+                compile: bool = False, fp8: bool = False) -> Stage:
     """Build a stage on `device` in fp32 and initialise it exactly as the TP1 model would be (every logical
     tensor is drawn from a generator seeded by its name, then sliced to this rank's shard).
-    compile=True compiles each layer in place with torch.compile (names unchanged; opt-in, as torchtitan)."""
+    compile=True compiles each layer in place with torch.compile (names unchanged; opt-in, as torchtitan).
+    fp8=True runs the layers' linear GEMMs in FP8 (runtime/parallel/fp8.py); the embedding and the output
+    layer stay in the compute dtype."""
     modes = layer_modes or ["none"] * (layer_end - layer_start)
     with torch.device(device):  # uninitialised storage; init_weights fills every tensor
         stage = Stage(spec, groups, layer_start, layer_end, has_embedding, has_head, modes, overlap)
     if torch.device(device).type != "meta":  # meta: shapes only (parameter counts, memory estimates)
         init_weights(stage, groups, seed)
+    if fp8:
+        from runtime.parallel.tensor import enable_fp8
+        for layer in stage.layers.values():
+            enable_fp8(layer)
     if compile:
         for layer in stage.layers.values():
             layer.compile()

@@ -55,13 +55,9 @@ def build_rank_stages(plan: Plan, groups, device, overlap_tp: bool, seed: int, c
     stages = []
     for j in plan.stages_of_rank(groups.pp_rank):
         a, b = ranges[j]
-        stage = build_stage(plan.model, groups, a, b, j == 0, j == last, plan.stages[j].layer_modes(),
-                            overlap=overlap_tp, device=device, seed=seed, compile=compile)
-        if plan.layout.fp8:
-            from runtime.parallel.tensor import enable_fp8
-            for layer in stage.layers.values():  # the embedding and the output layer stay in the compute dtype
-                enable_fp8(layer)
-        stages.append(stage)
+        stages.append(build_stage(plan.model, groups, a, b, j == 0, j == last, plan.stages[j].layer_modes(),
+                                  overlap=overlap_tp, device=device, seed=seed, compile=compile,
+                                  fp8=plan.layout.fp8))
     return stages
 
 
@@ -279,8 +275,9 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         for step in range(start, start + args.steps):
             if step > start and (step - start) % GC_EVERY_STEPS == 0:
                 gc.collect()
+            profiled = args.trace_step == step + 1
             memory = cuda and args.memory_step == step + 1 and bool(args.memory_out)
-            traced = args.trace_step == step + 1 or memory  # a recorded step runs alone, like a traced one
+            traced = profiled or memory  # a profiled or memory-recorded step runs alone, not queued
             stopped = False
             if pending is not None and traced:
                 stopped, pending = finish(pending), None
@@ -302,7 +299,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                 memory_trace.write(summary, args.memory_out, dist.get_rank(),
                                    {"model": spec.name, "layout": lay.short(), "micro_batch": lay.micro_batch,
                                     "step": step + 1, "rank": dist.get_rank(), "commit": os.environ.get("PLAN_COMMIT", "")})
-            elif args.trace_step == step + 1:
+            elif profiled:
                 loss, norm = _traced(args, cuda, run)
             else:
                 loss, norm = run()

@@ -265,6 +265,11 @@ def main(argv=None) -> int:
         from dataclasses import replace
 
         from runtime.profiler.environment import git_commit
+        def part_of(name: str, how: str) -> dict:
+            return {"part": name, "status": "measured", "how": how,
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "seconds": round(time.time() - t0, 1), **git_commit()}
+
         t0 = time.time()
         if args.single_rank_only:
             if prof.host is None:
@@ -273,23 +278,19 @@ def main(argv=None) -> int:
             raw = run_spawned(probe_single_rank, 1, args.device == "cuda")
             host = replace(prof.host, family_single_rank_layer_s=raw["family_single_rank_layer_s"],
                            family_single_rank_ends_s=raw["family_single_rank_ends_s"])
-            part = {"part": "host_overhead/single_rank", "status": "measured",
-                    "how": "runtime training steps of a hidden-256 probe (gpt, llama, bert) in one "
+            part = part_of("host_overhead/single_rank",
+                           "runtime training steps of a hidden-256 probe (gpt, llama, bert) in one "
                            f"{args.device} process, no data parallelism, 2 vs 6 layers, {MICRO_BATCHES} micro-batches "
                            "(runtime/profiler/host.py --single-rank-only); the other host figures are the input "
-                           "profile's",
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "seconds": round(time.time() - t0, 1), **git_commit()}
+                           "profile's")
             keep = lambda p: p.get("part") != "host_overhead/single_rank"  # noqa: E731
         else:
             raw = measure(args.device, args.gpus)
             host = HostOverheads.from_measurement(raw)
-            part = {"part": "host_overhead", "status": "measured",
-                    "how": f"runtime training steps of a hidden-256 probe (gpt, llama, bert) in {args.gpus} "
+            part = part_of("host_overhead",
+                           f"runtime training steps of a hidden-256 probe (gpt, llama, bert) in {args.gpus} "
                            f"{args.device} process(es) and, for the single-rank figures, in one; 2 vs 6 layers, "
-                           f"{MICRO_BATCHES} micro-batches (runtime/profiler/host.py)",
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "seconds": round(time.time() - t0, 1), **git_commit()}
+                           f"{MICRO_BATCHES} micro-batches (runtime/profiler/host.py)")
             keep = lambda p: not str(p.get("part", "")).startswith("host_overhead")  # noqa: E731
         prov = dict(prof.provenance)
         prov["parts"] = [p for p in prov.get("parts", []) if keep(p)] + [part]

@@ -134,6 +134,8 @@ router, BERT's head transform, or MoE experts, whose grouped GEMMs stay bf16).""
 def fp8_gemm_grid(spec: GridSpec, tokens: list[int] | None = None) -> list[GemmShape]:
     """FP8 forward ('fp8fwd') and input-gradient ('fp8dgrad') shapes of the dense layers, small first, at
     `tokens` or else at the grid's common token counts (powers of two from COMMON_TOKENS[0] to [1])."""
+    from runtime.parallel.fp8 import fits as fp8_fits
+
     shapes: dict[tuple, GemmShape] = {}
     if tokens is None:
         tokens = [t for t in spec.tokens if COMMON_TOKENS[0] <= t <= COMMON_TOKENS[1] and t & (t - 1) == 0] \
@@ -149,7 +151,7 @@ def fp8_gemm_grid(spec: GridSpec, tokens: list[int] | None = None) -> list[GemmS
                     continue
                 for m in tokens:
                     for s in (GemmShape(m, n_out, k_in, "fp8fwd"), GemmShape(m, k_in, n_out, "fp8dgrad")):
-                        if s.flops <= spec.flops_cap and min(s.m, s.n, s.k) % 16 == 0:
+                        if s.flops <= spec.flops_cap and fp8_fits(s.m, s.n, s.k):
                             shapes.setdefault((s.m, s.n, s.k), s)
     return sorted(shapes.values(), key=lambda s: (s.flops, s.key))
 

@@ -39,11 +39,7 @@ def micro_batches(spec, step, dp, dp_rank, mb):
 
 def run_case(spec, lay: Layout, groups, modes, steps=2):
     """Returns losses of `steps` steps and logical grads of the first step (gathered over TP)."""
-    model = build_model(spec, groups, modes, overlap=lay.overlap_tp)
-    if lay.fp8:
-        from runtime.parallel.tensor import enable_fp8
-        for layer in model.layers.values():
-            enable_fp8(layer)
+    model = build_model(spec, groups, modes, overlap=lay.overlap_tp, fp8=lay.fp8)
     opt = build_optimizer([model], groups, lay.sharding, AdamConfig(lr=1e-3), overlap=lay.overlap_dp,
                           bucket_elems=20_000)
     grads = {}
