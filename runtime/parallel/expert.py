@@ -40,13 +40,20 @@ forward that produced it (a later forward, or a recompute, replaces the attribut
 Dispatch: dropless by default (every assignment computed); with `capacity_factor` set, each expert takes at
 most ceil(capacity_factor * tokens * k / E) assignments per rank-local batch, in token order, and the
 rest are dropped (they contribute zero; the other slots keep their weights). Assignments are sorted by
-expert, the counts exchanged with one small all_to_all, the tokens sent with all_to_all_single with
-variable splits, regrouped by local expert, computed, and sent back the same way. The local experts run
+expert, the counts exchanged with one small all_to_all, the tokens sent with all_to_all_single, regrouped
+by local expert, computed, and sent back the same way. Two ways to send them (ModelSpec.padded_dispatch
+picks; `MoEMLP.padded` forces one):
+  * exact: variable splits of exactly the routed rows; the host reads the split sizes (one .tolist()).
+  * padded (EP2, dropless, grouped GEMMs): every destination gets a fixed block of tokens x min(top_k,
+    local experts) rows, the most this rank can send it, filled from the front; equal splits, the grouped
+    GEMMs' offsets from the device, nothing read back. At EP2 on 2 H200 the host's wait for the split
+    sizes left each GPU idle 40-68 ms of a 0.41 s step (session 5); the padding doubles the all-to-all
+    bytes and the experts' saved inputs (ModelSpec.dispatch_padding), which the planner charges. The local experts run
 as grouped GEMMs (torch._grouped_mm: one kernel per projection for all of them, the per-expert row counts
 as offsets on the device) where the device supports it (grouped_mm_supported: CUDA bf16 on Hopper), else
-as a loop over the experts. The host waits for the GPU at most once per layer: at EP > 1, for the split
-sizes of the all-to-alls (one .tolist()); at EP1 the grouped path never waits (the loop does, for its
-slices; dropping by capacity does, for its boolean selection).
+as a loop over the experts. The host waits for the GPU at most once per layer: under the exact dispatch,
+for the split sizes of the all-to-alls (one .tolist()); at EP1 and under the padded dispatch the grouped
+path never waits (the loop does, for its slices; dropping by capacity does, for its boolean selection).
 """
 from __future__ import annotations
 
@@ -231,6 +238,9 @@ class MoEMLP(nn.Module):
         TP t run sets t to reproduce the per-TP-rank (sequence-shard) losses exactly."""
         self.aux_loss: torch.Tensor | None = None
         self.last_tokens_per_expert: torch.Tensor | None = None
+        self.padded: bool | None = None
+        """None: at EP > 1 dispatch with fixed-size buffers where ModelSpec.padded_dispatch says so, else the
+        exact splits; True / False forces one (tests compare them)."""
         self.grouped_mm: bool | None = None
         """None: run the experts as grouped GEMMs where grouped_mm_supported says so, else as a loop;
         True / False forces one path (tests compare them on CPU)."""
@@ -311,7 +321,9 @@ class MoEMLP(nn.Module):
         h = _GroupedLinear.apply(x, offs, 1, *(m.w_up for m in ex))
         ids = None
         if ex[0].b_up is not None:
-            ids = torch.repeat_interleave(torch.arange(len(ex), device=x.device), counts, output_size=x.size(0))
+            # each row's expert (rows past the last offset, the padded dispatch's, get the last one)
+            ids = torch.searchsorted(offs, torch.arange(x.size(0), device=x.device, dtype=offs.dtype),
+                                     right=True).clamp_(max=len(ex) - 1)
             h = _GroupedBias.apply(h, offs, ids, *(m.b_up for m in ex))
         y = _GroupedLinear.apply(F.gelu(h, approximate="tanh"), offs, 1, *(m.w_down for m in ex))
         return y if ids is None else _GroupedBias.apply(y, offs, ids, *(m.b_down for m in ex))
@@ -351,26 +363,89 @@ class MoEMLP(nn.Module):
 
         if self.ep == 1:
             y = self._run_local_experts(tokens, counts)
+        elif self.use_padded_dispatch(tokens):
+            y = self._dispatch_padded(tokens, sorted_e, counts, T)
         else:
-            ep, El = self.ep, self.local_experts
-            recv_counts = torch.empty_like(counts)
-            dist.all_to_all_single(recv_counts, counts, group=self.ep_group)  # [ep * El]: from src s, expert e
-            rc = recv_counts.view(ep, El)
-            local_counts = rc.sum(0)
-            # the layer's one host synchronisation: all_to_all_single takes its split sizes as lists
-            sizes = torch.cat([counts.view(ep, El).sum(1), rc.sum(1), local_counts]).tolist()
-            send_counts, recv_split = sizes[:ep], sizes[ep:2 * ep]
-            recv = all_to_all_single_autograd(tokens, recv_split, send_counts, self.ep_group)
-            perm_t = regroup_permutation(rc, sum(recv_split))
-            y_local = self._run_local_experts(recv[perm_t], local_counts, sizes[2 * ep:])
-            inv = torch.empty_like(perm_t)
-            inv[perm_t] = torch.arange(perm_t.numel(), device=x.device)
-            back = y_local[inv]
-            y = all_to_all_single_autograd(back, send_counts, recv_split, self.ep_group)
+            y = self._dispatch_exact(tokens, counts)
 
         w = flat_w[order].to(y.dtype).unsqueeze(-1)
         out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w)
         return out.to(x.dtype).view(shape)
+
+
+    # -- dispatch over the EP group ---------------------------------------------------------------------
+    def use_padded_dispatch(self, tokens: torch.Tensor) -> bool:
+        """`self.padded` where set, else the model's rule (ModelSpec.padded_dispatch); only dropless and
+        with grouped GEMMs (the looped experts and capacity dropping read counts on the host anyway)."""
+        if self.capacity_factor is not None or not self.use_grouped_mm(tokens):
+            return False
+        return self.spec.padded_dispatch(self.ep) if self.padded is None else self.padded
+
+    def _exchange_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """[ep, E_local]: rows each source rank sends to each of this rank's experts (a small all-to-all)."""
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.ep_group)   # [ep * El]: from src s, expert e
+        return recv_counts.view(self.ep, self.local_experts)
+
+    def _dispatch_exact(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows grouped by global expert -> experts' outputs in the same order, with all-to-alls of exactly
+        the routed rows. The layer's one host synchronisation: all_to_all_single takes split sizes as lists."""
+        ep, El = self.ep, self.local_experts
+        rc = self._exchange_counts(counts)
+        local_counts = rc.sum(0)
+        sizes = torch.cat([counts.view(ep, El).sum(1), rc.sum(1), local_counts]).tolist()
+        send_counts, recv_split = sizes[:ep], sizes[ep:2 * ep]
+        recv = all_to_all_single_autograd(tokens, recv_split, send_counts, self.ep_group)
+        perm_t = regroup_permutation(rc, sum(recv_split))
+        y_local = self._run_local_experts(recv[perm_t], local_counts, sizes[2 * ep:])
+        back = y_local[_inverse(perm_t)]
+        return all_to_all_single_autograd(back, send_counts, recv_split, self.ep_group)
+
+    def _dispatch_padded(self, tokens: torch.Tensor, sorted_e: torch.Tensor, counts: torch.Tensor,
+                         num_tokens: int) -> torch.Tensor:
+        """The same with fixed-size buffers, every shape known without reading the counts: each destination
+        rank gets a block of cap = tokens x min(top_k, E_local) rows (the most this rank can send it: a token
+        goes to an expert once), filled from the front, the rest zeros. Equal-split all-to-alls then need no
+        split sizes on the host, and the grouped GEMMs take their offsets from the device (rows past the
+        last offset are left out of the kernels; their outputs are zeroed before the combine). Costs
+        ModelSpec.dispatch_padding() x the exact rows in the all-to-alls and the experts' saved inputs."""
+        ep, El = self.ep, self.local_experts
+        cap = num_tokens * min(self.top_k, El)
+        rc = self._exchange_counts(counts)
+        dest = torch.div(sorted_e, El, rounding_mode="floor")
+        per_dest = counts.view(ep, El).sum(1)
+        first = torch.cumsum(per_dest, 0) - per_dest
+        slot = dest * cap + torch.arange(sorted_e.numel(), device=tokens.device) - first[dest]
+        send = tokens.new_zeros(ep * cap, tokens.size(1)).index_copy(0, slot, tokens)
+        recv = all_to_all_single_autograd(send, [cap] * ep, [cap] * ep, self.ep_group)
+        perm, valid = padded_regroup_permutation(rc, cap)
+        local_counts = rc.sum(0)
+        y_local = self._grouped_experts(recv[perm], local_counts)
+        y_local = torch.where(valid.unsqueeze(-1), y_local, y_local.new_zeros(()))
+        back = all_to_all_single_autograd(y_local[_inverse(perm)], [cap] * ep, [cap] * ep, self.ep_group)
+        return back.index_select(0, slot)
+
+
+def _inverse(perm: torch.Tensor) -> torch.Tensor:
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    return inv
+
+
+def padded_regroup_permutation(recv_counts: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The padded dispatch's receive buffer holds ep blocks of cap rows, block s from source rank s: its first
+    recv_counts[s].sum() rows real, ordered by local expert, the rest padding. Returns (perm, valid): rows[perm]
+    orders the real rows by (local expert e, source s), as regroup_permutation does, with the padding after
+    them; valid[i] says whether rows[perm][i] is real. All on the device, of fixed size ep * cap."""
+    ep, El = recv_counts.shape
+    dev = recv_counts.device
+    row = torch.arange(ep * cap, device=dev)
+    src, pos = torch.div(row, cap, rounding_mode="floor"), row % cap
+    ends = torch.cumsum(recv_counts, 1)                                     # [ep, El]
+    expert = (pos.unsqueeze(1) >= ends[src]).sum(1)                         # El for padding rows
+    key = torch.where(expert < El, expert * ep + src, torch.full_like(expert, El * ep))
+    perm = torch.argsort(key, stable=True)
+    return perm, key[perm] < El * ep
 
 
 def _count_per_expert(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
