@@ -2,7 +2,8 @@
 
 Order: collectives first (spawned processes, GPU otherwise idle), then attention, memory-bound kernels,
 optimizer, launch overhead, and last the GEMM grid, which gets whatever remains of the time budget (its
-shapes are ordered coarse to fine, so a cut thins the grid evenly; the cut is recorded).
+shapes are ordered coarse to fine, so a cut thins the grid evenly; the cut is recorded). The grid is split
+across the node's GPUs, shape i on GPU i mod n (gemm_workers.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from planner.errors import PlanError
 from planner.profile import Profile
 from runtime.profiler import collectives as coll
 from runtime.profiler import environment, kernels, modelled, shapes
+from runtime.profiler.gemm_workers import time_gemms_parallel
 
 
 @dataclass
@@ -59,6 +61,21 @@ def resolve_device(opts: Options) -> tuple[torch.device, int, str]:
     if not 1 <= n <= 16:
         raise PlanError(f"--gpus {n} is not possible on CPU: use 1 to 16 processes")
     return torch.device("cpu"), n, opts.gpu_kind or "cpu"
+
+
+def gemm_devices(device: torch.device, world: int) -> list[str]:
+    """Where the GEMM grid is timed: GPUs cuda:0..world-1 (one node's GPUs are identical, so each times a share
+    of the grid), or `world` single-threaded processes on CPU (so the tests run the multi-process path)."""
+    if device.type == "cuda":
+        return [f"cuda:{r}" for r in range(world)]
+    return ["cpu"] * world
+
+
+def _split_how(n: int, cuda: bool) -> str:
+    if n == 1:
+        return "timed on one GPU" if cuda else "timed in one process"
+    where = f"{n} GPUs of the node" if cuda else f"{n} CPU processes"
+    return f"grid split across {where} (shape i of the ordered grid on the (i mod {n})-th, in parallel)"
 
 
 def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
@@ -218,7 +235,10 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     rep.stage(f"GEMMs ({len(grid)} shapes from the catalogue, {len(fp8_grid)} of them FP8)", len(grid))
     greps = (dict(warmup=2, repeats=5) if opts.quick else dict(warmup=2, repeats=7)) if cuda else \
         dict(warmup=1, repeats=3)
-    points, spreads, skipped = kernels.time_gemms(grid, device, deadline=deadline, progress=rep.advance, **greps)
+    devices = gemm_devices(device, world)
+    if cuda:
+        torch.cuda.empty_cache()   # the worker on GPU 0 sizes its operand pool from the free memory
+    points, spreads, skipped = time_gemms_parallel(grid, devices, deadline=deadline, progress=rep.advance, **greps)
     if not points:
         raise PlanError("the time budget ran out before any GEMM was timed; give a larger --budget")
     extras["gemm_spread"] = [sp for sp, p in zip(spreads, points) if p[4] in ("fwd", "dgrad")]  # aligned with each table
@@ -227,7 +247,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     extras["gemm_grid"] = {
         "models": [m.name for m in grid_spec.models], "tp": list(grid_spec.tp_degrees),
         "tokens": [min(grid_spec.tokens), max(grid_spec.tokens)], "flops_cap": grid_spec.flops_cap,
-        "shapes": len(grid), "timed": len(points), "skipped_by_budget": skipped,
+        "shapes": len(grid), "timed": len(points), "skipped_by_budget": skipped, "devices": len(devices),
         "tables": "gemm.points: forward and dgrad (bf16 output); gemm.wgrad_points: wgrad (fp32 accumulation); "
                   "gemm.fp8_points: forward and dgrad through runtime/parallel/fp8.py (scaling included)",
         "fp8_shapes": len(fp8_grid),
@@ -238,7 +258,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     parts.append({"part": "gemm", "status": "measured",
                   "how": f"{len(points)} of {len(grid)} catalogue shapes (TP {list(grid_spec.tp_degrees)}, fwd/dgrad/"
                          "wgrad, and fwd/dgrad in FP8 at the common token counts), median of repeats after warm-up, device time (host launch excluded), inputs "
-                         "rotated over > 2x L2" + (f"; {skipped} shapes skipped (time budget, or operands beyond the memory pool)"
+                         f"rotated over > 2x L2; {_split_how(len(devices), cuda)}" + (f"; {skipped} shapes skipped (time budget, or operands beyond the memory pool)"
                                                    if skipped else "")})
     done("gemm")
 

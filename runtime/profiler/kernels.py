@@ -107,32 +107,38 @@ def rotation_sets(set_bytes: int, device) -> int:
     return max(2, min(16, math.ceil(2 * l2 / max(set_bytes, 1))))
 
 
-def time_gemms(shapes: list[GemmShape], device, *, warmup: int, repeats: int, deadline: float | None = None,
-               progress=None) -> tuple[list[tuple[int, int, int, float, str]], list[float], int]:
-    """Times each shape; returns ((m, n, k, seconds, kind) points, relative spreads, shapes skipped by the
-    deadline)."""
+def timed_gemms(shapes: list[GemmShape], device, *, warmup: int, repeats: int, deadline: float | None = None):
+    """Yields (index in `shapes`, Timing, or None when the operands are larger than the pool allows on this
+    device) shape by shape, stopping before the first shape reached after `deadline` (time.monotonic()).
+    The index lets a caller timing a share of a grid put its points back in the grid's order."""
     device = torch.device(device)
     dtype = compute_dtype(device)
     pool = RandomPool(gemm_pool_numel(shapes, device), device, dtype)
-    points, spreads = [], []
     esize = torch.tensor([], dtype=dtype).element_size()
-    skipped = 0
     for i, s in enumerate(shapes):
         if deadline is not None and time.monotonic() > deadline:
-            return points, spreads, skipped + len(shapes) - i
+            return
         if 2 * (s.m * s.k + s.k * s.n) > pool.numel:
-            skipped += 1   # operands larger than the pool allows on this device
-            if progress:
-                progress(1)
+            yield i, None
             continue
         sets = rotation_sets((s.m * s.k + s.k * s.n) * esize, device)
         fn = gemm_call(s, pool, device, sets)
-        t = time_fn(fn, device, warmup=warmup, repeats=repeats)
-        points.append((s.m, s.n, s.k, t.median_s, s.kind))
-        spreads.append(round(t.spread, 4))
+        yield i, time_fn(fn, device, warmup=warmup, repeats=repeats)
+
+
+def time_gemms(shapes: list[GemmShape], device, *, warmup: int, repeats: int, deadline: float | None = None,
+               progress=None) -> tuple[list[tuple[int, int, int, float, str]], list[float], int]:
+    """Times each shape; returns ((m, n, k, seconds, kind) points, relative spreads, shapes skipped by the
+    deadline or beyond the memory pool)."""
+    points, spreads = [], []
+    for i, t in timed_gemms(shapes, device, warmup=warmup, repeats=repeats, deadline=deadline):
+        if t is not None:
+            s = shapes[i]
+            points.append((s.m, s.n, s.k, t.median_s, s.kind))
+            spreads.append(round(t.spread, 4))
         if progress:
             progress(1)
-    return points, spreads, skipped
+    return points, spreads, len(shapes) - len(points)
 
 
 # -- attention ---------------------------------------------------------------------------------------------
@@ -175,7 +181,8 @@ def time_attention(batch: int, heads: int, seq: int, head_dim: int, causal: bool
 
     tb = time_fn(bwd, device, warmup=warmup, repeats=repeats)
     flops = attention_flops(batch, heads, seq, head_dim, causal)
-    del outs, sets
+    outs.clear()   # free the graphs now (clear, not del: the closures above name these lists)
+    sets.clear()
     return {"batch": batch, "heads": heads, "kv_heads": kvh, "seq": seq, "head_dim": head_dim, "causal": causal,
             "fwd_s": tf.median_s, "bwd_s": tb.median_s, "fwd_spread": round(tf.spread, 4),
             "bwd_spread": round(tb.spread, 4),
