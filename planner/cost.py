@@ -219,8 +219,8 @@ class CostModel:
             e2f, e2b = self._gemm_fwd_bwd_s(int(routed), h, f)
             moe_f, moe_b = (rf + e1f + e2f) * prof.eff("expert"), (rb + e1b + e2b) * prof.eff("expert")
             # dispatch and combine all-to-alls, each way in forward and again in backward (fixed-size buffers
-            # under the padded dispatch: ModelSpec.dispatch_padding() x the routed rows)
-            a2a_bytes = BF16 * routed * h * m.dispatch_padding(lay.ep)
+            # under the padded dispatch: ModelSpec.dispatch_bytes_factor() x the routed rows)
+            a2a_bytes = BF16 * routed * h * m.dispatch_bytes_factor(lay.ep)
             a2a = self.group_collective_s("all_to_all", a2a_bytes, lay.ep, self.strides["ep"]) * prof.eff("ep")
             comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
         ce = prof.eff("compute")  # calibrated: what the runtime spends beyond its measured kernels

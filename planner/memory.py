@@ -194,7 +194,7 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         # (checked against runtime.memory.saved_bytes_per_token in tests/runtime/test_memory_model.py,
         # which measured one more hidden-sized tensor per token and the fp32 routing masks)
         # Under the padded dispatch (ModelSpec.padded_dispatch) the experts' input and activations are kept
-        # for the fixed-size buffers, dispatch_padding() x the routed rows; the combine's copy stays exact.
+        # for the fixed-size buffers, dispatch_padding() x the routed rows.
         routed = tok_t * m.top_k  # token copies this rank's experts see, on average
         router = FP32_BYTES * tok_t * (h + 2 * m.num_experts + 2 * m.top_k * m.num_experts)
         in_experts = ((4 if m.gated_mlp else 2) * f + h) * m.dispatch_padding(lay.ep)

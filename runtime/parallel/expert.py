@@ -44,11 +44,14 @@ expert, the counts exchanged with one small all_to_all, the tokens sent with all
 by local expert, computed, and sent back the same way. Two ways to send them (ModelSpec.padded_dispatch
 picks; `MoEMLP.padded` forces one):
   * exact: variable splits of exactly the routed rows; the host reads the split sizes (one .tolist()).
-  * padded (EP2, dropless, grouped GEMMs): every destination gets a fixed block of tokens x min(top_k,
-    local experts) rows, the most this rank can send it, filled from the front; equal splits, the grouped
-    GEMMs' offsets from the device, nothing read back. At EP2 on 2 H200 the host's wait for the split
-    sizes left each GPU idle 40-68 ms of a 0.41 s step (session 5); the padding doubles the all-to-all
-    bytes and the experts' saved inputs (ModelSpec.dispatch_padding), which the planner charges. The local experts run
+  * padded (EP2, dropless, grouped GEMMs; _forward_padded): each token goes once to each EP rank holding
+    any of its experts, with its local expert ids and weights, in a fixed block of T rows per destination;
+    equal splits, the grouped GEMMs' offsets from the device, nothing read back. At EP2 on 2 H200 the host's
+    wait for the split sizes left each GPU idle 40-68 ms of a 0.41 s step (session 5). A first padded version sent every
+    (token, expert) pair in blocks of T * k rows: twice the exact bytes, and slower than the wait (66% of
+    the dense model against 77%, session 6). Sending tokens, not pairs, keeps the bytes at EP2 top-2 where
+    the exact dispatch has them on average; the experts' buffers still hold ep x the routed rows
+    (ModelSpec.dispatch_padding), which the planner charges. The local experts run
 as grouped GEMMs (torch._grouped_mm: one kernel per projection for all of them, the per-expert row counts
 as offsets on the device) where the device supports it (grouped_mm_supported: CUDA bf16 on Hopper), else
 as a loop over the experts. The host waits for the GPU at most once per layer: under the exact dispatch,
@@ -340,6 +343,10 @@ class MoEMLP(nn.Module):
         topi, topv, aux = self.route(x2d)
         self.aux_loss = aux / self.tp
 
+        if self.ep > 1 and self.use_padded_dispatch(x2d):
+            self.last_tokens_per_expert = _count_per_expert(topi.reshape(-1), E).detach()
+            return self._forward_padded(x2d, topi, topv).to(x.dtype).view(shape)
+
         flat_e = topi.reshape(-1)                                            # [T*k]
         flat_w = topv.reshape(-1)
         flat_t = torch.arange(T, device=x.device).repeat_interleave(k)
@@ -363,8 +370,6 @@ class MoEMLP(nn.Module):
 
         if self.ep == 1:
             y = self._run_local_experts(tokens, counts)
-        elif self.use_padded_dispatch(tokens):
-            y = self._dispatch_padded(tokens, sorted_e, counts, T)
         else:
             y = self._dispatch_exact(tokens, counts)
 
@@ -401,51 +406,51 @@ class MoEMLP(nn.Module):
         back = y_local[_inverse(perm_t)]
         return all_to_all_single_autograd(back, send_counts, recv_split, self.ep_group)
 
-    def _dispatch_padded(self, tokens: torch.Tensor, sorted_e: torch.Tensor, counts: torch.Tensor,
-                         num_tokens: int) -> torch.Tensor:
-        """The same with fixed-size buffers, every shape known without reading the counts: each destination
-        rank gets a block of cap = tokens x min(top_k, E_local) rows (the most this rank can send it: a token
-        goes to an expert once), filled from the front, the rest zeros. Equal-split all-to-alls then need no
-        split sizes on the host, and the grouped GEMMs take their offsets from the device (rows past the
-        last offset are left out of the kernels; their outputs are zeroed before the combine). Costs
-        ModelSpec.dispatch_padding() x the exact rows in the all-to-alls and the experts' saved inputs."""
-        ep, El = self.ep, self.local_experts
-        cap = num_tokens * min(self.top_k, El)
-        rc = self._exchange_counts(counts)
-        dest = torch.div(sorted_e, El, rounding_mode="floor")
-        per_dest = counts.view(ep, El).sum(1)
-        first = torch.cumsum(per_dest, 0) - per_dest
-        slot = dest * cap + torch.arange(sorted_e.numel(), device=tokens.device) - first[dest]
-        send = tokens.new_zeros(ep * cap, tokens.size(1)).index_copy(0, slot, tokens)
-        recv = all_to_all_single_autograd(send, [cap] * ep, [cap] * ep, self.ep_group)
-        perm, valid = padded_regroup_permutation(rc, cap)
-        local_counts = rc.sum(0)
-        y_local = self._grouped_experts(recv[perm], local_counts)
-        y_local = torch.where(valid.unsqueeze(-1), y_local, y_local.new_zeros(()))
-        back = all_to_all_single_autograd(y_local[_inverse(perm)], [cap] * ep, [cap] * ep, self.ep_group)
-        return back.index_select(0, slot)
+    def _forward_padded(self, x2d: torch.Tensor, topi: torch.Tensor, topv: torch.Tensor) -> torch.Tensor:
+        """The MoE output for rows x2d [T, h] routed to topi / topv [T, k], with fixed-size buffers: nothing is
+        read back to the host. Each token goes at most once to each EP rank that holds any of its experts
+        (with its local expert ids and routing weights beside it), so every destination gets a block of T
+        rows: the tokens that need it first, in token order, then other tokens as padding (their ids say "no
+        expert here"). T rows per destination is the most this rank can send there, and at EP2 with top-2 as
+        many as the exact dispatch sends on average. The receiver expands its rows into (row, choice) pairs,
+        ep * T * k of them, sorts them by local expert (pairs with no expert here last), runs the grouped
+        GEMMs on the real pairs only (offsets from the device), weights and sums each row's pairs, and sends
+        one row per token back, where the sender adds the ranks' partial sums. Costs: the experts' buffers
+        hold ep * T * k rows (ModelSpec.dispatch_padding), the all-to-alls carry ep * T rows."""
+        ep, El, k = self.ep, self.local_experts, self.top_k
+        T, H = x2d.shape
+        dev = x2d.device
+        ranks = torch.arange(ep, device=dev)
+        on = torch.div(topi, El, rounding_mode="floor").unsqueeze(1) == ranks.view(1, ep, 1)  # [T, ep, k]
+        # per destination: the tokens that need it first (stable: in token order), then the rest
+        order = torch.argsort((~on.any(-1)).t().to(torch.int8), dim=1, stable=True)          # [ep, T]
+        rows = order.reshape(-1)                                                             # token per send row
+        on_rows = on[rows, ranks.repeat_interleave(T)]                                       # [ep * T, k]
+        local_ids = torch.where(on_rows, topi[rows] % El, torch.full_like(topi[rows], El))  # El: not here
+        recv = all_to_all_single_autograd(x2d[rows], [T] * ep, [T] * ep, self.ep_group)
+        recv_w = all_to_all_single_autograd(topv[rows] * on_rows, [T] * ep, [T] * ep, self.ep_group)
+        recv_ids = torch.empty_like(local_ids)
+        dist.all_to_all_single(recv_ids, local_ids, group=self.ep_group)
+
+        key = recv_ids.reshape(-1)                                                           # [ep * T * k]
+        perm = torch.argsort(key, stable=True)
+        valid = (key[perm] < El).unsqueeze(-1)
+        counts = _count_per_expert(key, El + 1)[:El]
+        src_row = torch.div(perm, k, rounding_mode="floor")
+        # zeroed padding in and out: the grouped GEMMs leave rows past the last offset unwritten, forward
+        # and backward, and those must not reach a real row's gradient
+        x_e = torch.where(valid, recv[src_row], recv.new_zeros(()))
+        y_e = torch.where(valid, self._grouped_experts(x_e, counts), x_e.new_zeros(()))
+        y_e = y_e * recv_w.reshape(-1)[perm].to(y_e.dtype).unsqueeze(-1)
+        partial = y_e.new_zeros(ep * T, H).index_add(0, src_row, y_e)                       # one row per token
+        back = all_to_all_single_autograd(partial, [T] * ep, [T] * ep, self.ep_group)
+        return back.new_zeros(T, H).index_add(0, rows, back)
 
 
 def _inverse(perm: torch.Tensor) -> torch.Tensor:
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel(), device=perm.device)
     return inv
-
-
-def padded_regroup_permutation(recv_counts: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The padded dispatch's receive buffer holds ep blocks of cap rows, block s from source rank s: its first
-    recv_counts[s].sum() rows real, ordered by local expert, the rest padding. Returns (perm, valid): rows[perm]
-    orders the real rows by (local expert e, source s), as regroup_permutation does, with the padding after
-    them; valid[i] says whether rows[perm][i] is real. All on the device, of fixed size ep * cap."""
-    ep, El = recv_counts.shape
-    dev = recv_counts.device
-    row = torch.arange(ep * cap, device=dev)
-    src, pos = torch.div(row, cap, rounding_mode="floor"), row % cap
-    ends = torch.cumsum(recv_counts, 1)                                     # [ep, El]
-    expert = (pos.unsqueeze(1) >= ends[src]).sum(1)                         # El for padding rows
-    key = torch.where(expert < El, expert * ep + src, torch.full_like(expert, El * ep))
-    perm = torch.argsort(key, stable=True)
-    return perm, key[perm] < El * ep
 
 
 def _count_per_expert(ids: torch.Tensor, num_experts: int) -> torch.Tensor:

@@ -99,28 +99,15 @@ def test_moe_ep_matches_single_process():
                              ("llama", 8, 2, 4, None, True, True), ("llama", 8, 2, 2, None, True, False)])
 
 
-def test_padded_regroup_matches_the_exact_one():
-    """The padded receive buffer's permutation orders the real rows as the exact dispatch's does (by local
-    expert, then source rank, keeping arrival order), with the padding after them."""
-    from runtime.parallel.expert import padded_regroup_permutation, regroup_permutation
-    rc = torch.tensor([[2, 0, 3], [1, 4, 0]])          # 2 sources x 3 local experts
-    cap = 7
-    perm, valid = padded_regroup_permutation(rc, cap)
-    rows = torch.cat([torch.arange(5), torch.full((2,), -1), 100 + torch.arange(5), torch.full((2,), -1)])
-    exact_rows = torch.cat([torch.arange(5), 100 + torch.arange(5)])
-    want = exact_rows[regroup_permutation(rc, 10)]
-    assert valid.tolist() == [True] * 10 + [False] * 4
-    assert rows[perm][:10].tolist() == want.tolist()
-    assert rows[perm][10:].tolist() == [-1] * 4
-
-
 def test_dispatch_padding_rule():
-    """Padded at EP2 (2x the exact rows for top-2 over 8 experts, 2x for top-1), exact at EP4 and EP1."""
+    """Padded at EP2 only: the experts' buffers hold 2x the routed rows; the all-to-alls carry the exact
+    dispatch's rows for top-2 and twice them for top-1. Exact at EP1 and EP4."""
     spec = _spec("llama", 8, 2)
-    assert spec.padded_dispatch(2) and spec.dispatch_padding(2) == 2.0
-    assert not spec.padded_dispatch(4) and spec.dispatch_padding(4) == 1.0
+    assert spec.padded_dispatch(2) and spec.dispatch_padding(2) == 2.0 and spec.dispatch_bytes_factor(2) == 1.0
+    assert not spec.padded_dispatch(4) and spec.dispatch_padding(4) == 1.0 and spec.dispatch_bytes_factor(4) == 1.0
     assert not spec.padded_dispatch(1) and spec.dispatch_padding(1) == 1.0
-    assert _spec("gpt", 4, 1).dispatch_padding(2) == 2.0
+    top1 = _spec("gpt", 4, 1)
+    assert top1.dispatch_padding(2) == 2.0 and top1.dispatch_bytes_factor(2) == 2.0
 
 
 @pytest.mark.parametrize("family,dtype", [("llama", torch.float32), ("gpt", torch.float32), ("llama", torch.bfloat16),
