@@ -218,10 +218,8 @@ class CostModel:
             e1f, e1b = self._gemm_fwd_bwd_s(int(routed), (2 if m.gated_mlp else 1) * f, h)
             e2f, e2b = self._gemm_fwd_bwd_s(int(routed), h, f)
             moe_f, moe_b = (rf + e1f + e2f) * prof.eff("expert"), (rb + e1b + e2b) * prof.eff("expert")
-            # dispatch and combine all-to-alls, each way in forward and again in backward (fixed-size buffers
-            # under the padded dispatch: ModelSpec.dispatch_bytes_factor() x the routed rows)
-            a2a_bytes = BF16 * routed * h * m.dispatch_bytes_factor(lay.ep)
-            a2a = self.group_collective_s("all_to_all", a2a_bytes, lay.ep, self.strides["ep"]) * prof.eff("ep")
+            # dispatch and combine all-to-alls, each way in forward and again in backward
+            a2a = self.group_collective_s("all_to_all", BF16 * routed * h, lay.ep, self.strides["ep"]) * prof.eff("ep")
             comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
         ce = prof.eff("compute")  # calibrated: what the runtime spends beyond its measured kernels
         fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel = (x * ce for x in (fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel))
@@ -306,11 +304,10 @@ class CostModel:
         """The part of stage_host_s that adds to the GPU time instead of running under it: at EP > 1 routing
         synchronises the host with the GPU every MoE layer (runtime/parallel/expert.py reads the all-to-all
         split sizes with one .tolist()), so the MoE layer's host time (profile.host.moe_layer_s) comes after
-        the GPU has caught up. At EP1, and under the padded dispatch (ModelSpec.padded_dispatch: fixed-size
-        all-to-alls, EP2), the counts stay on the device: no synchronisation, the host time is a floor like
-        a dense layer's, and this is 0."""
+        the GPU has caught up. At EP1 the grouped experts keep their counts on the device:
+        no synchronisation, the host time is a floor like a dense layer's, and this is 0."""
         host, m, lay = self.prof.host, self.m, self.lay
-        if host is None or not m.is_moe or lay.ep == 1 or m.padded_dispatch(lay.ep):
+        if host is None or not m.is_moe or lay.ep == 1:
             return 0.0
         return st.layers * host.moe_layer_s() * self.prof.eff("host")
 

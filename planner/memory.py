@@ -193,12 +193,9 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         # weighted combine keeps. The MoE layer keeps all of this under selective recompute too.
         # (checked against runtime.memory.saved_bytes_per_token in tests/runtime/test_memory_model.py,
         # which measured one more hidden-sized tensor per token and the fp32 routing masks)
-        # Under the padded dispatch (ModelSpec.padded_dispatch) the experts' input and activations are kept
-        # for the fixed-size buffers, dispatch_padding() x the routed rows.
         routed = tok_t * m.top_k  # token copies this rank's experts see, on average
         router = FP32_BYTES * tok_t * (h + 2 * m.num_experts + 2 * m.top_k * m.num_experts)
-        in_experts = ((4 if m.gated_mlp else 2) * f + h) * m.dispatch_padding(lay.ep)
-        expert_width = in_experts + (2 if lay.ep > 1 else 1) * h
+        expert_width = (4 if m.gated_mlp else 2) * f + (3 if lay.ep > 1 else 2) * h
         mlp = router + a * expert_width * routed + a * h * tok_t
         act_out_total = 0.0
     elif m.gated_mlp:

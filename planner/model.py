@@ -13,11 +13,6 @@ from pathlib import Path
 
 from planner.errors import PlanError, read_json
 
-MAX_DISPATCH_PADDING = 2
-"""Largest EP degree, and so padding of the experts' buffers over the exact routed rows, at which the MoE
-dispatch uses fixed-size buffers to spare the host its wait for the split sizes: at EP2 the wait cost 10-17%
-of the step on 2 H200 (session 5)."""
-
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -99,24 +94,6 @@ class ModelSpec:
         if self.gated_mlp:
             return 3 * h * f
         return 2 * h * f + (f + h if self.has_bias else 0)
-
-    def padded_dispatch(self, ep: int) -> bool:
-        """Whether runtime/parallel/expert.py dispatches with fixed-size buffers at this EP degree: each token
-        sent once to each EP rank holding any of its experts, in blocks of T rows per destination (T: the
-        rank's tokens), so the host never waits for split sizes. Taken where the experts' buffers (ep x T x
-        top_k pairs) hold at most MAX_DISPATCH_PADDING times the exact routed rows: EP2. Above, the exact
-        splits, which the host reads once per MoE layer."""
-        return self.is_moe and 1 < ep <= MAX_DISPATCH_PADDING
-
-    def dispatch_padding(self, ep: int) -> float:
-        """Rows the experts' buffers (inputs and activations) hold, as a multiple of the exact routed rows
-        (1.0 for the exact splits)."""
-        return float(ep) if self.padded_dispatch(ep) else 1.0
-
-    def dispatch_bytes_factor(self, ep: int) -> float:
-        """Rows each all-to-all carries, as a multiple of the exact dispatch's routed rows (T x top_k): ep x T
-        under the padded dispatch (1.0 at EP2 with top-2)."""
-        return ep / self.top_k if self.padded_dispatch(ep) else 1.0
 
     def router_params(self) -> int:
         return self.hidden * self.num_experts if self.is_moe else 0

@@ -40,23 +40,21 @@ forward that produced it (a later forward, or a recompute, replaces the attribut
 Dispatch: dropless by default (every assignment computed); with `capacity_factor` set, each expert takes at
 most ceil(capacity_factor * tokens * k / E) assignments per rank-local batch, in token order, and the
 rest are dropped (they contribute zero; the other slots keep their weights). Assignments are sorted by
-expert, the counts exchanged with one small all_to_all, the tokens sent with all_to_all_single, regrouped
-by local expert, computed, and sent back the same way. Two ways to send them (ModelSpec.padded_dispatch
-picks; `MoEMLP.padded` forces one):
-  * exact: variable splits of exactly the routed rows; the host reads the split sizes (one .tolist()).
-  * padded (EP2, dropless, grouped GEMMs; _forward_padded): each token goes once to each EP rank holding
-    any of its experts, with its local expert ids and weights, in a fixed block of T rows per destination;
-    equal splits, the grouped GEMMs' offsets from the device, nothing read back. At EP2 on 2 H200 the host's
-    wait for the split sizes left each GPU idle 40-68 ms of a 0.41 s step (session 5). A first padded version sent every
-    (token, expert) pair in blocks of T * k rows: twice the exact bytes, and slower than the wait (66% of
-    the dense model against 77%, session 6). Sending tokens, not pairs, keeps the bytes at EP2 top-2 where
-    the exact dispatch has them on average; the experts' buffers still hold ep x the routed rows
-    (ModelSpec.dispatch_padding), which the planner charges. The local experts run
+expert, the counts exchanged with one small all_to_all, the tokens sent with all_to_all_single with
+variable splits, regrouped by local expert, computed, and sent back the same way. The local experts run
 as grouped GEMMs (torch._grouped_mm: one kernel per projection for all of them, the per-expert row counts
 as offsets on the device) where the device supports it (grouped_mm_supported: CUDA bf16 on Hopper), else
-as a loop over the experts. The host waits for the GPU at most once per layer: under the exact dispatch,
-for the split sizes of the all-to-alls (one .tolist()); at EP1 and under the padded dispatch the grouped
-path never waits (the loop does, for its slices; dropping by capacity does, for its boolean selection).
+as a loop over the experts. The host waits for the GPU at most once per layer: at EP > 1, for the split
+sizes of the all-to-alls (one .tolist()); at EP1 the grouped path never waits (the loop does, for its
+slices; dropping by capacity does, for its boolean selection).
+
+Tried and taken out (session 6, commits 206a82e and 017cb7c): a dispatch with fixed-size buffers at EP2 that
+never reads the split sizes back (every (token, expert) pair, then every token once per destination rank with
+its ids and weights, in blocks of the most a rank can send; grouped GEMMs on the real rows only). It removed
+most of the GPU idle time the per-layer wait causes (69-77 ms down to 15-19 ms per traced step), but the
+step got slower: 67.3% of the dense model against 75.0% for this exact dispatch, both measured in one call on
+2 H200. It moved more rows through the all-to-alls, gathers and masks, and one rank then waited about 100 ms
+per step in the all-to-alls.
 """
 from __future__ import annotations
 
@@ -241,9 +239,6 @@ class MoEMLP(nn.Module):
         TP t run sets t to reproduce the per-TP-rank (sequence-shard) losses exactly."""
         self.aux_loss: torch.Tensor | None = None
         self.last_tokens_per_expert: torch.Tensor | None = None
-        self.padded: bool | None = None
-        """None: at EP > 1 dispatch with fixed-size buffers where ModelSpec.padded_dispatch says so, else the
-        exact splits; True / False forces one (tests compare them)."""
         self.grouped_mm: bool | None = None
         """None: run the experts as grouped GEMMs where grouped_mm_supported says so, else as a loop;
         True / False forces one path (tests compare them on CPU)."""
@@ -324,9 +319,7 @@ class MoEMLP(nn.Module):
         h = _GroupedLinear.apply(x, offs, 1, *(m.w_up for m in ex))
         ids = None
         if ex[0].b_up is not None:
-            # each row's expert (rows past the last offset, the padded dispatch's, get the last one)
-            ids = torch.searchsorted(offs, torch.arange(x.size(0), device=x.device, dtype=offs.dtype),
-                                     right=True).clamp_(max=len(ex) - 1)
+            ids = torch.repeat_interleave(torch.arange(len(ex), device=x.device), counts, output_size=x.size(0))
             h = _GroupedBias.apply(h, offs, ids, *(m.b_up for m in ex))
         y = _GroupedLinear.apply(F.gelu(h, approximate="tanh"), offs, 1, *(m.w_down for m in ex))
         return y if ids is None else _GroupedBias.apply(y, offs, ids, *(m.b_down for m in ex))
@@ -342,10 +335,6 @@ class MoEMLP(nn.Module):
         T, k, E = x2d.size(0), self.top_k, self.num_experts
         topi, topv, aux = self.route(x2d)
         self.aux_loss = aux / self.tp
-
-        if self.ep > 1 and self.use_padded_dispatch(x2d):
-            self.last_tokens_per_expert = _count_per_expert(topi.reshape(-1), E).detach()
-            return self._forward_padded(x2d, topi, topv).to(x.dtype).view(shape)
 
         flat_e = topi.reshape(-1)                                            # [T*k]
         flat_w = topv.reshape(-1)
@@ -371,86 +360,25 @@ class MoEMLP(nn.Module):
         if self.ep == 1:
             y = self._run_local_experts(tokens, counts)
         else:
-            y = self._dispatch_exact(tokens, counts)
+            ep, El = self.ep, self.local_experts
+            recv_counts = torch.empty_like(counts)
+            dist.all_to_all_single(recv_counts, counts, group=self.ep_group)  # [ep * El]: from src s, expert e
+            rc = recv_counts.view(ep, El)
+            local_counts = rc.sum(0)
+            # the layer's one host synchronisation: all_to_all_single takes its split sizes as lists
+            sizes = torch.cat([counts.view(ep, El).sum(1), rc.sum(1), local_counts]).tolist()
+            send_counts, recv_split = sizes[:ep], sizes[ep:2 * ep]
+            recv = all_to_all_single_autograd(tokens, recv_split, send_counts, self.ep_group)
+            perm_t = regroup_permutation(rc, sum(recv_split))
+            y_local = self._run_local_experts(recv[perm_t], local_counts, sizes[2 * ep:])
+            inv = torch.empty_like(perm_t)
+            inv[perm_t] = torch.arange(perm_t.numel(), device=x.device)
+            back = y_local[inv]
+            y = all_to_all_single_autograd(back, send_counts, recv_split, self.ep_group)
 
         w = flat_w[order].to(y.dtype).unsqueeze(-1)
         out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w)
         return out.to(x.dtype).view(shape)
-
-
-    # -- dispatch over the EP group ---------------------------------------------------------------------
-    def use_padded_dispatch(self, tokens: torch.Tensor) -> bool:
-        """`self.padded` where set, else the model's rule (ModelSpec.padded_dispatch); only dropless and
-        with grouped GEMMs (the looped experts and capacity dropping read counts on the host anyway)."""
-        if self.capacity_factor is not None or not self.use_grouped_mm(tokens):
-            return False
-        return self.spec.padded_dispatch(self.ep) if self.padded is None else self.padded
-
-    def _exchange_counts(self, counts: torch.Tensor) -> torch.Tensor:
-        """[ep, E_local]: rows each source rank sends to each of this rank's experts (a small all-to-all)."""
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts, counts, group=self.ep_group)   # [ep * El]: from src s, expert e
-        return recv_counts.view(self.ep, self.local_experts)
-
-    def _dispatch_exact(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Rows grouped by global expert -> experts' outputs in the same order, with all-to-alls of exactly
-        the routed rows. The layer's one host synchronisation: all_to_all_single takes split sizes as lists."""
-        ep, El = self.ep, self.local_experts
-        rc = self._exchange_counts(counts)
-        local_counts = rc.sum(0)
-        sizes = torch.cat([counts.view(ep, El).sum(1), rc.sum(1), local_counts]).tolist()
-        send_counts, recv_split = sizes[:ep], sizes[ep:2 * ep]
-        recv = all_to_all_single_autograd(tokens, recv_split, send_counts, self.ep_group)
-        perm_t = regroup_permutation(rc, sum(recv_split))
-        y_local = self._run_local_experts(recv[perm_t], local_counts, sizes[2 * ep:])
-        back = y_local[_inverse(perm_t)]
-        return all_to_all_single_autograd(back, send_counts, recv_split, self.ep_group)
-
-    def _forward_padded(self, x2d: torch.Tensor, topi: torch.Tensor, topv: torch.Tensor) -> torch.Tensor:
-        """The MoE output for rows x2d [T, h] routed to topi / topv [T, k], with fixed-size buffers: nothing is
-        read back to the host. Each token goes at most once to each EP rank that holds any of its experts
-        (with its local expert ids and routing weights beside it), so every destination gets a block of T
-        rows: the tokens that need it first, in token order, then other tokens as padding (their ids say "no
-        expert here"). T rows per destination is the most this rank can send there, and at EP2 with top-2 as
-        many as the exact dispatch sends on average. The receiver expands its rows into (row, choice) pairs,
-        ep * T * k of them, sorts them by local expert (pairs with no expert here last), runs the grouped
-        GEMMs on the real pairs only (offsets from the device), weights and sums each row's pairs, and sends
-        one row per token back, where the sender adds the ranks' partial sums. Costs: the experts' buffers
-        hold ep * T * k rows (ModelSpec.dispatch_padding), the all-to-alls carry ep * T rows."""
-        ep, El, k = self.ep, self.local_experts, self.top_k
-        T, H = x2d.shape
-        dev = x2d.device
-        ranks = torch.arange(ep, device=dev)
-        on = torch.div(topi, El, rounding_mode="floor").unsqueeze(1) == ranks.view(1, ep, 1)  # [T, ep, k]
-        # per destination: the tokens that need it first (stable: in token order), then the rest
-        order = torch.argsort((~on.any(-1)).t().to(torch.int8), dim=1, stable=True)          # [ep, T]
-        rows = order.reshape(-1)                                                             # token per send row
-        on_rows = on[rows, ranks.repeat_interleave(T)]                                       # [ep * T, k]
-        local_ids = torch.where(on_rows, topi[rows] % El, torch.full_like(topi[rows], El))  # El: not here
-        recv = all_to_all_single_autograd(x2d[rows], [T] * ep, [T] * ep, self.ep_group)
-        recv_w = all_to_all_single_autograd(topv[rows] * on_rows, [T] * ep, [T] * ep, self.ep_group)
-        recv_ids = torch.empty_like(local_ids)
-        dist.all_to_all_single(recv_ids, local_ids, group=self.ep_group)
-
-        key = recv_ids.reshape(-1)                                                           # [ep * T * k]
-        perm = torch.argsort(key, stable=True)
-        valid = (key[perm] < El).unsqueeze(-1)
-        counts = _count_per_expert(key, El + 1)[:El]
-        src_row = torch.div(perm, k, rounding_mode="floor")
-        # zeroed padding in and out: the grouped GEMMs leave rows past the last offset unwritten, forward
-        # and backward, and those must not reach a real row's gradient
-        x_e = torch.where(valid, recv[src_row], recv.new_zeros(()))
-        y_e = torch.where(valid, self._grouped_experts(x_e, counts), x_e.new_zeros(()))
-        y_e = y_e * recv_w.reshape(-1)[perm].to(y_e.dtype).unsqueeze(-1)
-        partial = y_e.new_zeros(ep * T, H).index_add(0, src_row, y_e)                       # one row per token
-        back = all_to_all_single_autograd(partial, [T] * ep, [T] * ep, self.ep_group)
-        return back.new_zeros(T, H).index_add(0, rows, back)
-
-
-def _inverse(perm: torch.Tensor) -> torch.Tensor:
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), device=perm.device)
-    return inv
 
 
 def _count_per_expert(ids: torch.Tensor, num_experts: int) -> torch.Tensor:

@@ -1,6 +1,4 @@
 """MoE with expert parallelism against a single-process MoE holding all experts: loss and gradients."""
-import contextlib
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -42,7 +40,7 @@ def _worker(rank, world, configs):
         _check(rank, world, *cfg)
 
 
-def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None, padded=None):
+def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None):
     from runtime.mesh import build_groups
     spec = _spec(family, experts, top_k)
     ref, ref_losses = _reference(spec, world, capacity, grouped)
@@ -50,21 +48,14 @@ def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None, padd
     groups = build_groups(lay, "cpu")
     moe = MoEMLP(spec, groups, capacity_factor=capacity)
     moe.grouped_mm = grouped
-    moe.padded = padded
     assert moe.local_experts == experts // ep and moe.ep_rank == groups.ep_rank
     # names carry the global expert index and init is seeded by name: same weights as the reference
     ref_params = dict(ref.named_parameters())
     for name, p in moe.named_parameters():
         assert torch.equal(p, ref_params[name]), name
-    batch = _batch(rank, spec)
-    if padded:   # the padded dispatch never reads a count back to the host, forward or backward
-        with _no_host_read_back():
-            loss = _loss(moe, *batch)
-            loss.backward()
-    else:
-        loss = _loss(moe, *batch)
-        loss.backward()
+    loss = _loss(moe, *_batch(rank, spec))
     assert abs(loss.item() - ref_losses[rank]) < 1e-5, (loss.item(), ref_losses[rank])
+    loss.backward()
     n = groups.dp_cp_size
     for name, p in moe.named_parameters():
         g = p.grad.clone()
@@ -73,41 +64,15 @@ def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None, padd
         g /= n  # this test's losses are per-rank means
         want = ref_params[name].grad
         torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-4,
-                                   msg=f"{family} ep{ep} cap={capacity} grouped={grouped} padded={padded} {name}")
-
-
-@contextlib.contextmanager
-def _no_host_read_back():
-    def read_back(*args, **kwargs):
-        raise AssertionError("host read-back in the padded dispatch")
-    saved = torch.Tensor.tolist, torch.Tensor.item
-    torch.Tensor.tolist = torch.Tensor.item = read_back
-    try:
-        yield
-    finally:
-        torch.Tensor.tolist, torch.Tensor.item = saved
+                                   msg=f"{family} ep{ep} cap={capacity} grouped={grouped} {name}")
 
 
 def test_moe_ep_matches_single_process():
     """4 processes (DP4 layouts): EP2 x expert-DP2 dropless; EP4 with capacity factor 1 (drops tokens);
     GELU experts with biases, top-1, EP2 x expert-DP2; the last two again with the experts as grouped GEMMs
-    (forced: on CPU the default is the loop); then the grouped experts with the padded (fixed-size) dispatch
-    at EP2 (SwiGLU top-2, GELU with biases top-1) and forced at EP4, and the exact dispatch forced at EP2."""
+    (forced: on CPU the default is the loop)."""
     _launch.run(_worker, 4, [("llama", 8, 2, 2, None), ("llama", 8, 2, 4, 1.0), ("gpt", 4, 1, 2, None),
-                             ("llama", 8, 2, 4, 1.0, True), ("gpt", 4, 1, 2, None, True),
-                             ("llama", 8, 2, 2, None, True, None), ("gpt", 4, 1, 2, None, True, True),
-                             ("llama", 8, 2, 4, None, True, True), ("llama", 8, 2, 2, None, True, False)])
-
-
-def test_dispatch_padding_rule():
-    """Padded at EP2 only: the experts' buffers hold 2x the routed rows; the all-to-alls carry the exact
-    dispatch's rows for top-2 and twice them for top-1. Exact at EP1 and EP4."""
-    spec = _spec("llama", 8, 2)
-    assert spec.padded_dispatch(2) and spec.dispatch_padding(2) == 2.0 and spec.dispatch_bytes_factor(2) == 1.0
-    assert not spec.padded_dispatch(4) and spec.dispatch_padding(4) == 1.0 and spec.dispatch_bytes_factor(4) == 1.0
-    assert not spec.padded_dispatch(1) and spec.dispatch_padding(1) == 1.0
-    top1 = _spec("gpt", 4, 1)
-    assert top1.dispatch_padding(2) == 2.0 and top1.dispatch_bytes_factor(2) == 2.0
+                             ("llama", 8, 2, 4, 1.0, True), ("gpt", 4, 1, 2, None, True)])
 
 
 @pytest.mark.parametrize("family,dtype", [("llama", torch.float32), ("gpt", torch.float32), ("llama", torch.bfloat16),
