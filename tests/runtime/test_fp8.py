@@ -1,5 +1,10 @@
 """FP8 GEMMs (runtime/parallel/fp8.py, torch._scaled_mm, which also runs on CPU): agreement with full precision
-within FP8's precision, TP2 against one process, the plan field, the modelled pricing and the device refusal."""
+within FP8's precision, TP2 against one process, the plan field, the modelled pricing and the device refusal;
+the fused (Triton) quantisation against the eager one bit for bit, under Triton's interpreter on CPU tensors
+(TRITON_INTERPRET=1 in a worker process; skipped without Triton) and on CUDA where there is one."""
+import importlib.util
+import warnings
+
 import pytest
 import torch
 
@@ -34,6 +39,116 @@ def test_scaling_uses_the_format_range_and_keeps_zeros_finite():
     assert float(q.float().abs().max()) == 448.0 and float(inv) == pytest.approx(2.0 / 448.0)
     q, inv = fp8.quantize(torch.zeros(4), fp8.E5M2)
     assert torch.isfinite(inv) and float(q.float().abs().max()) == 0.0
+
+
+def _bits(q):
+    return q.view(torch.uint8)
+
+
+def _old_input_grad(g, w):
+    """input_grad as it was before the transposing quantisation: W^T made contiguous in bf16, then quantised."""
+    gq, sg = fp8.quantize_eager(g.reshape(-1, g.shape[-1]), fp8.E5M2)
+    wtq, sw = fp8.quantize_eager(w.t().contiguous(), fp8.E4M3)
+    return torch._scaled_mm(gq, wtq.t(), scale_a=sg, scale_b=sw, out_dtype=g.dtype).view(*g.shape[:-1], -1)
+
+
+def _old_linear(x, w):
+    xq, sx = fp8.quantize_eager(x.reshape(-1, x.shape[-1]), fp8.E4M3)
+    wq, sw = fp8.quantize_eager(w, fp8.E4M3)
+    return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=x.dtype).view(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_dgrad_weight_quantised_then_transposed_gives_the_same_bits(dtype):
+    """The input-gradient GEMM's weight: quantised as W, its 1-byte result transposed (CPU), or written
+    transposed by the kernel (CUDA), instead of W^T made contiguous in bf16 and quantised: amax(W) is
+    amax(W^T) and the rest is elementwise, so the bits and the product are those of before."""
+    torch.manual_seed(1)
+    w, g = torch.randn(48, 96).to(dtype), torch.randn(2, 32, 48).to(dtype)
+    wtq, sw = fp8.quantize(w, fp8.E4M3, transpose=True)
+    ref, sref = fp8.quantize_eager(w.t().contiguous(), fp8.E4M3)
+    assert wtq.shape == (96, 48) and wtq.is_contiguous() and torch.equal(_bits(wtq), _bits(ref))
+    assert torch.equal(sw, sref)
+    assert torch.equal(fp8.input_grad(g, w), _old_input_grad(g, w))
+    x = torch.randn(2, 32, 96).to(dtype)
+    assert torch.equal(fp8.linear(x, w, None), _old_linear(x, w))
+
+
+def _all_finite_bf16():
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    return every[torch.isfinite(every)].reshape(-1, 16)  # every FP8 binade, its subnormals and ties
+
+
+def _fused_matches_eager(device) -> list[str]:
+    """The fused quantisation (fp8._quantize_triton, both layouts) against quantize_eager, bit for bit, for
+    every finite bf16 value at once, a narrower bf16 range, zeros, an fp32 tensor spanning 24 binades and
+    random activations; and the FP8 linear / input gradient through it against the eager path. Returns the
+    mismatches (empty when all agree)."""
+    g = torch.Generator().manual_seed(0)
+    cases = {"every finite bf16": _all_finite_bf16(),
+             "bf16 crowded near 0": (torch.rand(64, 48, generator=g) * 8) ** 7 / 8 ** 6,
+             "zeros": torch.zeros(16, 32),
+             "fp32 wide": torch.randn(128, 64, generator=g) * torch.logspace(-20, 3, 64),
+             "activations": torch.randn(40, 80, generator=g)}
+    bad = []
+    for name, x in cases.items():
+        x = (x if name.startswith("fp32") else x.to(torch.bfloat16)).to(device)
+        for fmt in (fp8.E4M3, fp8.E5M2):
+            want, inv = fp8.quantize_eager(x, fmt)
+            got, got_inv = fp8._quantize_triton(x, fmt, False)
+            got_t, got_t_inv = fp8._quantize_triton(x, fmt, True)
+            if not (torch.equal(_bits(got), _bits(want)) and torch.equal(got_inv, inv)):
+                bad.append(f"{name} {fmt}: {int((_bits(got) != _bits(want)).sum())} of {x.numel()} differ")
+            if not (torch.equal(_bits(got_t), _bits(want.t().contiguous())) and torch.equal(got_t_inv, inv)):
+                bad.append(f"{name} {fmt} transposed")
+    x, w, gy = (torch.randn(*shape, generator=g).to(torch.bfloat16).to(device)
+                for shape in ((2, 32, 96), (48, 96), (2, 32, 48)))
+    assert fp8._fused_failed is None
+    if not torch.equal(fp8.linear(x, w, None), _old_linear(x, w)):
+        bad.append("linear")
+    if not torch.equal(fp8.input_grad(gy, w), _old_input_grad(gy, w)):
+        bad.append("input_grad")
+    assert fp8._fused_failed is None, fp8._fused_failed
+    return bad
+
+
+def _interpreted_fused(rank, world):
+    from runtime.triton_support import use_triton
+    assert use_triton(torch.device("cpu"))
+    return _fused_matches_eager("cpu")
+
+
+def test_fused_quantisation_gives_the_eager_bits_interpreted(monkeypatch):
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from tests.runtime.dist_util import run_workers
+    assert run_workers(_interpreted_fused, 1) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or fp8.check_fp8_device("cuda") is not None,
+                    reason="the fused FP8 quantisation runs on CUDA GPUs with FP8 (compute capability 8.9+)")
+def test_fused_quantisation_gives_the_eager_bits_on_cuda():
+    assert _fused_matches_eager("cuda") == []
+
+
+def test_a_failing_fused_quantisation_falls_back_to_eager_with_one_warning(monkeypatch):
+    def broken(x, dtype, transpose):
+        raise RuntimeError("no kernel today")
+
+    monkeypatch.setattr(fp8, "use_triton", lambda device: True)
+    monkeypatch.setattr(fp8, "_quantize_triton", broken)
+    monkeypatch.setattr(fp8, "_fused_failed", None)
+    x = torch.randn(32, 48)
+    with pytest.warns(UserWarning, match="fused FP8 quantisation failed.*no kernel today") as caught:
+        q, inv = fp8.quantize(x, fp8.E4M3)
+    assert len(caught) == 1 and "no kernel today" in fp8._fused_failed
+    ref, ref_inv = fp8.quantize_eager(x, fp8.E4M3)
+    assert torch.equal(_bits(q), _bits(ref)) and torch.equal(inv, ref_inv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        qt, _ = fp8.quantize(x, fp8.E4M3, transpose=True)  # no second warning
+    assert torch.equal(_bits(qt), _bits(ref.t().contiguous()))
 
 
 def _fp8_reference(family):
