@@ -266,15 +266,15 @@ class Profile:
         """An FP8 GEMM as runtime/parallel/fp8.py runs it: from the measured FP8 table where the profile has one;
         else modelled (FP8_MODEL_NOTE): the measured bf16 GEMM at
         FP8_GEMM_SPEEDUP times its rate, never faster than moving its 1-byte operands and 2-byte output once,
-        plus the per-tensor scaling of both operands (absolute maximum, then scale and cast: 2 + 2 + 1 bytes per
-        element of the bf16 operands at copy bandwidth, four small kernels each)."""
+        plus the per-tensor scaling of both operands (absolute maximum, then one fused scale-clamp-cast pass:
+        2 + 2 + 1 bytes per element of the bf16 operands at copy bandwidth, two kernels each)."""
         if m <= 0 or n <= 0 or k <= 0:
             return 0.0
         if self.fp8_points:
             return _gemm_s_cached(self._gemm_key("fp8"), m, n, k)
         bf16 = self.gemm_s(m, n, k) - 5e-6
         t_mem = (m * k + k * n + 2 * m * n) / self.copy_bandwidth_bytes_per_s
-        scaling = 5.0 * (m * k + n * k) / self.copy_bandwidth_bytes_per_s + 8 * self.kernel_launch_s
+        scaling = 5.0 * (m * k + n * k) / self.copy_bandwidth_bytes_per_s + 4 * self.kernel_launch_s
         return max(bf16 / FP8_GEMM_SPEEDUP, t_mem) + scaling + 5e-6
 
     def wgrad_s(self, m: int, n: int, k: int) -> float:
