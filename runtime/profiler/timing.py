@@ -4,7 +4,8 @@ On CUDA: warm-up calls, then `repeats` batches, each between two CUDA events, of
 calls (inner grows for short kernels so the event overhead does not count). Before each batch a spin
 kernel (`torch.cuda._sleep`) holds the GPU while the host enqueues the batch, so what is timed is the
 kernels' device time, not the host's launch rate (launch overhead is measured separately, see
-`kernels.launch_overhead_s`). On CPU: time.perf_counter around the same batches.
+`kernels.launch_overhead_s`). The spin lasts twice the host's measured enqueue time per call; a batch whose
+enqueue outlasted its spin is timed once more behind a longer one. On CPU: time.perf_counter around the same batches.
 
 Callers pass `fn(i)` where i counts calls, so they can rotate through several input sets (caches must not
 flatter the result; see kernels.RandomPool). The answer is the median over batches, with the spread recorded.
@@ -47,12 +48,25 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+_MAX_SPIN_S = 0.05
+
+
 def _spin(device: torch.device, seconds: float) -> None:
     """Keep the GPU busy for about `seconds` so the host can queue the timed batch behind it."""
     if device.type != "cuda" or not hasattr(torch.cuda, "_sleep"):
         return
     # _sleep counts SM clock cycles; 2 GHz over-estimates the H100/H200 clock (1.98 GHz boost): longer is safe
-    torch.cuda._sleep(int(min(seconds, 0.05) * 2.0e9))
+    torch.cuda._sleep(int(min(seconds, _MAX_SPIN_S) * 2.0e9))
+
+
+def _host_enqueue_s(fn, call: int, device: torch.device) -> float:
+    """Host seconds to enqueue one call of fn while the GPU is busy (so the enqueue does not wait for it)."""
+    _spin(device, 2e-3)
+    t = time.perf_counter()
+    fn(call)
+    host_s = time.perf_counter() - t
+    synchronize(device)
+    return host_s
 
 
 def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, target_batch_s: float = 2e-4,
@@ -80,16 +94,27 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
     inner = int(min(max_inner, max(1, math.ceil(target_batch_s / max(est, 1e-9)))))
     times: list[float] = []
     if device.type == "cuda":
+        host_call_s = _host_enqueue_s(fn, calls, device)
+        calls += 1
         events = []
         for _ in range(repeats):
-            # the host enqueues about 15 us per call at worst; hold the GPU that long
-            _spin(device, inner * 15e-6)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(inner):
-                fn(calls)
-                calls += 1
-            e.record()
+            # hold the GPU while the host enqueues the batch: twice the measured host cost per call (a fixed
+            # 15 us per call let the FP8 path's quantisation launches and the wgrad calls run dry, timing
+            # the host's pace: session 6 measured small FP8 GEMMs at 270-320 us)
+            spin_s = inner * max(15e-6, 2.0 * host_call_s) + 20e-6
+            for attempt in range(2):
+                _spin(device, spin_s)
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t = time.perf_counter()
+                s.record()
+                for _ in range(inner):
+                    fn(calls)
+                    calls += 1
+                e.record()
+                enqueue_s = time.perf_counter() - t
+                if enqueue_s < spin_s or spin_s >= _MAX_SPIN_S:
+                    break
+                spin_s = min(2.0 * enqueue_s, _MAX_SPIN_S)  # the GPU may have run dry: once more, longer
             events.append((s, e))
         torch.cuda.synchronize(device)
         times = [s.elapsed_time(e) / 1e3 / inner for s, e in events]
