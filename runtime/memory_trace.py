@@ -33,19 +33,26 @@ def _site(frames: list[dict]) -> str:
 def peak_live(events: list[dict], baseline_bytes: int, top: int = 40) -> dict:
     """Replay allocator events (dicts with 'action', 'addr', 'size', 'frames'): the peak of baseline + live
     allocations and what was alive at it, grouped by allocation site, largest first. An allocation's memory
-    returns at 'free_completed' (a 'free_requested' one may still be in use by another stream)."""
+    returns at 'free_completed' (a 'free_requested' one may still be in use by another stream); so does the
+    memory of a block allocated before the step (in the baseline) when the step frees it. Session 6's first
+    traces ignored those frees, and FSDP's trace peaked 2.6 GiB above the run's max_memory_allocated."""
     live: dict[int, dict] = {}
     cur = peak = baseline_bytes
     peak_at = -1
+    baseline_freed = baseline_freed_at_peak = 0
     for i, e in enumerate(events):
         act = e.get("action")
         if act == "alloc":
             live[e["addr"]] = e
             cur += e["size"]
             if cur > peak:
-                peak, peak_at = cur, i
-        elif act == "free_completed" and e.get("addr") in live:
-            cur -= live.pop(e["addr"])["size"]
+                peak, peak_at, baseline_freed_at_peak = cur, i, baseline_freed
+        elif act == "free_completed":
+            if e.get("addr") in live:
+                cur -= live.pop(e["addr"])["size"]
+            else:   # allocated before the step (part of the baseline), released during it: the gradients of the
+                cur -= e.get("size", 0)   # step before under set_to_none, say (FSDP's: 2.4 GiB for GPT 1.3B CP2)
+                baseline_freed += e.get("size", 0)
     # the live set at the peak: replay again up to it (cheaper than copying the set at every new peak)
     at_peak: dict[int, dict] = {}
     for e in events[:peak_at + 1]:
@@ -62,7 +69,8 @@ def peak_live(events: list[dict], baseline_bytes: int, top: int = 40) -> dict:
     mib = 2.0 ** 20
     rows = sorted(sites.items(), key=lambda kv: -kv[1][0])
     return {"baseline_mib": round(baseline_bytes / mib, 2), "peak_mib": round(peak / mib, 2),
-            "allocated_in_step_at_peak_mib": round((peak - baseline_bytes) / mib, 2),
+            "baseline_freed_before_peak_mib": round(baseline_freed_at_peak / mib, 2),
+            "allocated_in_step_at_peak_mib": round((peak - baseline_bytes + baseline_freed_at_peak) / mib, 2),
             "events": len(events), "peak_event": peak_at,
             "at_peak": [{"mib": round(b / mib, 2), "tensors": n, "site": site} for site, (b, n) in rows[:top]],
             "at_peak_other_mib": round(sum(b for _, (b, _) in rows[top:]) / mib, 2)}

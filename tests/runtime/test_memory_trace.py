@@ -29,6 +29,23 @@ def test_peak_and_what_is_alive_there_by_hand():
     assert [r["mib"] for r in out["at_peak"]] == [8, 2, 1]            # largest first
 
 
+def test_blocks_from_before_the_step_freed_during_it_lower_the_total():
+    """Last step's gradients (in the baseline, allocated before recording) freed early in this step: the peak is
+    baseline - freed + what the step allocated, not baseline + what the step allocated."""
+    mib = 2 ** 20
+    events = [_ev("alloc", 1, 4 * mib),                          # 104
+              {**_ev("free_completed", 99), "size": 10 * mib},   # 94: a block of the baseline released
+              _ev("alloc", 2, 8 * mib),                          # 102: the peak
+              _ev("free_completed", 2)]                          # 94
+    out = peak_live(events, baseline_bytes=100 * mib)
+    assert out["peak_mib"] == 104 and out["peak_event"] == 0   # the first alloc stays the highest point
+    events.insert(3, _ev("alloc", 3, 9 * mib))                   # 111: a new peak after the release
+    out = peak_live(events, baseline_bytes=100 * mib)
+    assert out["peak_mib"] == 111 and out["baseline_freed_before_peak_mib"] == 10
+    assert out["allocated_in_step_at_peak_mib"] == 21            # 4 + 8 + 9 alive at the peak
+    assert sum(r["mib"] for r in out["at_peak"]) == 21
+
+
 def test_no_events_is_the_baseline():
     out = peak_live([], baseline_bytes=2 ** 30)
     assert out["peak_mib"] == 1024 and out["at_peak"] == []
