@@ -241,9 +241,15 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     points, spreads, skipped = time_gemms_parallel(grid, devices, deadline=deadline, progress=rep.advance, **greps)
     if not points:
         raise PlanError("the time budget ran out before any GEMM was timed; give a larger --budget")
-    extras["gemm_spread"] = [sp for sp, p in zip(spreads, points) if p[4] in ("fwd", "dgrad")]  # aligned with each table
-    extras["wgrad_spread"] = [sp for sp, p in zip(spreads, points) if p[4] == "wgrad"]
-    extras["fp8_spread"] = [sp for sp, p in zip(spreads, points) if p[4].startswith("fp8")]
+    tables = {"mm": [], "wgrad": [], "fp8": []}   # (m, n, k, seconds) per table, spreads aligned with them
+    table_spreads = {name: [] for name in tables}
+    for (m, n, k, t, knd), sp in zip(points, spreads):
+        name = "fp8" if knd.startswith("fp8") else "wgrad" if knd == "wgrad" else "mm"
+        tables[name].append((m, n, k, t))
+        table_spreads[name].append(sp)
+    extras["gemm_spread"] = table_spreads["mm"]
+    extras["wgrad_spread"] = table_spreads["wgrad"]
+    extras["fp8_spread"] = table_spreads["fp8"]
     extras["gemm_grid"] = {
         "models": [m.name for m in grid_spec.models], "tp": list(grid_spec.tp_degrees),
         "tokens": [min(grid_spec.tokens), max(grid_spec.tokens)], "flops_cap": grid_spec.flops_cap,
@@ -271,9 +277,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     prov["wall_s"] = round(time.monotonic() - t_start, 1)
     att_for_profile = [{k: p[k] for k in ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads",
                                           "fwd_s", "bwd_s", "fwd_spread", "bwd_spread")} for p in att_points]
-    mm_points = [(m, n, k, t) for m, n, k, t, knd in points if knd in ("fwd", "dgrad")]
-    wgrad_points = [(m, n, k, t) for m, n, k, t, knd in points if knd == "wgrad"]
-    fp8_points = [(m, n, k, t) for m, n, k, t, knd in points if knd.startswith("fp8")]
+    mm_points, wgrad_points, fp8_points = tables["mm"], tables["wgrad"], tables["fp8"]
     if not mm_points:
         raise PlanError("the time budget ran out before any forward GEMM was timed; give a larger --budget")
     prof = Profile(gpu=kind, provenance=prov, gemm_points=mm_points, wgrad_points=wgrad_points, fp8_points=fp8_points,

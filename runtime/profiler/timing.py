@@ -59,16 +59,6 @@ def _spin(device: torch.device, seconds: float) -> None:
     torch.cuda._sleep(int(min(seconds, _MAX_SPIN_S) * 2.0e9))
 
 
-def _host_enqueue_s(fn, call: int, device: torch.device) -> float:
-    """Host seconds to enqueue one call of fn while the GPU is busy (so the enqueue does not wait for it)."""
-    _spin(device, 2e-3)
-    t = time.perf_counter()
-    fn(call)
-    host_s = time.perf_counter() - t
-    synchronize(device)
-    return host_s
-
-
 def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, target_batch_s: float = 2e-4,
             max_inner: int = 64) -> Timing:
     """Median per-call time of fn(i) (see module doc)."""
@@ -82,27 +72,29 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
         calls += 1
     synchronize(device)
     est = (time.perf_counter() - t0) / max(warmup, 1)
+    host_call_s = 0.0
     if device.type == "cuda":
-        # host time over-estimates short kernels (launch bound); refine with one event-timed call
+        # host time over-estimates short kernels (launch bound); refine with one event-timed call, whose
+        # enqueue also gives the host's cost per call
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
         s.record()
         fn(calls)
         calls += 1
         e.record()
+        host_call_s = time.perf_counter() - t
         e.synchronize()
         est = max(s.elapsed_time(e) / 1e3, 1e-7)
     inner = int(min(max_inner, max(1, math.ceil(target_batch_s / max(est, 1e-9)))))
     times: list[float] = []
     if device.type == "cuda":
-        host_call_s = _host_enqueue_s(fn, calls, device)
-        calls += 1
         events = []
         for _ in range(repeats):
             # hold the GPU while the host enqueues the batch: twice the measured host cost per call (a fixed
             # 15 us per call let the FP8 path's quantisation launches and the wgrad calls run dry, timing
             # the host's pace: session 6 measured small FP8 GEMMs at 270-320 us)
             spin_s = inner * max(15e-6, 2.0 * host_call_s) + 20e-6
-            for attempt in range(2):
+            for _ in range(2):  # a second attempt only if the enqueue outlasted the spin
                 _spin(device, spin_s)
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 t = time.perf_counter()
