@@ -63,17 +63,27 @@ def _free_port() -> int:
 # -- the worker (runs in each spawned process) -------------------------------------------------------------
 
 def _time_batch(fn, device, warmup: int, repeats: int, batch: int, group) -> float:
+    from runtime.profiler.timing import hold_gpu
+
     import torch
     import torch.distributed as dist
 
+    t0 = time.perf_counter()
     for _ in range(warmup):
         fn()
+    # the host's cost to enqueue one collective (the calls return once queued, unless the queue is full: then
+    # this over-estimates it, which only lengthens the spin below)
+    host_call_s = (time.perf_counter() - t0) / max(warmup, 1)
     times = []
     for _ in range(repeats):
         dist.barrier(group=group)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # hold the GPU while the host enqueues the batch, as timing.time_fn does for kernels: a 1 MiB
+            # collective runs in about 20 us on NVLink, about what c10d needs to enqueue one, so an unheld
+            # batch timed the host's pace (session 6: 1 MiB all-reduce 24 us in one run, 49 us minutes later)
+            hold_gpu(device, (batch + 1) * max(30e-6, 2.0 * host_call_s) + 50e-6)
             # one untimed call first: the ranks leave barrier() and synchronize() at different host times,
             # and the first collective of a batch absorbs that skew (it waits for the later rank). Timing
             # from its end measures the collective, not the skew (session 5: a 4 MiB all-gather timed in a

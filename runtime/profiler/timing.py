@@ -51,7 +51,7 @@ def _median(xs: list[float]) -> float:
 _MAX_SPIN_S = 0.05
 
 
-def _spin(device: torch.device, seconds: float) -> None:
+def hold_gpu(device: torch.device, seconds: float) -> None:
     """Keep the GPU busy for about `seconds` so the host can queue the timed batch behind it."""
     if device.type != "cuda" or not hasattr(torch.cuda, "_sleep"):
         return
@@ -95,7 +95,7 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
             # the host's pace: session 6 measured small FP8 GEMMs at 270-320 us)
             spin_s = inner * max(15e-6, 2.0 * host_call_s) + 20e-6
             for _ in range(2):  # a second attempt only if the enqueue outlasted the spin
-                _spin(device, spin_s)
+                hold_gpu(device, spin_s)
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 t = time.perf_counter()
                 s.record()
