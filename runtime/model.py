@@ -41,6 +41,7 @@ from runtime.attention import apply_rotary, attention, rotary_tables
 from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
 from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
                                      group_rank, group_size, local_shard)
+from runtime.swiglu import swiglu
 
 IGNORE_INDEX = -100
 
@@ -125,30 +126,6 @@ class Attention(nn.Module):
         return self.proj(o)
 
 
-def swiglu(x):
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-class _SwiGLUFn(torch.autograd.Function):
-    """silu(gate) * up keeping only its input (autograd's composite would also keep silu(gate) and up)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return swiglu(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        gate, up = x.float().chunk(2, dim=-1)
-        g = g.float()
-        sig = torch.sigmoid(gate)
-        d_gate = g * up * sig * (1 + gate * (1 - sig))
-        d_up = g * gate * sig
-        return torch.cat([d_gate, d_up], dim=-1).to(x.dtype)
-
-
 def gelu(x):
     return F.gelu(x, approximate="tanh")
 
@@ -159,7 +136,7 @@ class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, groups, overlap: bool):
         super().__init__()
         f = spec.ffn_hidden
-        self.act = _SwiGLUFn.apply if spec.gated_mlp else gelu
+        self.act = swiglu if spec.gated_mlp else gelu
         self.fc1 = ColumnParallelLinear(spec.hidden, [f, f] if spec.gated_mlp else [f], spec.has_bias, groups.tp,
                                         overlap)
         self.fc2 = RowParallelLinear(f, spec.hidden, spec.has_bias, groups.tp, std=0.02 / math.sqrt(2 * spec.num_layers))

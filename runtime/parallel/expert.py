@@ -67,6 +67,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from planner.model import ModelSpec
+from runtime.swiglu import swiglu
 
 __all__ = ["MoEMLP", "collect_aux_loss", "all_to_all_single_autograd", "grouped_mm_supported"]
 
@@ -110,8 +111,8 @@ class Expert(nn.Module):
         self.b_down = _param((H,), ("zeros",)) if bias else None
 
     def forward(self, x):
-        if self.gated:
-            return F.linear(F.silu(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
+        if self.gated:  # one [gate | up] tensor through runtime/swiglu.py, as the grouped path keeps it
+            return F.linear(swiglu(torch.cat([F.linear(x, self.w_gate), F.linear(x, self.w_up)], -1)), self.w_down)
         return F.linear(F.gelu(F.linear(x, self.w_up, self.b_up), approximate="tanh"), self.w_down, self.b_down)
 
 
@@ -314,8 +315,7 @@ class MoEMLP(nn.Module):
         ex = list(self.experts.values())                                      # local experts in order
         if self.spec.gated_mlp:
             gate_up = _GroupedLinear.apply(x, offs, 2, *(w for m in ex for w in (m.w_gate, m.w_up)))
-            gate, up = gate_up.chunk(2, -1)
-            return _GroupedLinear.apply(F.silu(gate) * up, offs, 1, *(m.w_down for m in ex))
+            return _GroupedLinear.apply(swiglu(gate_up), offs, 1, *(m.w_down for m in ex))
         h = _GroupedLinear.apply(x, offs, 1, *(m.w_up for m in ex))
         ids = None
         if ex[0].b_up is not None:

@@ -206,13 +206,12 @@ def _rotate_half(x):
 
 
 def _runtime_kernels():
-    """The runtime's own SwiGLU (custom autograd: keeps only its input, fp32 backward) and rotary, when the
+    """The runtime's own SwiGLU (runtime/swiglu.py: keeps only its input; one Triton kernel each way on CUDA) and rotary, when the
     runtime is importable; plain equivalents otherwise (recorded in the result)."""
     try:
         from runtime.attention import apply_rotary
-        from runtime.model import _SwiGLUFn
-        return ((lambda a: _SwiGLUFn.apply(a)), apply_rotary,
-                "runtime.model._SwiGLUFn, runtime.attention.apply_rotary")
+        from runtime.swiglu import swiglu
+        return swiglu, apply_rotary, "runtime.swiglu.swiglu, runtime.attention.apply_rotary"
     except Exception:  # noqa: BLE001 - the runtime may be mid-change; the stand-ins move the same bytes
         def swiglu(a):
             gate, up = a.chunk(2, dim=-1)
