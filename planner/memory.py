@@ -190,14 +190,14 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         # as runtime/parallel/expert.py keeps them: the router's fp32 copy of its input, its fp32 logits and
         # probabilities; per routed token copy the gathered expert input (and the received copy under EP),
         # the SwiGLU's input (gate and up) and its product (runtime/swiglu.py keeps only its input), or
-        # GELU's input and output, and the expert output that the
-        # weighted combine keeps. The MoE layer keeps all of this under selective recompute too.
-        # (checked against runtime.memory.saved_bytes_per_token in tests/runtime/test_memory_model.py,
-        # which measured one more hidden-sized tensor per token and the fp32 routing masks)
+        # GELU's input and output, and the expert output that the weighted combine keeps (once: its
+        # gather-and-sum keeps no second copy, as index_add did). The MoE layer keeps all of this under
+        # selective recompute too. (checked against runtime.memory.saved_bytes_per_token in
+        # tests/runtime/test_memory_model.py)
         routed = tok_t * m.top_k  # token copies this rank's experts see, on average
         router = FP32_BYTES * tok_t * (h + 2 * m.num_experts + 2 * m.top_k * m.num_experts)
         expert_width = (3 if m.gated_mlp else 2) * f + (3 if lay.ep > 1 else 2) * h
-        mlp = router + a * expert_width * routed + a * h * tok_t
+        mlp = router + a * expert_width * routed
         act_out_total = 0.0
     elif m.gated_mlp:
         act_in = a * 2 * f / t * tokens

@@ -355,7 +355,14 @@ class MoEMLP(nn.Module):
         sorted_t = flat_t[order]
         counts = _count_per_expert(sorted_e, E)                            # [E] local assignments per expert
         self.last_tokens_per_expert = counts.detach()
-        tokens = x2d[sorted_t]                                               # grouped by global expert
+        # dropless: every (token, slot) pair is a row, so the rows' inverse order turns the gather's backward
+        # and the combine into gathers and a sum over the k slots, without atomics or index sorting
+        dropless = self.capacity_factor is None
+        inv_order = _inverse(order) if dropless else None
+        if dropless:
+            tokens = _Gather.apply(x2d, sorted_t, inv_order, k)              # grouped by global expert
+        else:
+            tokens = x2d[sorted_t]
 
         if self.ep == 1:
             y = self._run_local_experts(tokens, counts)
@@ -370,15 +377,59 @@ class MoEMLP(nn.Module):
             send_counts, recv_split = sizes[:ep], sizes[ep:2 * ep]
             recv = all_to_all_single_autograd(tokens, recv_split, send_counts, self.ep_group)
             perm_t = regroup_permutation(rc, sum(recv_split))
-            y_local = self._run_local_experts(recv[perm_t], local_counts, sizes[2 * ep:])
-            inv = torch.empty_like(perm_t)
-            inv[perm_t] = torch.arange(perm_t.numel(), device=x.device)
-            back = y_local[inv]
+            inv = _inverse(perm_t)
+            y_local = self._run_local_experts(_Gather.apply(recv, perm_t, inv, 1), local_counts, sizes[2 * ep:])
+            back = _Gather.apply(y_local, inv, perm_t, 1)
             y = all_to_all_single_autograd(back, send_counts, recv_split, self.ep_group)
 
         w = flat_w[order].to(y.dtype).unsqueeze(-1)
-        out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w)
+        if dropless:
+            out = _Combine.apply(y * w, inv_order, sorted_t, k)
+        else:
+            out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w)
         return out.to(x.dtype).view(shape)
+
+
+def _inverse(perm: torch.Tensor) -> torch.Tensor:
+    """inv with inv[perm[i]] = i."""
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype)
+    return inv
+
+
+class _Gather(torch.autograd.Function):
+    """rows = x[src] where every row of x appears exactly k times in src, at the positions inv[k*r : k*r + k]
+    (src = perm // k for a permutation perm of the k-fold repeated rows, inv its inverse). Backward gathers
+    back and sums the k copies: autograd's backward of indexing accumulates with atomics after sorting."""
+
+    @staticmethod
+    def forward(ctx, x, src, inv, k):
+        ctx.save_for_backward(inv)
+        ctx.k = k
+        return x.index_select(0, src)
+
+    @staticmethod
+    def backward(ctx, g):
+        inv, = ctx.saved_tensors
+        gx = g.index_select(0, inv)
+        if ctx.k > 1:
+            gx = gx.view(-1, ctx.k, g.size(-1)).sum(1)
+        return gx, None, None, None
+
+
+class _Combine(torch.autograd.Function):
+    """The reverse of _Gather: out[r] = sum of the k rows of y that _Gather made from row r."""
+
+    @staticmethod
+    def forward(ctx, y, inv, src, k):
+        ctx.save_for_backward(src)
+        out = y.index_select(0, inv)
+        return out.view(-1, k, y.size(-1)).sum(1) if k > 1 else out
+
+    @staticmethod
+    def backward(ctx, g):
+        src, = ctx.saved_tensors
+        return g.index_select(0, src), None, None, None
 
 
 def _count_per_expert(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
