@@ -75,6 +75,7 @@ def _time_batch(fn, device, warmup: int, repeats: int, batch: int, group) -> flo
     # this over-estimates it, which only lengthens the spin below)
     host_call_s = (time.perf_counter() - t0) / max(warmup, 1)
     times = []
+    align = torch.zeros(1, device=device)
     for _ in range(repeats):
         dist.barrier(group=group)
         if device.type == "cuda":
@@ -84,6 +85,10 @@ def _time_batch(fn, device, warmup: int, repeats: int, batch: int, group) -> flo
             # collective runs in about 20 us on NVLink, about what c10d needs to enqueue one, so an unheld
             # batch timed the host's pace (session 6: 1 MiB all-reduce 24 us in one run, 49 us minutes later)
             hold_gpu(device, (batch + 1) * max(30e-6, 2.0 * host_call_s) + 50e-6)
+            # line the ranks' GPUs up behind one tiny all-reduce: a small send completes without its receiver
+            # (NCCL buffers it), so the untimed call below did not absorb the skew for send_recv (session 7:
+            # 4 KiB - 16 MiB points of 8 us and of 40-90 us in one profile)
+            dist.all_reduce(align, group=group)
             # one untimed call first: the ranks leave barrier() and synchronize() at different host times,
             # and the first collective of a batch absorbs that skew (it waits for the later rank). Timing
             # from its end measures the collective, not the skew (session 5: a 4 MiB all-gather timed in a
