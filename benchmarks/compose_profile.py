@@ -1,12 +1,20 @@
-"""Replace one measured part of a profile with the same part of another profile, with provenance.
+"""Replace measured parts of a profile (host figures, collectives) with the same parts of other profiles, with
+provenance.
 
-Used when two full profiles were measured on different lent machines and one part of one of them is known
-to be worse, by measurement: session 6's call k5 measured the most complete GEMM and FP8 tables, but its host
-figures predicted 68 plan-validate runs on two machines (calls k1 and k5) at 11.8% median against 7.3-7.4%
-with call k1's host figures (benchmarks/results/README.md, "Session 6"). The host part moves 20-30% between
-runs of the same probe (its noise, not only the machine's CPU), so the better-predicting one is kept.
+Used when full profiles were measured on different lent machines and one part of one of them is known to be
+worse, by measurement:
+  * host: session 6's call k5 measured the most complete GEMM and FP8 tables, but its host figures predicted
+    68 plan-validate runs on two machines (calls k1 and k5) at 11.8% median against 7.3-7.4% with call k1's
+    host figures (benchmarks/results/README.md, "Session 6"). The host part moves 20-30% between runs of the
+    same probe (its noise, not only the machine's CPU), so the better-predicting one is kept. Session 7 found
+    the same again: k1's host figures predicted four machines' runs best.
+  * collectives: session 7's call l3 measured send/recv at 4 KiB - 16 MiB at 8 us in some points and 40-90 us
+    in others (the ranks' skew, fixed in runtime/profiler/collectives.py afterwards); call l1's points, measured
+    with the same spin but one machine earlier, were monotonic and its accuracy run agreed within 5% for 54
+    of 55 points.
 
-    python benchmarks/compose_profile.py BASE.json --host-from OTHER.json --why "..." --out NEW.json
+    python benchmarks/compose_profile.py BASE.json [--host-from A.json] [--collectives-from B.json] \
+        --why "..." --out NEW.json
 """
 from __future__ import annotations
 
@@ -14,32 +22,45 @@ import argparse
 import json
 from pathlib import Path
 
+PARTS = {"host": (("host",), lambda name: name == "host_overhead"),
+         "collectives": (("collectives",), lambda name: name.startswith("collectives"))}
+"""part -> (the profile's top-level keys it owns, which provenance parts describe it)."""
 
-def compose(base: dict, other: dict, why: str) -> dict:
-    """base with other's host figures; base's provenance says where they came from and why."""
+
+def compose(base: dict, others: dict[str, dict], why: str) -> dict:
+    """base with each part taken from others[part]; the provenance of every moved part says where it came from
+    and why (an already composed part keeps its own origin)."""
     out = json.loads(json.dumps(base))
-    out["host"] = other["host"]
-    src = other["provenance"]
-    parts = [p for p in out["provenance"]["parts"] if p["part"] != "host_overhead"]
-    host_part = next(p for p in src["parts"] if p["part"] == "host_overhead")
-    parts.append({**host_part, "from_another_profile": {
-        "date": src.get("date"), "git_commit": src.get("git_commit"), "gpu_name": src.get("gpu_name"),
-        "host_cpu_note": "a different lent machine of the same kind than the rest of this profile",
-        "why": why}})
-    out["provenance"]["parts"] = parts
+    for part, other in others.items():
+        keys, describes = PARTS[part]
+        for k in keys:
+            out[k] = other[k]
+        src = other["provenance"]
+        kept = [p for p in out["provenance"]["parts"] if not describes(p["part"])]
+        moved = [p if "from_another_profile" in p else {**p, "from_another_profile": {
+            "date": src.get("date"), "git_commit": src.get("git_commit"), "gpu_name": src.get("gpu_name"),
+            "hostname": src.get("hostname"), "host_cpu_model": src.get("host_cpu_model"),
+            "note": "a different lent machine of the same kind than the rest of this profile", "why": why}}
+            for p in src["parts"] if describes(p["part"])]
+        out["provenance"]["parts"] = kept + moved
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("base", type=Path)
-    ap.add_argument("--host-from", type=Path, required=True)
+    ap.add_argument("--host-from", type=Path)
+    ap.add_argument("--collectives-from", type=Path)
     ap.add_argument("--why", required=True)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     if a.out.exists():
         raise SystemExit(f"{a.out} exists; remove it first (nothing is overwritten silently)")
-    new = compose(json.loads(a.base.read_text()), json.loads(a.host_from.read_text()), a.why)
+    others = {part: json.loads(path.read_text()) for part, path in (("host", a.host_from),
+                                                                    ("collectives", a.collectives_from)) if path}
+    if not others:
+        raise SystemExit("nothing to compose: give --host-from and/or --collectives-from")
+    new = compose(json.loads(a.base.read_text()), others, a.why)
     a.out.write_text(json.dumps(new, indent=1) + "\n")
     print(f"wrote {a.out}")
     return 0
