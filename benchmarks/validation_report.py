@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--quality-csv", type=Path, help="rows of the plan-quality set (default: the rows of those models)")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     df, plans = load(args.csv)
     hold = {m for m in args.holdout_models.split(",") if m}
     df["kind"] = [kind_of(p) for p in plans]
@@ -85,8 +86,10 @@ def main() -> None:
     mem = df.dropna(subset=["measured_mem_gib"])
     lines = ["# Predicted against measured (plan validate, 2x H200)", "",
              f"{len(df)} runs of {df.model.nunique()} models; every row re-predicted from its plan with "
-             f"`{args.profile}` (shipped) and `{args.calibrated}` (calibrated on the runs of "
-             f"{', '.join(sorted(set(df.model) - hold))}; held out: {', '.join(sorted(hold))}).", "",
+             f"`{args.profile}` (shipped) and `{args.calibrated}` (" + (
+                 f"calibrated on the runs of {', '.join(sorted(set(df.model) - hold))}; held out: "
+                 f"{', '.join(sorted(hold))})." if set(df.model) - hold else
+                 "calibrated on other runs: every run here is held out).") + "", "",
              "Error = predicted / measured - 1 (negative: the planner predicted faster than measured).", "",
              "| set | shipped profile | calibrated profile |", "|---|---|---|"]
     for name, sel in (("calibration runs", ~df.held_out), ("held-out runs", df.held_out), ("all runs", df.index == df.index),
