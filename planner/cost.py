@@ -205,6 +205,12 @@ class CostModel:
             rot_bytes = BF16 * 2 * T * (m.q_width + m.kv_width) / t
             ew_f += k("rotary_fwd", rot_bytes)
             ew_b += k("rotary_bwd", rot_bytes)
+        if m.has_bias:
+            # bias gradients: dY summed over its rows (runtime/parallel/tensor.py), column-parallel over all T
+            # tokens of the local columns, row-parallel over this rank's sequence shard of all columns
+            # (session 4's trace of a GPT 1.3B step: 3.6 ms of 128 ms in these sums)
+            sums = [T * qkv_n, tok_t * h] + ([] if m.is_moe else [T * (f // t), tok_t * h])  # qkv, proj, fc1, fc2
+            ew_b += sum(k("bias_grad", BF16 * rows_x_cols) for rows_x_cols in sums)
         ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + k(f"{act}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows)
         comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
         moe_f = moe_b = 0.0

@@ -246,6 +246,8 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     acc = [torch.zeros(tokens, hidden, device=device, dtype=torch.float32) for _ in range(2)]
     out: dict[str, tuple] = {
         "residual_add": (lambda i: x[i % 2] + y[i % 2], 3 * N * es),
+        # a linear layer's bias gradient as runtime/parallel/tensor.py takes it: dY [tokens, out] summed over rows
+        "bias_grad": (lambda i: x[i % 2].sum(0), N * es),
         # the data-parallel code's fp32 gradient accumulation: main_grad.add_(bf16 grad)
         "grad_accumulate": (lambda i: acc[i % 2].add_(x[i % 2]), N * (es + 8)),
         "layernorm_fwd": (lambda i: F.layer_norm(x[i % 2], (hidden,), w, b), 2 * N * es),

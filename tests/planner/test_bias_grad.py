@@ -1,0 +1,42 @@
+"""The layer's backward pays one bias-gradient reduction per linear layer with a bias (GPT, BERT; not Llama):
+dY summed over its rows, priced from the profile's measured `bias_grad` kernel (hand-computed bytes)."""
+import copy
+from dataclasses import replace
+
+import pytest
+
+from planner.cluster import ClusterSpec
+from planner.cost import CostModel
+from planner.model import resolve_model
+from planner.plan import Layout, TrainingShape
+from planner.profile import load_profile
+
+
+def _with_bias_rate(prof, rate):
+    extras = copy.deepcopy(prof.extras)
+    k = extras["elementwise"].get("kernels", extras["elementwise"])
+    k["bias_grad"] = {"seconds": 1.0 / rate, "bytes": 1.0}
+    return replace(prof, extras=extras)
+
+
+def _bwd(spec, lay, prof):
+    cl = ClusterSpec(gpu="h200-sxm", num_gpus=lay.world_size, gpus_per_node=lay.world_size)
+    return CostModel(spec, TrainingShape(2048, 8), lay, cl, prof).layer.bwd_compute_s
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_gpt_backward_pays_four_bias_sums_by_hand(tp):
+    spec, lay = resolve_model("gpt-1.3b"), Layout(tp=tp, micro_batch=2, sharding="none")
+    base = load_profile(None, "h200-sxm")
+    slow, fast = _with_bias_rate(base, 1e12), _with_bias_rate(base, 2e12)
+    T, h, f = 2 * 2048, spec.hidden, spec.ffn_hidden
+    qkv = (spec.q_width + 2 * spec.kv_width) // tp
+    nbytes = 2 * (T * qkv + T / tp * h + T * f // tp + T / tp * h)   # bf16 dY of qkv, proj, fc1, fc2
+    ce = base.eff("compute")
+    assert _bwd(spec, lay, slow) - _bwd(spec, lay, fast) == pytest.approx(ce * (nbytes / 1e12 - nbytes / 2e12))
+
+
+def test_llama_has_no_bias_sums():
+    spec, lay = resolve_model("llama3-8b"), Layout(micro_batch=1, sharding="none")
+    base = load_profile(None, "h200-sxm")
+    assert _bwd(spec, lay, _with_bias_rate(base, 1e12)) == _bwd(spec, lay, _with_bias_rate(base, 2e12))
