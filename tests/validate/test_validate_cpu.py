@@ -148,3 +148,17 @@ def test_validate_stopped_midway_still_appends_what_finished(tiny_plan, tmp_path
     assert rc == 143
     assert len(read_results(out)) == 1
     assert "stopped (SIGTERM) before this plan finished" in capsys.readouterr().err
+
+
+def test_report_flags_host_paced_plans(tiny_plan):
+    """The printed comparison says when the prediction is set by the host, whose speed varies by machine."""
+    from types import SimpleNamespace
+
+    from runtime.validate import report
+    plan = Plan.from_dict(json.loads(Path(tiny_plan).read_text()))
+    meas = {"steps": 4, "step_s_min": 0.9, "step_s_max": 1.1, "step_s": 1.0, "mem_gib": 1.0, "mem_by_rank": "",
+            "optimizer_s": None, "bubble_frac": None}
+    paced = SimpleNamespace(step_s=1.0, memory_gib_per_rank=[1.0], breakdown_s={"compute": 0.3, "host": 0.7})
+    gpu = SimpleNamespace(step_s=1.0, memory_gib_per_rank=[1.0], breakdown_s={"compute": 0.95, "host": 0.05})
+    assert "host-paced plan (70%" in report(plan, paced, meas)
+    assert "host-paced" not in report(plan, gpu, meas)
