@@ -210,6 +210,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     opt_s, opt_impl = kernels.optimizer_step_s_per_param(device, (64 << 20) if cuda else (1 << 18))
     rep.advance()
     launch = kernels.launch_overhead_s(device)
+    extras["sustained_gemm"] = kernels.sustained_gemm(device, 8192 if cuda else 128, 3.0 if cuda else 0.2)
     rep.advance()
     parts += [
         {"part": "copy_bandwidth", "status": "measured",

@@ -141,6 +141,39 @@ def time_gemms(shapes: list[GemmShape], device, *, warmup: int, repeats: int, de
     return points, spreads, len(shapes) - len(points)
 
 
+def sustained_gemm(device, size: int, seconds: float) -> dict:
+    """One square GEMM timed as the grid times it (short batches behind a spin) and back to back for `seconds`
+    (the last quarter timed with events): whether a GPU under sustained load runs GEMMs slower than in the
+    grid's bursts (clocks, power). A diagnostic kept in extras; the cost model does not apply it (session 7:
+    GPU-paced steps ran 6-10% slower than predicted while isolated layers did not)."""
+    device = torch.device(device)
+    dtype = compute_dtype(device)
+    a = [torch.randn(size, size, device=device, dtype=dtype) for _ in range(2)]
+    b = [torch.randn(size, size, device=device, dtype=dtype) for _ in range(2)]
+    burst = time_fn(lambda i: a[i % 2] @ b[i % 2], device, warmup=3, repeats=7)
+    synchronize(device)
+    calls, start = 0, time.perf_counter()
+    marks = []
+    while time.perf_counter() - start < seconds:
+        for _ in range(8):
+            a[calls % 2] @ b[calls % 2]
+            calls += 1
+        if device.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            marks.append((calls, ev))
+            if len(marks) % 16 == 0:  # keep the queue short
+                torch.cuda.synchronize(device)
+        else:
+            marks.append((calls, time.perf_counter()))
+    synchronize(device)
+    (c0, e0), (c1, e1) = marks[3 * len(marks) // 4], marks[-1]
+    span = e0.elapsed_time(e1) / 1e3 if device.type == "cuda" else e1 - e0
+    sustained = span / max(c1 - c0, 1)
+    return {"m": size, "n": size, "k": size, "burst_s": burst.median_s, "sustained_s": sustained,
+            "sustained_over_burst": sustained / burst.median_s, "seconds": seconds, "calls": calls}
+
+
 # -- attention ---------------------------------------------------------------------------------------------
 
 def attention_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool) -> float:

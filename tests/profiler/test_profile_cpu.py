@@ -45,6 +45,9 @@ def test_cpu_profile_provenance(cpu_profile):
     assert any(s == "modelled" for s in statuses.values())
     assert len(d["extras"]["gemm_spread"]) == len(d["gemm"]["points"])
     assert len(d["extras"]["wgrad_spread"]) == len(d["gemm"]["wgrad_points"]) > 0
+    sus = d["extras"]["sustained_gemm"]   # the diagnostic: one GEMM in bursts and back to back
+    assert sus["burst_s"] > 0 and sus["sustained_s"] > 0 and sus["calls"] > 0
+    assert sus["sustained_over_burst"] == pytest.approx(sus["sustained_s"] / sus["burst_s"])
 
 
 def test_overwrite_refused_then_forced(cpu_profile, tmp_path, capsys):
