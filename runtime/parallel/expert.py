@@ -46,8 +46,8 @@ movement (the gather of tokens by expert, the regrouping, the weighted combine) 
 backward is an index_select too (and a sum over the k copies of a token): autograd's backward of indexing
 sorted the indices and accumulated with atomics (session 7: EP2 x DP2 at 101-105k tokens/s per GPU without
 it, 97k with it). The local experts run as grouped GEMMs (torch._grouped_mm: one kernel per projection for
-all of them, the per-expert row counts as offsets on the device) where the device supports it (grouped_mm_supported: CUDA bf16 on Hopper), else
-as a loop over the experts. The host waits for the GPU at most once per layer: at EP > 1, for the split
+all of them, the per-expert row counts as offsets on the device) where the device supports it
+(grouped_mm_supported: CUDA bf16 on Hopper), else as a loop over the experts. The host waits for the GPU at most once per layer: at EP > 1, for the split
 sizes of the all-to-alls (one .tolist()); at EP1 the grouped path never waits (the loop does, for its
 slices; dropping by capacity does, for its boolean selection).
 
