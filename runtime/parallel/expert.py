@@ -38,18 +38,18 @@ since gradients are summed over both:
 forward that produced it (a later forward, or a recompute, replaces the attribute).
 
 Dispatch: dropless by default (every assignment computed); with `capacity_factor` set, each expert takes at
-most ceil(capacity_factor * tokens * k / E) assignments per rank-local batch, in token order, and the
-rest are dropped (they contribute zero; the other slots keep their weights). Assignments are sorted by
-expert, the counts exchanged with one small all_to_all, the tokens sent with all_to_all_single with
-variable splits, regrouped by local expert, computed, and sent back the same way. Dropless, every row
-movement (the gather of tokens by expert, the regrouping, the weighted combine) is an index_select whose
-backward is an index_select too (and a sum over the k copies of a token): autograd's backward of indexing
-sorted the indices and accumulated with atomics (session 7: EP2 x DP2 at 101-105k tokens/s per GPU without
-it, 97k with it). The local experts run as grouped GEMMs (torch._grouped_mm: one kernel per projection for
-all of them, the per-expert row counts as offsets on the device) where the device supports it
-(grouped_mm_supported: CUDA bf16 on Hopper), else as a loop over the experts. The host waits for the GPU at most once per layer: at EP > 1, for the split
-sizes of the all-to-alls (one .tolist()); at EP1 the grouped path never waits (the loop does, for its
-slices; dropping by capacity does, for its boolean selection).
+most ceil(capacity_factor * tokens * k / E) assignments per rank-local batch, in token order, and the rest
+are dropped (they contribute zero; the other slots keep their weights). Assignments are sorted by expert,
+the counts exchanged with one small all_to_all, the tokens sent with all_to_all_single with variable splits,
+regrouped by local expert, computed, and sent back the same way. Dropless, every row movement (the gather of
+tokens by expert, the regrouping, the weighted combine) is an index_select whose backward is an index_select
+too (and a sum over the k copies of a token): autograd's backward of indexing sorted the indices and
+accumulated with atomics (session 7: EP2 x DP2 at 101-105k tokens/s per GPU without it, 97k with it). The
+local experts run as grouped GEMMs (torch._grouped_mm: one kernel per projection for all of them, the
+per-expert row counts as offsets on the device) where the device supports it (grouped_mm_supported: CUDA
+bf16 on Hopper), else as a loop over the experts. The host waits for the GPU at most once per layer: at EP >
+1, for the split sizes of the all-to-alls (one .tolist()); at EP1 the grouped path never waits (the loop
+does, for its slices; dropping by capacity does, for its boolean selection).
 
 Tried and taken out (session 6, commits 206a82e and 017cb7c): a dispatch with fixed-size buffers at EP2 that
 never reads the split sizes back (every (token, expert) pair, then every token once per destination rank with
