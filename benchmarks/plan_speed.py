@@ -26,20 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from planner.provenance import commit_label  # noqa: E402
+from planner.provenance import commit_label, cpu_model  # noqa: E402
 
 CASES = [("gpt-70b", 64, 2.0), ("llama3-405b", 16384, 30.0)]
 
 
 def machine() -> tuple[int, str]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model() or "unknown"
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), model
 
 

@@ -39,3 +39,14 @@ def commit_label(dirty_paths: tuple[str, ...] = (), mark_dirty: bool = False) ->
     if c["git_commit"] == UNAVAILABLE:
         return "unknown"
     return c["git_commit"] + ("+dirty" if mark_dirty and c["git_dirty"] else "")
+
+
+def cpu_model() -> str | None:
+    """The host CPU's model name from /proc/cpuinfo (Linux); None where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None

@@ -16,6 +16,13 @@ def host_paced(prediction) -> bool:
     return prediction.breakdown_s.get("host", 0.0) >= HOST_PACED_SHARE * prediction.step_s
 
 
+def host_paced_note(prediction) -> str:
+    """What `plan` and `plan validate` say of a host-paced prediction."""
+    return (f"note: host-paced plan ({prediction.breakdown_s['host'] / prediction.step_s:.0%} of the predicted step "
+            "waits for the host to issue kernels): its time depends on the CPU the profile's host figures came "
+            "from, and on another machine it can differ by tens of percent")
+
+
 BREAKDOWN_ORDER = ("compute", "host", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
 BREAKDOWN_LABEL = {"compute": "compute", "host": "host-bound (kernels issued slower than run)", "recompute": "recompute", "tp_comm": "exposed TP comm",
                    "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm", "pp_comm": "exposed PP comm",
@@ -96,9 +103,7 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
             b.add_row(BREAKDOWN_LABEL[k], f"{v:.3f}", f"{v / p.step_s:.1%}")
     con.print(b)
     if host_paced(p):
-        con.print(f"note: this plan is host-paced ({p.breakdown_s['host'] / p.step_s:.0%} of the step waits for the "
-                  "host to issue kernels); its time depends on the CPU the profile's host figures came from, and "
-                  "on another machine it can differ by tens of percent", style="yellow")
+        con.print(host_paced_note(p), style="yellow")
 
     r = Table(title="Best plans", title_justify="left")
     for col in ("#", "layout", "mb", "sharding", "recompute", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB", "vs best"):

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from planner.calibrate import RESULT_COLUMNS, recompute_text, sidecar_path
 from planner.errors import PlanError
-from planner.report import host_paced
+from planner.report import host_paced, host_paced_note
 from planner.plan import Plan
 from planner.provenance import commit_label
 
@@ -176,10 +176,7 @@ def report(plan: Plan, pred, meas: dict) -> str:
         lines.append("    predicted split of the rest (not timed apart by the runtime): "
                      + ", ".join(f"{k} {b[k]:.4g}" for k in untimed))
     if host_paced(pred):
-        # session 7: such plans measured up to 50% apart on two lent machines of the same kind
-        lines.append(f"note: host-paced plan ({b.get('host', 0.0) / pred.step_s:.0%} of the predicted step waits for the "
-                     "host to issue kernels): its time follows this machine's CPU, which the profile's host figures "
-                     "may not have been measured on")
+        lines.append(host_paced_note(pred))
     return "\n".join(lines)
 
 

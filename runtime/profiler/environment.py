@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from planner.provenance import git_commit  # noqa: F401  (re-exported: the profile's provenance)
+from planner.provenance import cpu_model, git_commit  # noqa: F401  (git_commit re-exported: the profile's provenance)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,16 +35,6 @@ def gpu_kind(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "unknown-gpu"
 
 
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def describe(device: torch.device, gpus_used: int) -> dict:
     """Everything a reader needs to know where the numbers came from."""
     prov = {
@@ -54,7 +44,7 @@ def describe(device: torch.device, gpus_used: int) -> dict:
         "python": platform.python_version(),
         "host_cpu": platform.processor() or platform.machine(),
         # the host figures (runtime/profiler/host.py) depend on the CPU: record which one, and its load
-        "host_cpu_model": _cpu_model(),
+        "host_cpu_model": cpu_model() or platform.processor() or None,
         "host_cpu_count": os.cpu_count(),
         "host_load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "hostname": platform.node(),
