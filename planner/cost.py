@@ -330,9 +330,10 @@ class CostModel:
     def stage_host_s(self, j: int, st: StagePlan) -> float:
         """Host time to issue one micro-batch through virtual stage j (profile.host; 0 without it): its
         layers, a chunk's sends and schedule under pipelining, and on the last stage the rest of the
-        micro-batch (embedding, head, loss)."""
+        micro-batch (embedding, head, loss). 0 for a CUDA-graph step (Layout.cuda_graph): the host launches the
+        captured step once, and that launch (tens of microseconds) is left out."""
         host = self.prof.host
-        if host is None:
+        if host is None or self.lay.cuda_graph:
             return 0.0
         lay, m = self.lay, self.m
 

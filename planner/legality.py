@@ -59,6 +59,22 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
         return "fully sharded data parallelism with expert parallelism is not supported by the runtime yet"
     if lay.sharding != "none" and lay.dp * lay.cp == 1:
         return f"sharding '{lay.sharding}' needs more than one data-parallel rank"
+    if lay.cuda_graph:
+        why = cuda_graph_violation(model, lay)
+        if why:
+            return f"a CUDA-graph step is not possible here: {why}"
+    return None
+
+
+def cuda_graph_violation(model: ModelSpec, lay: Layout) -> str | None:
+    """Why runtime/graph.py cannot capture this layout's step, or None. A captured step replays without the
+    host, so nothing in it may read a GPU value on the host or depend on host-side scheduling."""
+    if lay.pp > 1:
+        return "the pipeline schedule reads its timeline back on the host every step (pp > 1)"
+    if model.is_moe:
+        return "MoE routing reads the tokens-per-expert counts on the host"
+    if lay.sharding == "full":
+        return "the fully sharded optimizer steps torch.optim.AdamW with a host-side learning rate"
     return None
 
 

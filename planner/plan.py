@@ -67,6 +67,12 @@ class Layout:
     fp8: bool = False
     """Forward and input-gradient GEMMs of the transformer layers in FP8 (E4M3 / E5M2 with per-tensor current
     scaling, runtime/parallel/fp8.py); weight gradients, embedding, output layer and attention stay bf16."""
+    cuda_graph: bool = False
+    """Capture the whole step (forward, backward, gradient reduction, AdamW) once as a CUDA graph and replay it
+    every step (runtime/graph.py): the host issues one launch per step instead of ~50 kernels per layer, so
+    a step the host would pace runs at the GPU's pace, and the cost model prices no host time for it. Legal
+    only where the step never waits for the GPU on the host (planner/legality.py, cuda_graph_violation); the
+    search turns it on wherever it is legal on a GPU. CPU runs ignore it."""
 
     @property
     def world_size(self) -> int:
@@ -88,6 +94,8 @@ class Layout:
             parts.append(f"EP{self.ep}")
         if self.fp8:
             parts.append("FP8")
+        if self.cuda_graph:
+            parts.append("graph")
         return " ".join(parts)
 
 

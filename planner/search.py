@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner import memory as mem
 from planner.cluster import ClusterSpec
 from planner.cost import CostModel
 from planner.errors import NoFitError, PlanError
-from planner.legality import layout_violation
+from planner.legality import cuda_graph_violation, layout_violation
 from planner.model import ModelSpec
 from planner.plan import SHARDING_LEVELS, Layout, Plan, StagePlan, TrainingShape
 from planner.profile import FP8_MODEL_NOTE, Profile
@@ -55,6 +55,9 @@ class Pins:
     no_overlap: frozenset = frozenset()
     """Dimensions ('tp', 'dp', 'pp') whose communication must not be overlapped with compute; the search
     otherwise turns every overlap on (in this cost model overlap never costs time)."""
+    cuda_graph: bool = True
+    """Capture the step as a CUDA graph wherever that is legal on a GPU (Layout.cuda_graph); it removes the
+    host's time and costs nothing, so it is not a searched choice. False: every plan runs eagerly."""
 
 
 @dataclass
@@ -92,6 +95,7 @@ def _pow2_upto(n: int) -> list[int]:
 def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, pins: Pins):
     """All layouts the rules allow (overlap switches on: in this cost model overlap never costs time)."""
     n = cluster.num_gpus
+    graphs = pins.cuda_graph and cluster.gpu != "cpu"  # CUDA graphs need a GPU
     tps = [pins.tp] if pins.tp else _pow2_upto(min(cluster.gpus_per_node, n))
     for tp in tps:
         cps = [pins.cp] if pins.cp else _pow2_upto(n // tp)
@@ -125,10 +129,13 @@ def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSp
                     for ep in eps:
                         for mb in mbs:
                             for sh in shards:
-                                yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, micro_batch=mb, sharding=sh,
+                                lay = Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, micro_batch=mb, sharding=sh,
                                              overlap_tp="tp" not in pins.no_overlap,
                                              overlap_dp="dp" not in pins.no_overlap,
                                              overlap_pp="pp" not in pins.no_overlap, fp8=pins.fp8)
+                                if graphs and cuda_graph_violation(model, lay) is None:
+                                    lay = replace(lay, cuda_graph=True)
+                                yield lay
 
 
 @dataclass

@@ -213,6 +213,10 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         if rank0:
             print(f"resumed from {checkpoint.step_dir(args.ckpt_dir, start)}", flush=True)
     step_fn = select_train_step(lay)
+    graphed = None
+    if cuda and lay.cuda_graph:  # on CPU the same plan runs eagerly: graphs are a CUDA feature
+        from runtime.graph import GraphedStep
+        graphed = step_fn = GraphedStep(step_fn, opt)
 
     def make_step(step):
         return step_micro_batches(source, spec.family, spec.vocab_size, shape.seq_len, shape.global_batch,
@@ -254,7 +258,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                    data_wait_s=f"{rec.data_wait_s:.4g}", lr=f"{rec.lr:.4g}",
                    peak_mem_max_gib=f"{max(m for m, _ in per_rank):.4g}" if cuda else "",
                    peak_mem_by_rank=";".join(f"{m:.4g}" for m, _ in per_rank) if cuda else "",
-                   optimizer_s=f"{max(o for _, o in per_rank):.4g}",
+                   # a replayed CUDA graph has no event between backward and the optimizer: not measured
+                   optimizer_s=f"{max(o for _, o in per_rank):.4g}" if rec.optimizer_start is not None else "",
                    bubble_frac=f"{bubble:.4g}" if bubble is not None else "")
         if rank0:
             print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
@@ -308,7 +313,10 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             numbers = torch.empty(2, pin_memory=cuda)
             numbers.copy_(torch.stack([loss.detach().float(), norm.detach().float()]), non_blocking=True)
             # queued behind the previous step: timed from that step's end, so GPU idle between the two counts
-            rec = _LaunchedStep(step + 1, numbers, torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+            peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+            if graphed is not None and graphed.replaying:  # a replay allocates nothing; its capture held the peak
+                peak_gib = max(peak_gib, graphed.peak_mem_gib)
+            rec = _LaunchedStep(step + 1, numbers, peak_gib,
                                 wait, lr, pending.end if pending is not None else start_mark,
                                 opt_marks[0] if opt_marks else None, clock.mark())
             done = step + 1
@@ -320,6 +328,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                 continue
             stopped = finish(rec) or stopped
             if save_due:
+                if graphed is not None:
+                    graphed.sync_params()
                 checkpoint.save(args.ckpt_dir, done, opt, groups)
                 last_saved = done
             if stopped:
@@ -330,6 +340,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             if finish(pending) and rank0:
                 print(f"stopping after step {done} (signal)", flush=True)
             pending = None
+        if graphed is not None:
+            graphed.sync_params()
         if args.ckpt_dir and last_saved != done:
             checkpoint.save(args.ckpt_dir, done, opt, groups)  # at exit
     finally:

@@ -33,8 +33,13 @@ class Segment:
 
 if triton is not None:
     @triton.jit
-    def _adamw_kernel(master_ptr, grad_ptr, m_ptr, v_ptr, param_ptr, divisor_ptr, n, lr, beta1, beta2, eps,
-                      decay_factor, step_size, bc2_sqrt, HAS_DIVISOR: tl.constexpr, BLOCK: tl.constexpr):
+    def _adamw_kernel(master_ptr, grad_ptr, m_ptr, v_ptr, param_ptr, divisor_ptr, scalars_ptr, n, beta1, beta2, eps,
+                      DECAY: tl.constexpr, HAS_DIVISOR: tl.constexpr, BLOCK: tl.constexpr):
+        # the step's scalars come from device memory (adamw_scalars), not kernel arguments, so that a CUDA
+        # graph that captured this launch replays every step with that step's learning rate and bias corrections
+        step_size = tl.load(scalars_ptr + 1)
+        bc2_sqrt = tl.load(scalars_ptr + 2)
+        decay_factor = tl.load(scalars_ptr + 3) if DECAY else 1.0
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
@@ -52,26 +57,46 @@ if triton is not None:
         tl.store(param_ptr + offs, p.to(param_ptr.dtype.element_ty), mask=mask)
 
 
+def adamw_scalars(step: int, lr: float, betas: tuple[float, float], weight_decay: float) -> list[float]:
+    """[lr, step size (lr over the first bias correction), sqrt of the second bias correction, decay factor]
+    of AdamW step `step` (from 1), computed in double on the host as PyTorch's AdamW does."""
+    b1, b2 = betas
+    return [lr, lr / (1 - b1 ** step), math.sqrt(1 - b2 ** step), 1.0 - lr * weight_decay]
+
+
+def write_scalars(dest: torch.Tensor, values: list[float]) -> None:
+    """Write the step's scalars into a 4-float device tensor by one fill per value: the values travel as kernel
+    arguments, so nothing waits for the GPU (a copy from pageable host memory would) and nothing on the host
+    has to outlive the queued copy (a pinned buffer would)."""
+    for i, v in enumerate(values):
+        dest[i].fill_(v)
+
+
 def adamw_(segments: list[Segment], step: int, lr: float, betas: tuple[float, float], eps: float,
            weight_decay: float, divisor: torch.Tensor | None = None, step_tensor: torch.Tensor | None = None,
-           force_torch: bool = False) -> None:
-    """One AdamW step (step counts from 1) over every segment, in place; decay only where seg.decay."""
+           force_torch: bool = False, scalars: torch.Tensor | None = None, scalars_written: bool = False) -> None:
+    """One AdamW step (step counts from 1) over every segment, in place; decay only where seg.decay.
+    scalars: the 4-float device tensor the Triton kernel reads the step's scalars from (adamw_scalars); written
+    here from (step, lr) unless scalars_written (a CUDA graph's replay: the caller wrote them before it)."""
     if not segments:
         return
     b1, b2 = betas
     if use_triton(segments[0].master.device) and not force_torch:
-        step_size = lr / (1 - b1 ** step)
-        bc2_sqrt = math.sqrt(1 - b2 ** step)
+        if scalars is None:
+            scalars = torch.empty(4, dtype=torch.float32, device=segments[0].master.device)
+        if not scalars_written:
+            write_scalars(scalars, adamw_scalars(step, lr, betas, weight_decay))
         block = 2048
         for s in segments:
             n = s.master.numel()
             if n == 0:
                 continue
             _adamw_kernel[(triton.cdiv(n, block),)](
-                s.master, s.grad, s.m, s.v, s.param, divisor if divisor is not None else s.master, n, lr, b1, b2,
-                eps, 1.0 - lr * weight_decay if s.decay else 1.0, step_size, bc2_sqrt,
-                HAS_DIVISOR=divisor is not None, BLOCK=block)
+                s.master, s.grad, s.m, s.v, s.param, divisor if divisor is not None else s.master, scalars, n, b1, b2,
+                eps, DECAY=s.decay and weight_decay != 0.0, HAS_DIVISOR=divisor is not None, BLOCK=block)
         return
+    if scalars_written:
+        raise ValueError("precomputed AdamW scalars need the Triton kernel (CUDA with Triton)")
     if step_tensor is None:
         step_tensor = torch.tensor(float(step), device=segments[0].master.device)
     else:

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from runtime.parallel.adamw import Segment, adamw_
+from runtime.parallel.adamw import Segment, adamw_, adamw_scalars, write_scalars
+from runtime.triton_support import use_triton
 from runtime.parallel.tensor import group_rank, group_size, param_meta, restore_param_meta
 
 _ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -212,6 +213,9 @@ class DistributedOptimizer:
         self.pending_gathers: dict[int, tuple] = {}
         self.step_count = 0
         self._segs, self._norm_views, self._step_t, self._grad_divisor = None, None, None, None
+        self._scalars, self._lr = None, self.cfg.lr
+        self.captured = False
+        """True while runtime/graph.py captures a step: step() leaves counting and all-gathers to the replay."""
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for buf in self.buffers for p in buf.params]
         self._hooks += [m.register_forward_pre_hook(self._wait_params_of) for mod in modules for m in mod.modules()
                         if any(True for _ in m.parameters(recurse=False))]
@@ -360,17 +364,36 @@ class DistributedOptimizer:
                                                       buf.param_data[lo + a:lo + z], decay))
         return self._segs
 
+    def prepare_step(self, lr: float | None = None) -> None:
+        """Count the step and write its AdamW scalars (learning rate, bias corrections) into the device tensor
+        the update kernel reads. `step` does this itself; a CUDA graph that captured `step` (runtime/graph.py)
+        calls it before each replay instead, outside the graph."""
+        self.step_count += 1
+        self._lr = self.cfg.lr if lr is None else lr
+        dev = self.buffers[0].param_data.device
+        if self._scalars is None:
+            self._scalars = torch.empty(4, dtype=torch.float32, device=dev)
+        if use_triton(dev):
+            write_scalars(self._scalars, adamw_scalars(self.step_count, self._lr, self.cfg.betas, self.cfg.weight_decay))
+
     @torch.no_grad()
     def step(self, lr: float | None = None):
         """AdamW (decoupled weight decay on matrices only) over the local fp32 shards, writing the bf16
-        parameters in the same pass (runtime/parallel/adamw.py); then the ZeRO parameter all-gathers."""
-        lr = self.cfg.lr if lr is None else lr
-        self.step_count += 1
+        parameters in the same pass (runtime/parallel/adamw.py); then the ZeRO parameter all-gathers.
+        Under CUDA-graph capture (self.captured) neither the step count nor the scalars move (prepare_step
+        does that before each replay) and the all-gathers are left to the start of the next replay."""
+        if not self.captured:
+            self.prepare_step(lr)
         if self._step_t is None:
             self._step_t = torch.zeros((), dtype=torch.float32, device=self.buffers[0].param_data.device)
-        adamw_(self._segments(), self.step_count, lr, self.cfg.betas, self.cfg.eps, self.cfg.weight_decay,
-               self._grad_divisor, self._step_t)
+        adamw_(self._segments(), self.step_count, self._lr, self.cfg.betas, self.cfg.eps, self.cfg.weight_decay,
+               self._grad_divisor, self._step_t, scalars=self._scalars, scalars_written=use_triton(self._scalars.device))
         self._grad_divisor = None
+        if not self.captured:
+            self._gather_params()
+
+    def gather_params(self):
+        """Launch the ZeRO parameter all-gathers of the last update (a CUDA graph's replay starts with this)."""
         self._gather_params()
 
     def _gather_params(self):

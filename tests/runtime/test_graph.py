@@ -1,0 +1,98 @@
+"""CUDA-graph steps (Layout.cuda_graph, runtime/graph.py): where the planner allows them, what it prices, and on a
+GPU that a replayed step trains exactly as the eager step does."""
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.cluster import ClusterSpec
+from planner.cost import CostModel
+from planner.errors import PlanError
+from planner.legality import check_layout, cuda_graph_violation
+from planner.model import resolve_model, tiny_model
+from planner.plan import Layout, StagePlan, TrainingShape
+from planner.profile import HostOverheads, load_profile
+from planner.search import Pins, search
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_graph_is_legal_only_without_host_synchronisation():
+    dense, moe = resolve_model("gpt-1.3b"), resolve_model("mixtral-8x7b")
+    assert cuda_graph_violation(dense, Layout(tp=2, dp=2, sharding="optimizer+grads")) is None
+    assert "pipeline" in cuda_graph_violation(dense, Layout(pp=2))
+    assert "MoE" in cuda_graph_violation(moe, Layout())
+    assert "fully sharded" in cuda_graph_violation(dense, Layout(dp=2, sharding="full"))
+    with pytest.raises(PlanError, match="CUDA-graph step is not possible here: the pipeline"):
+        check_layout(dense, TrainingShape(2048, 8), Layout(pp=2, sharding="none", cuda_graph=True), 2)
+
+
+def test_search_turns_graphs_on_where_legal_and_on_gpus_only():
+    shape = TrainingShape(32, 8)
+    prof = load_profile(None, "h200-sxm")
+    plans = search(tiny_model("gpt"), shape, ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2), prof,
+                   top_k=50).plans
+    assert plans and all(p.layout.cuda_graph == (p.layout.pp == 1 and p.layout.sharding != "full") for p in plans)
+    assert any(p.layout.cuda_graph for p in plans) and any(p.layout.pp > 1 for p in plans)
+    off = search(tiny_model("gpt"), shape, ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2), prof,
+                 Pins(cuda_graph=False), top_k=5).plans
+    assert not any(p.layout.cuda_graph for p in off)
+    cpu = search(tiny_model("gpt"), shape, ClusterSpec(gpu="cpu", num_gpus=2, gpus_per_node=2),
+                 prof, top_k=5).plans  # the profile only prices; the cluster says CPU
+    assert not any(p.layout.cuda_graph for p in cpu)
+
+
+def test_a_graph_step_is_priced_without_host_time():
+    host = HostOverheads(layer_s={"none": 1e-2, "selective": 1e-2, "full": 1e-2}, tp_extra_s={}, cp_extra_s=0.0,
+                         fsdp_extra_s=0.0, expert_s=0.0, ep_extra_s=0.0, pp_chunk_s=0.0)
+    prof = replace(load_profile(None, "h200-sxm"), host=host)
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2)
+    st = StagePlan(layers=24)
+    eager = CostModel(resolve_model("gpt-1.3b"), TrainingShape(2048, 8), Layout(tp=2), cluster, prof)
+    graph = CostModel(resolve_model("gpt-1.3b"), TrainingShape(2048, 8), Layout(tp=2, cuda_graph=True), cluster, prof)
+    assert eager.stage_time_s(0, st) == pytest.approx(24 * 1e-2)  # host-paced: 10 ms a layer
+    assert graph.stage_host_s(0, st) == 0.0
+    assert graph.stage_time_s(0, st) == pytest.approx(graph.stage_gpu_s(0, st))
+
+
+# -- on CUDA: a replayed step trains as the eager step does --------------------------------------------------
+
+def _losses(path: Path) -> list[float]:
+    with open(path) as fh:
+        return [float(r["loss"]) for r in csv.DictReader(fh)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("tp,sharding", [(1, "none"), (2, "none"), (1, "optimizer"), (1, "optimizer+grads")])
+def test_replayed_steps_match_eager_steps(tmp_path, tp, sharding):
+    n = 2 if (tp == 2 or sharding != "none") else 1
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs")
+    pins = Pins(tp=tp, pp=1, micro_batch=2, sharding=sharding if n // tp > 1 else None, recompute="selective")
+    plan = search(tiny_model("llama", num_layers=2), TrainingShape(32, 8), ClusterSpec(gpu="h200-sxm", num_gpus=n,
+                  gpus_per_node=n), load_profile(None, "h200-sxm"), pins, top_k=1).plans[0]
+    assert plan.layout.cuda_graph
+    for name, graph in (("graph", True), ("eager", False)):
+        replace(plan, layout=replace(plan.layout, cuda_graph=graph)).save(tmp_path / f"{name}.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", f"--master-port={port}",
+           "-m", "runtime.train", "--plan", str(tmp_path / "graph.json"), str(tmp_path / "eager.json"),
+           "--steps", "6", "--warmup", "2", "--device", "cuda", "--results", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300,
+                       cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    graph, eager = _losses(tmp_path / "graph.csv"), _losses(tmp_path / "eager.csv")
+    assert len(graph) == len(eager) == 6
+    # the same kernels on the same data: the losses agree to bf16 noise, through steps 3-6 (the replays)
+    assert graph == pytest.approx(eager, rel=2e-3)
+    assert len({round(x, 4) for x in graph}) > 1  # training moved
