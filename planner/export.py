@@ -167,6 +167,12 @@ def megatron_args(plan: Plan) -> MegatronExport:
                      "transformer_engine); drop it on the local layer implementation")
     if not lay.overlap_pp and lay.pp > 1:
         add("--no-overlap-p2p-communication")
+    if lay.cuda_graph:
+        # not exported as a flag: Megatron's CUDA graphs capture per layer through Transformer Engine, not the
+        # whole step, and their flags have changed between releases
+        notes.append("the plan replays the whole step as one CUDA graph and its prediction counts no host time; "
+                     "Megatron-LM runs it eagerly unless its own CUDA-graph options (Transformer Engine) are set, "
+                     "and for small layers or TP > 1 the host may then pace the step")
     # -- recompute
     _recompute(plan, add, notes)
     # -- model shape

@@ -130,7 +130,10 @@ def test_headroom_lowers_the_memory_limit():
 
 
 def test_host_paced_plan_is_flagged_and_a_gpu_paced_one_is_not():
-    code, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "1", "--micro-batch", "1", "--global-batch", "8")
+    small = ("--model", "gpt-1.3b", "--gpus", "1", "--micro-batch", "1", "--global-batch", "8")
+    code, out, err = run_cli(*small, "--no-cuda-graph")
     assert code == 0 and "host-paced" in out and "depends on the CPU" in out
+    code, out, err = run_cli(*small)  # the same plan replayed as a CUDA graph: no host time
+    assert code == 0 and "host-paced" not in out and "CUDA graph" in out and "replayed" in out
     code, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "2")
     assert code == 0 and "host-paced" not in out
