@@ -11,7 +11,7 @@ from planner.plan import RECOMPUTE_MODES, SHARDING_LEVELS, Layout, Plan, StagePl
 
 
 def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gpus: int | None = None,
-                     gpus_per_node: int | None = None) -> str | None:
+                     gpus_per_node: int | None = None, gpu: str | None = None) -> str | None:
     for name in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch"):
         v = getattr(lay, name)
         if not isinstance(v, int) or v < 1:
@@ -60,19 +60,27 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
     if lay.sharding != "none" and lay.dp * lay.cp == 1:
         return f"sharding '{lay.sharding}' needs more than one data-parallel rank"
     if lay.cuda_graph:
-        why = cuda_graph_violation(model, lay)
+        why = cuda_graph_violation(model, lay, gpu)
         if why:
             return f"a CUDA-graph step is not possible here: {why}"
     return None
 
 
-def cuda_graph_violation(model: ModelSpec, lay: Layout) -> str | None:
-    """Why runtime/graph.py cannot capture this layout's step, or None. A captured step replays without the
-    host, so nothing in it may read a GPU value on the host or depend on host-side scheduling."""
+GROUPED_GEMM_GPUS = ("h200-sxm", "h100-sxm")
+"""GPU kinds where the MoE experts run as grouped GEMMs with their row counts on the device (Hopper:
+runtime/parallel/expert.py, grouped_mm_supported); elsewhere the expert loop reads the counts on the host."""
+
+
+def cuda_graph_violation(model: ModelSpec, lay: Layout, gpu: str | None = None) -> str | None:
+    """Why runtime/graph.py cannot capture this layout's step on `gpu` (None: not known), or None. A captured
+    step replays without the host, so nothing in it may read a GPU value on the host or depend on host-side
+    scheduling."""
     if lay.pp > 1:
         return "the pipeline schedule reads its timeline back on the host every step (pp > 1)"
-    if model.is_moe:
-        return "MoE routing reads the tokens-per-expert counts on the host"
+    if model.is_moe and lay.ep > 1:
+        return "MoE routing reads the all-to-all split sizes on the host (EP > 1)"
+    if model.is_moe and gpu is not None and gpu not in GROUPED_GEMM_GPUS:
+        return f"without grouped GEMMs ({gpu}) the MoE expert loop reads its row counts on the host"
     if lay.sharding == "full":
         return "the fully sharded optimizer steps torch.optim.AdamW with a host-side learning rate"
     return None
@@ -93,15 +101,15 @@ def stages_violation(model: ModelSpec, lay: Layout, stages: list[StagePlan]) -> 
 
 
 def check_layout(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gpus: int | None = None,
-                 gpus_per_node: int | None = None) -> None:
-    why = layout_violation(model, shape, lay, num_gpus, gpus_per_node)
+                 gpus_per_node: int | None = None, gpu: str | None = None) -> None:
+    why = layout_violation(model, shape, lay, num_gpus, gpus_per_node, gpu)
     if why:
         raise PlanError(f"illegal layout {lay.short()}: {why}")
 
 
 def check_plan(plan: Plan) -> None:
     check_layout(plan.model, plan.training, plan.layout, plan.cluster.get("num_gpus"),
-                 plan.cluster.get("gpus_per_node"))
+                 plan.cluster.get("gpus_per_node"), plan.cluster.get("gpu"))
     why = stages_violation(plan.model, plan.layout, plan.stages)
     if why:
         raise PlanError(f"illegal plan: {why}")

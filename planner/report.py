@@ -86,7 +86,7 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
     t.add_row("recompute", _recompute_summary(best))
     t.add_row("overlap", ", ".join(k for k, on in (("TP", lay.overlap_tp), ("DP", lay.overlap_dp), ("PP", lay.overlap_pp)) if on) or "off")
     t.add_row("CUDA graph", "on: the step is captured once and replayed (no host time)" if lay.cuda_graph else
-              f"off: {cuda_graph_violation(best.model, lay) or 'not asked for'}")
+              f"off: {cuda_graph_violation(best.model, lay, best.cluster.get('gpu')) or 'not asked for'}")
     t.add_row("step time", f"{p.step_s:.3f} s")
     t.add_row("throughput", f"{p.tokens_per_s:,.0f} tokens/s, {p.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {p.mfu:.1%}")
     mems = p.memory_gib_per_rank

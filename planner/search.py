@@ -133,7 +133,7 @@ def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSp
                                              overlap_tp="tp" not in pins.no_overlap,
                                              overlap_dp="dp" not in pins.no_overlap,
                                              overlap_pp="pp" not in pins.no_overlap, fp8=pins.fp8)
-                                if graphs and cuda_graph_violation(model, lay) is None:
+                                if graphs and cuda_graph_violation(model, lay, cluster.gpu) is None:
                                     lay = replace(lay, cuda_graph=True)
                                 yield lay
 
