@@ -9,8 +9,10 @@ What a replay needs, and where it comes from:
 - inputs at fixed addresses: each step's micro-batches are copied into the buffers the capture read;
 - the step's AdamW scalars (learning rate, bias corrections) in device memory: `opt.prepare_step(lr)` before
   each replay writes them where the captured update kernel reads them (runtime/parallel/adamw.py);
-- no host synchronisation inside the step: legality allows graphs only where the step has none (pp == 1, no
-  MoE routing, sharding below 'full'; planner/legality.py);
+- no host synchronisation inside the step: legality allows graphs only where the step has none (dense models,
+  sharding below 'full'; planner/legality.py). A pipeline step captures its whole schedule, point-to-point
+  transfers included; it records no action timeline while capturing, so a replayed step's bubble is not
+  measured;
 - ZeRO's parameter all-gathers, which the eager step launches after the update and the next forward waits
   for, move to the start of the replay (the shards the previous replay updated), still overlapped with the
   forward by the same pre-hooks; `sync_params()` gathers the last update before a checkpoint or the end.
@@ -32,7 +34,8 @@ WARMUP_STEPS = 2
 
 
 class GraphedStep:
-    """Drop-in for a pp == 1 `train_step(stages, micro_batches, opt, groups, lr, before_step)` on CUDA."""
+    """Drop-in for `train_step(stages, micro_batches, opt, groups, lr, before_step)` (runtime.step or the
+    pipeline's) on CUDA."""
 
     def __init__(self, step_fn, opt):
         self.step_fn, self.opt = step_fn, opt

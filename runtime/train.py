@@ -140,6 +140,8 @@ class _LaunchedStep:
     start: object
     optimizer_start: object
     end: object
+    replayed: bool = False
+    """Run as a CUDA-graph replay (no optimizer mark, no pipeline timeline)."""
 
 
 def _per_rank_stats(peak_gib: float, optimizer_s: float, world: int) -> list[tuple[float, float]]:
@@ -241,7 +243,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     # launches N+1's first kernels while the GPU still runs N's optimizer, rather than the GPU idling at every
     # step start until the host catches up (as a loop that synchronises each step would make it). Pipelines
     # (their timeline is read back per step), traced steps and checkpointed steps are read back at once.
-    queue_ahead = lay.pp == 1
+    queue_ahead = lay.pp == 1 or graphed is not None
 
     def finish(rec: _LaunchedStep) -> bool:
         """Wait for a launched step, log it; returns whether any rank was asked to stop."""
@@ -249,7 +251,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             rec.end.synchronize()
         dt = clock.seconds(rec.start, rec.end)
         per_rank = _per_rank_stats(rec.peak_mem_gib, clock.seconds(rec.optimizer_start, rec.end), world)
-        bubble = _bubble_fraction(groups) if lay.pp > 1 else None
+        # a replayed pipeline step records no timeline (runtime/graph.py): its bubble is not measured
+        bubble = _bubble_fraction(groups) if lay.pp > 1 and not rec.replayed else None
         tflops = flops / dt / world / 1e12
         loss, grad_norm = rec.loss_and_norm.tolist()
         row = dict(step=rec.step, loss=f"{loss:.6f}", grad_norm=f"{grad_norm:.5g}",
@@ -318,7 +321,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                 peak_gib = max(peak_gib, graphed.peak_mem_gib)
             rec = _LaunchedStep(step + 1, numbers, peak_gib,
                                 wait, lr, pending.end if pending is not None else start_mark,
-                                opt_marks[0] if opt_marks else None, clock.mark())
+                                opt_marks[0] if opt_marks else None, clock.mark(),
+                                replayed=graphed is not None and graphed.replaying)
             done = step + 1
             if pending is not None:
                 stopped, pending = finish(pending), None

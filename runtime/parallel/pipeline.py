@@ -301,6 +301,8 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
     dp_cp = group_size(groups.dp_cp)
     count = global_label_count(micro_batches, groups)
     ticks, msgs = _schedule_cache(pp, v, m)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    record_timeline = record_timeline and not capturing  # a replayed graph has no host-side timeline
 
     # per tick: the ops this rank posts
     tick_ops: dict[int, list] = {}
@@ -411,8 +413,11 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
             batches.append(batch)
             sends.extend((batch, tensor) for tensor in sent)
         # drop sent activations and gradients as soon as their transfer is done: holding them to the end of
-        # the step kept every micro-batch's boundary tensors alive (m x chunks of them)
-        sends = [(b, x) for b, x in sends if not b.finished()]
+        # the step kept every micro-batch's boundary tensors alive (m x chunks of them). Not while a CUDA graph
+        # captures the step: nothing has run yet, and polling a captured transfer is an error; the allocator
+        # keeps a block a side stream still reads until the capture ends anyway.
+        if not capturing:
+            sends = [(b, x) for b, x in sends if not b.finished()]
     for batch in batches:
         batch.wait()
     del sends

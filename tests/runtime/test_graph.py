@@ -28,12 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 def test_graph_is_legal_only_without_host_synchronisation():
     dense, moe = resolve_model("gpt-1.3b"), resolve_model("mixtral-8x7b")
     assert cuda_graph_violation(dense, Layout(tp=2, dp=2, sharding="optimizer+grads")) is None
-    assert "pipeline" in cuda_graph_violation(dense, Layout(pp=2))
+    assert cuda_graph_violation(dense, Layout(pp=2, vpp=2, sharding="none")) is None
     assert "split sizes" in cuda_graph_violation(moe, Layout(dp=2, ep=2))
     assert "legacy stream" in cuda_graph_violation(moe, Layout(dp=2), "h200-sxm")
     assert "fully sharded" in cuda_graph_violation(dense, Layout(dp=2, sharding="full"))
-    with pytest.raises(PlanError, match="CUDA-graph step is not possible here: the pipeline"):
-        check_layout(dense, TrainingShape(2048, 8), Layout(pp=2, sharding="none", cuda_graph=True), 2)
+    with pytest.raises(PlanError, match="CUDA-graph step is not possible here: the fully sharded"):
+        check_layout(dense, TrainingShape(2048, 8), Layout(dp=2, sharding="full", cuda_graph=True), 2)
 
 
 def test_search_turns_graphs_on_where_legal_and_on_gpus_only():
@@ -41,11 +41,11 @@ def test_search_turns_graphs_on_where_legal_and_on_gpus_only():
     prof = load_profile(None, "h200-sxm")
     plans = search(tiny_model("gpt"), shape, ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2), prof,
                    top_k=50).plans
-    assert plans and all(p.layout.cuda_graph == (p.layout.pp == 1 and p.layout.sharding != "full") for p in plans)
+    assert plans and all(p.layout.cuda_graph == (p.layout.sharding != "full") for p in plans)
     moe = search(tiny_model("gpt", num_experts=4, top_k=2), shape, ClusterSpec(gpu="h200-sxm", num_gpus=2,
                  gpus_per_node=2), prof, top_k=50).plans
     assert not any(p.layout.cuda_graph for p in moe)
-    assert any(p.layout.cuda_graph for p in plans) and any(p.layout.pp > 1 for p in plans)
+    assert any(p.layout.cuda_graph and p.layout.pp > 1 for p in plans)
     off = search(tiny_model("gpt"), shape, ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2), prof,
                  Pins(cuda_graph=False), top_k=5).plans
     assert not any(p.layout.cuda_graph for p in off)
@@ -75,18 +75,20 @@ def _losses(path: Path) -> list[float]:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("tp,sharding", [(1, "none"), (2, "none"), (1, "optimizer"), (1, "optimizer+grads")])
-def test_replayed_steps_match_eager_steps(tmp_path, tp, sharding):
-    n = 2 if (tp == 2 or sharding != "none") else 1
+@pytest.mark.parametrize("tp,pp,vpp,sharding", [(1, 1, 1, "none"), (2, 1, 1, "none"), (1, 1, 1, "optimizer"),
+                                               (1, 1, 1, "optimizer+grads"), (1, 2, 1, "none"), (1, 2, 2, "none")])
+def test_replayed_steps_match_eager_steps(tmp_path, tp, pp, vpp, sharding):
+    n = 2 if (tp == 2 or pp == 2 or sharding != "none") else 1
     if torch.cuda.device_count() < n:
         pytest.skip(f"needs {n} GPUs")
     # built by hand, not searched: the GPU machine that runs this test need not have OR-Tools
-    spec = tiny_model("llama", num_layers=2)
-    dp = n // tp
+    spec = tiny_model("llama", num_layers=4)
+    dp = n // (tp * pp)
+    stages = [StagePlan(layers=4 // (pp * vpp), selective_recompute_layers=1) for _ in range(pp * vpp)]
     plan = Plan(model=spec, cluster={"gpu": "h200-sxm", "num_gpus": n, "gpus_per_node": n},
-                training=TrainingShape(32, 8), layout=Layout(tp=tp, dp=dp, micro_batch=2, sharding=sharding,
-                                                             cuda_graph=True),
-                stages=[StagePlan(layers=2, selective_recompute_layers=1)])
+                training=TrainingShape(32, 8), layout=Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, micro_batch=2,
+                                                             sharding=sharding, cuda_graph=True),
+                stages=stages)
     assert plan.layout.cuda_graph
     for name, graph in (("graph", True), ("eager", False)):
         replace(plan, layout=replace(plan.layout, cuda_graph=graph)).save(tmp_path / f"{name}.json")
