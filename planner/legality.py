@@ -66,16 +66,19 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
     return None
 
 
+GROUPED_GEMM_GPUS = ("h200-sxm", "h100-sxm")
+"""GPU kinds where the MoE experts run as grouped GEMMs with their row counts on the device (Hopper:
+runtime/parallel/expert.py, grouped_mm_supported); elsewhere the expert loop reads the counts on the host."""
+
+
 def cuda_graph_violation(model: ModelSpec, lay: Layout, gpu: str | None = None) -> str | None:
     """Why runtime/graph.py cannot capture this layout's step on `gpu` (None: not known), or None. A captured
     step replays without the host, so nothing in it may read a GPU value on the host or depend on host-side
     scheduling."""
     if model.is_moe and lay.ep > 1:
         return "MoE routing reads the all-to-all split sizes on the host (EP > 1)"
-    if model.is_moe:
-        # EP1 on Hopper keeps the expert row counts on the device, yet its capture failed on 2x H200 (session 8,
-        # cudaErrorStreamCaptureImplicit: an operation of the MoE layer made the legacy stream wait); not found yet
-        return "an operation of the MoE layer synchronises with the legacy stream (capture fails even at EP1)"
+    if model.is_moe and gpu is not None and gpu not in GROUPED_GEMM_GPUS:
+        return f"without grouped GEMMs ({gpu}) the MoE expert loop reads its row counts on the host"
     if lay.sharding == "full":
         return "the fully sharded optimizer steps torch.optim.AdamW with a host-side learning rate"
     return None

@@ -40,6 +40,8 @@ class GraphedStep:
     def __init__(self, step_fn, opt):
         self.step_fn, self.opt = step_fn, opt
         self.eager_left = WARMUP_STEPS
+        self.stream: torch.cuda.Stream | None = None
+        """The side stream of the warm-up steps and of the capture (_on_capture_stream)."""
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_mbs: list[dict] | None = None
         self.outputs = None
@@ -53,7 +55,8 @@ class GraphedStep:
     def __call__(self, stages, micro_batches, opt, groups, lr=None, before_step=None):
         if self.graph is None and self.eager_left > 0:
             self.eager_left -= 1
-            return self.step_fn(stages, micro_batches, opt, groups, lr, before_step)
+            return self._on_capture_stream(lambda: self.step_fn(stages, micro_batches, opt, groups, lr, before_step),
+                                           micro_batches)
         if self.graph is None:
             self._capture(stages, micro_batches, groups)
         for static, mb in zip(self.static_mbs, micro_batches):
@@ -62,6 +65,24 @@ class GraphedStep:
         self.opt.prepare_step(lr)
         self.graph.replay()
         return self.outputs
+
+    def _on_capture_stream(self, fn, micro_batches):
+        """Run an eager warm-up step on the stream the capture will use. Autograd runs a parameter's gradient
+        accumulation on the stream where its AccumulateGrad node was made, and those nodes outlive a step
+        (the optimizer's hooks hold them): made on the default stream, they made the captured backward wait
+        on the legacy stream, and capture failed (the MoE layer, session 8). PyTorch's recipe: warm up on a
+        side stream."""
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        here = torch.cuda.current_stream()
+        self.stream.wait_stream(here)  # the micro-batches' copies and the previous step
+        for mb in micro_batches:       # made on `here`, read on the side stream: keep them until it is done
+            for v in mb.values():
+                v.record_stream(self.stream)
+        with torch.cuda.stream(self.stream):
+            out = fn()
+        here.wait_stream(self.stream)
+        return out
 
     def _capture(self, stages, micro_batches, groups):
         opt = self.opt
@@ -74,7 +95,7 @@ class GraphedStep:
         self.graph = torch.cuda.CUDAGraph()
         opt.captured = True
         try:
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph, stream=self.stream):
                 opt.gather_params()  # the previous step's update; the forward's pre-hooks wait for each bucket
                 self.outputs = self.step_fn(stages, self.static_mbs, opt, groups, None, None)
                 opt.wait_params()  # every side stream joins the capture before it ends

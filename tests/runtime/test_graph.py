@@ -30,7 +30,8 @@ def test_graph_is_legal_only_without_host_synchronisation():
     assert cuda_graph_violation(dense, Layout(tp=2, dp=2, sharding="optimizer+grads")) is None
     assert cuda_graph_violation(dense, Layout(pp=2, vpp=2, sharding="none")) is None
     assert "split sizes" in cuda_graph_violation(moe, Layout(dp=2, ep=2))
-    assert "legacy stream" in cuda_graph_violation(moe, Layout(dp=2), "h200-sxm")
+    assert cuda_graph_violation(moe, Layout(dp=2), "h200-sxm") is None  # EP1: grouped GEMMs, counts on the device
+    assert "expert loop" in cuda_graph_violation(moe, Layout(dp=2), "a100-80gb")
     assert "fully sharded" in cuda_graph_violation(dense, Layout(dp=2, sharding="full"))
     with pytest.raises(PlanError, match="CUDA-graph step is not possible here: the fully sharded"):
         check_layout(dense, TrainingShape(2048, 8), Layout(dp=2, sharding="full", cuda_graph=True), 2)
@@ -44,7 +45,8 @@ def test_search_turns_graphs_on_where_legal_and_on_gpus_only():
     assert plans and all(p.layout.cuda_graph == (p.layout.sharding != "full") for p in plans)
     moe = search(tiny_model("gpt", num_experts=4, top_k=2), shape, ClusterSpec(gpu="h200-sxm", num_gpus=2,
                  gpus_per_node=2), prof, top_k=50).plans
-    assert not any(p.layout.cuda_graph for p in moe)
+    assert all(p.layout.cuda_graph == (p.layout.ep == 1 and p.layout.sharding != "full") for p in moe)
+    assert any(p.layout.ep == 2 for p in moe) and any(p.layout.cuda_graph for p in moe)
     assert any(p.layout.cuda_graph and p.layout.pp > 1 for p in plans)
     off = search(tiny_model("gpt"), shape, ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2), prof,
                  Pins(cuda_graph=False), top_k=5).plans
@@ -75,14 +77,16 @@ def _losses(path: Path) -> list[float]:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("tp,pp,vpp,sharding", [(1, 1, 1, "none"), (2, 1, 1, "none"), (1, 1, 1, "optimizer"),
-                                               (1, 1, 1, "optimizer+grads"), (1, 2, 1, "none"), (1, 2, 2, "none")])
-def test_replayed_steps_match_eager_steps(tmp_path, tp, pp, vpp, sharding):
+@pytest.mark.parametrize("tp,pp,vpp,sharding,moe", [(1, 1, 1, "none", False), (2, 1, 1, "none", False),
+                                                   (1, 1, 1, "optimizer", False), (1, 1, 1, "optimizer+grads", False),
+                                                   (1, 2, 1, "none", False), (1, 2, 2, "none", False),
+                                                   (1, 1, 1, "none", True)])
+def test_replayed_steps_match_eager_steps(tmp_path, tp, pp, vpp, sharding, moe):
     n = 2 if (tp == 2 or pp == 2 or sharding != "none") else 1
     if torch.cuda.device_count() < n:
         pytest.skip(f"needs {n} GPUs")
     # built by hand, not searched: the GPU machine that runs this test need not have OR-Tools
-    spec = tiny_model("llama", num_layers=4)
+    spec = tiny_model("llama", num_layers=4, **({"num_experts": 4, "top_k": 2} if moe else {}))
     dp = n // (tp * pp)
     stages = [StagePlan(layers=4 // (pp * vpp), selective_recompute_layers=1) for _ in range(pp * vpp)]
     plan = Plan(model=spec, cluster={"gpu": "h200-sxm", "num_gpus": n, "gpus_per_node": n},
