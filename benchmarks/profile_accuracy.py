@@ -270,7 +270,7 @@ def _tp_layer_rows(world: int, device, profile_path: str) -> list[dict]:
         dist.all_reduce(tt, op=dist.ReduceOp.MAX)
         pred = _layer_prediction(prof, spec, b, s, tp=world)
         rows.append(_layer_row(name, world, b, s, float(tt[0]), float(tt[1]), pred))
-        del stage, xs, gs
+        stage = xs = gs = step = None  # free this case before the next (step closes over them)
         torch.cuda.empty_cache()
     return rows
 
@@ -329,7 +329,7 @@ def bench_layer(profile, device, out_dir, profile_path: str = "", gpus: int = 1)
         row = _layer_row(name, 1, b, s, t, tg, pred)
         errs.append(row["rel_error"])
         rows.append(row)
-        del stage, xs, gs
+        stage = xs = gs = step = None  # free this case before the next (step closes over them)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if device.type == "cuda" and gpus >= 2 and profile_path:
