@@ -380,7 +380,8 @@ class CostModel:
         last = any(j == lay.pp * lay.vpp - 1 for j, _ in rank_stages)
         root = (mem.embedding_params_local(m, lay.tp) if first else 0.0) \
             + (mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0)
-        total = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, root)
+        total = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, root) \
+            + mem.cublas_workspace_bytes(lay, self.cluster.gpu)
         acts = self.activations
         last = lay.pp * lay.vpp - 1
         # transients: a layer's backward working set, together with the gradient-reduction buffers that

@@ -12,9 +12,10 @@ norm inputs, GEMM inputs (kept sequence-sharded and re-gathered in backward), q/
 output and its log-sum-exp, the MLP activation's input and output. Selective recompute drops the norm
 outputs and the MLP activation output; full recompute keeps only the layer input.
 
-The allowance: CUDA context, cuBLAS workspaces and NCCL buffers live outside PyTorch's allocator
-(RESERVED_GIB), and the allocator fragments (FRAGMENTATION): the planner only allows
-(capacity - RESERVED_GIB) * (1 - FRAGMENTATION) of predicted peak allocated memory per GPU.
+The allowance: the CUDA context, cuDNN and NCCL buffers live outside PyTorch's allocator (RESERVED_GIB;
+cuBLAS workspaces are inside it and counted per rank, cublas_workspace_bytes), and the allocator fragments
+(FRAGMENTATION): the planner only allows (capacity - RESERVED_GIB) * (1 - FRAGMENTATION) of predicted peak
+allocated memory per GPU.
 """
 from __future__ import annotations
 
@@ -28,9 +29,23 @@ GIB = 2**30
 BF16_BYTES = 2
 FP32_BYTES = 4
 RESERVED_GIB = 2.5
-"""CUDA context (~0.6 GiB), cuBLAS/cuDNN workspaces and NCCL communicator buffers, outside the allocator."""
+"""CUDA context (~0.6 GiB), cuDNN workspaces and NCCL communicator buffers, outside the allocator."""
 FRAGMENTATION = 0.05
 """Share of the rest lost to the caching allocator's fragmentation."""
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+"""One cuBLAS workspace: PyTorch's default on sm90 (CUBLAS_WORKSPACE_CONFIG :4096:8), one per (handle, stream)
+that runs a GEMM, taken from the caching allocator (ATen's getNewWorkspace), so inside the measured peak,
+unlike the CUDA context and NCCL buffers of RESERVED_GIB."""
+
+
+def cublas_workspace_bytes(lay: Layout, gpu: str) -> float:
+    """The cuBLAS workspaces a rank holds: two for an eager step, four for a CUDA-graph step (its warm-up side
+    stream and its capture add two). Counted from measurement, not from PyTorch's code paths: on 2x H200
+    (session 8) the same 24 plans peaked 60-70 MiB higher replayed than eager, and eager runs of small models
+    70-80 MiB above this model without the term. None on CPU."""
+    if gpu == "cpu":
+        return 0.0
+    return (4 if lay.cuda_graph else 2) * CUBLAS_WORKSPACE_BYTES
 
 
 def memory_limit_bytes(capacity_gib: float) -> float:

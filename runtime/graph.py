@@ -9,8 +9,8 @@ What a replay needs, and where it comes from:
 - inputs at fixed addresses: each step's micro-batches are copied into the buffers the capture read;
 - the step's AdamW scalars (learning rate, bias corrections) in device memory: `opt.prepare_step(lr)` before
   each replay writes them where the captured update kernel reads them (runtime/parallel/adamw.py);
-- no host synchronisation inside the step: legality allows graphs only where the step has none (dense models,
-  sharding below 'full'; planner/legality.py). A pipeline step captures its whole schedule, point-to-point
+- no host synchronisation inside the step: legality allows graphs only where the step has none (no expert
+  parallelism, MoE only with grouped GEMMs, sharding below 'full'; planner/legality.py). A pipeline step captures its whole schedule, point-to-point
   transfers included; it records no action timeline while capturing, so a replayed step's bubble is not
   measured;
 - ZeRO's parameter all-gathers, which the eager step launches after the update and the next forward waits
@@ -28,6 +28,8 @@ from __future__ import annotations
 import gc
 
 import torch
+
+from planner.errors import PlanError
 
 WARMUP_STEPS = 2
 """Eager steps before the capture (NCCL communicators and Triton kernels must exist before capturing)."""
@@ -99,9 +101,10 @@ class GraphedStep:
                 opt.gather_params()  # the previous step's update; the forward's pre-hooks wait for each bucket
                 self.outputs = self.step_fn(stages, self.static_mbs, opt, groups, None, None)
                 opt.wait_params()  # every side stream joins the capture before it ends
-        except RuntimeError as exc:
-            raise RuntimeError(f"capturing the training step as a CUDA graph failed ({exc}); run the plan with "
-                               "\"cuda_graph\": false") from exc
+        except RuntimeError as exc:  # torch's CUDA errors are RuntimeErrors; the worker prints one sentence
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PlanError(f"capturing the training step as a CUDA graph failed ({first}); plan again with "
+                            "--no-cuda-graph, or set \"cuda_graph\": false in the plan's layout") from exc
         finally:
             opt.captured = False
         torch.cuda.synchronize()
