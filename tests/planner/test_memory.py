@@ -168,3 +168,17 @@ def test_memory_terms_agree_with_rank_memory(pp, vpp):
 def test_memory_limit_allowance():
     # (capacity - 2.5 GiB reserved) * 95%
     assert mem.memory_limit_bytes(80.0) == pytest.approx((80 - 2.5) * 0.95 * 2**30)
+
+
+def test_cublas_workspaces_are_counted_inside_the_allocator():
+    """32 MiB each, two per rank for an eager step and four for a CUDA-graph step, on GPUs only."""
+    model, shape, st = tiny_model("gpt"), TrainingShape(32, 4), [StagePlan(layers=4)]
+
+    def rank0(gpu, graph):
+        cm = CostModel(model, shape, Layout(micro_batch=2, sharding="none", cuda_graph=graph),
+                       ClusterSpec(gpu=gpu, num_gpus=1, gpus_per_node=1), None)
+        return cm.rank_memory_bytes(0, [(0, st[0])], 2)
+
+    assert rank0("h200-sxm", False) - rank0("cpu", False) == 2 * 32 * 2**20
+    assert rank0("h200-sxm", True) - rank0("h200-sxm", False) == 2 * 32 * 2**20
+    assert rank0("cpu", True) == rank0("cpu", False)
