@@ -223,7 +223,12 @@ class CostModel:
             # tile of each expert is not counted)
             e1f, e1b = self._gemm_fwd_bwd_s(int(routed), (2 if m.gated_mlp else 1) * f, h)
             e2f, e2b = self._gemm_fwd_bwd_s(int(routed), h, f)
-            moe_f, moe_b = (rf + e1f + e2f) * prof.eff("expert"), (rb + e1b + e2b) * prof.eff("expert")
+            # the grouped GEMMs take the local experts' weights as one stacked tensor, which
+            # runtime/parallel/expert.py (_GroupedLinear) copies together in forward and again in backward:
+            # a read and a write of every local expert weight (bf16) each way, per micro-batch
+            stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep))
+            moe_f = (rf + e1f + e2f + stack_s) * prof.eff("expert")
+            moe_b = (rb + e1b + e2b + stack_s) * prof.eff("expert")
             # dispatch and combine all-to-alls, each way in forward and again in backward
             a2a = self.group_collective_s("all_to_all", BF16 * routed * h, lay.ep, self.strides["ep"]) * prof.eff("ep")
             comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
