@@ -75,6 +75,8 @@ def cuda_graph_violation(model: ModelSpec, lay: Layout, gpu: str | None = None) 
     """Why runtime/graph.py cannot capture this layout's step on `gpu` (None: not known), or None. A captured
     step replays without the host, so nothing in it may read a GPU value on the host or depend on host-side
     scheduling."""
+    if gpu == "cpu":
+        return "CUDA graphs need a GPU (CPU runs issue the step eagerly)"
     if model.is_moe and lay.ep > 1:
         return "MoE routing reads the all-to-all split sizes on the host (EP > 1)"
     if model.is_moe and gpu is not None and gpu not in GROUPED_GEMM_GPUS:

@@ -95,7 +95,6 @@ def _pow2_upto(n: int) -> list[int]:
 def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, pins: Pins):
     """All layouts the rules allow (overlap switches on: in this cost model overlap never costs time)."""
     n = cluster.num_gpus
-    graphs = pins.cuda_graph and cluster.gpu != "cpu"  # CUDA graphs need a GPU
     tps = [pins.tp] if pins.tp else _pow2_upto(min(cluster.gpus_per_node, n))
     for tp in tps:
         cps = [pins.cp] if pins.cp else _pow2_upto(n // tp)
@@ -133,7 +132,7 @@ def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSp
                                           overlap_tp="tp" not in pins.no_overlap, overlap_dp="dp" not in pins.no_overlap,
                                           overlap_pp="pp" not in pins.no_overlap, fp8=pins.fp8)
                                 lay = Layout(**kw)
-                                if graphs and cuda_graph_violation(model, lay, cluster.gpu) is None:
+                                if pins.cuda_graph and cuda_graph_violation(model, lay, cluster.gpu) is None:
                                     lay = Layout(**kw, cuda_graph=True)  # (dataclasses.replace is 5x slower)
                                 yield lay
 

@@ -317,12 +317,13 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             numbers.copy_(torch.stack([loss.detach().float(), norm.detach().float()]), non_blocking=True)
             # queued behind the previous step: timed from that step's end, so GPU idle between the two counts
             peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-            if graphed is not None and graphed.replaying:  # a replay allocates nothing; its capture held the peak
+            replayed = graphed is not None and graphed.replaying
+            if replayed:  # a replay allocates nothing; its capture held the peak
                 peak_gib = max(peak_gib, graphed.peak_mem_gib)
             rec = _LaunchedStep(step + 1, numbers, peak_gib,
                                 wait, lr, pending.end if pending is not None else start_mark,
                                 opt_marks[0] if opt_marks else None, clock.mark(),
-                                replayed=graphed is not None and graphed.replaying)
+                                replayed=replayed)
             done = step + 1
             if pending is not None:
                 stopped, pending = finish(pending), None

@@ -390,14 +390,11 @@ class DistributedOptimizer:
                self._grad_divisor, self._step_t, scalars=self._scalars, scalars_written=use_triton(self._scalars.device))
         self._grad_divisor = None
         if not self.captured:
-            self._gather_params()
+            self.gather_params()
 
     def gather_params(self):
-        """Launch the ZeRO parameter all-gathers of the last update (a CUDA graph's replay starts with this)."""
-        self._gather_params()
-
-    def _gather_params(self):
-        """ZeRO-1/2: all-gather updated parameters, forward-order, waited for by module pre-hooks."""
+        """ZeRO-1/2: all-gather updated parameters, forward-order, waited for by module pre-hooks (after each
+        update; a CUDA graph's replay starts with this instead)."""
         for buf in self.buffers:
             if buf.n == 1 or group_size(buf.group) == 1:
                 continue
