@@ -180,7 +180,7 @@ def _traced(args, cuda: bool, fn):
         ka = prof.key_averages()
         with open(args.trace_out, "w") as fh:
             if cuda:
-                fh.write(ka.table(sort_by="self_cuda_time_total", row_limit=30) + "\n")
+                fh.write(ka.table(sort_by="self_cuda_time_total", row_limit=60, max_name_column_width=90) + "\n")
             if host:
                 fh.write(ka.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
             if cuda:
