@@ -34,6 +34,19 @@ from planner.errors import PlanError
 WARMUP_STEPS = 2
 """Eager steps before the capture (NCCL communicators and Triton kernels must exist before capturing)."""
 
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream() -> torch.cuda.Stream:
+    """One warm-up/capture stream per device for the whole process. cuBLAS keeps a 32 MiB workspace per stream
+    that ran a GEMM, for the life of the process: a new stream per GraphedStep leaked two of them per plan when
+    `plan validate` ran plans back to back, and later plans peaked up to 2 GiB above their first-run figure
+    (session 9, call n1 against n2)."""
+    dev = torch.cuda.current_device()
+    if dev not in _SIDE_STREAMS:
+        _SIDE_STREAMS[dev] = torch.cuda.Stream()
+    return _SIDE_STREAMS[dev]
+
 
 class GraphedStep:
     """Drop-in for `train_step(stages, micro_batches, opt, groups, lr, before_step)` (runtime.step or the
@@ -75,7 +88,7 @@ class GraphedStep:
         on the legacy stream, and capture failed (the MoE layer, session 8). PyTorch's recipe: warm up on a
         side stream."""
         if self.stream is None:
-            self.stream = torch.cuda.Stream()
+            self.stream = side_stream()
         here = torch.cuda.current_stream()
         self.stream.wait_stream(here)  # the micro-batches' copies and the previous step
         for mb in micro_batches:       # made on `here`, read on the side stream: keep them until it is done

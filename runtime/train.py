@@ -365,6 +365,11 @@ def _release(cuda: bool) -> None:
     gc.collect()
     if cuda:
         torch.cuda.synchronize()
+        # cuBLAS workspaces (32 MiB per stream that ran a GEMM) live until cleared: the next plan allocates its
+        # own, as in a fresh process, and its peak counts them as the planner does (planner/memory.py)
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
