@@ -7,10 +7,10 @@ bandwidth, and the communication beside them: tensor-parallel all-gather / reduc
 parallel ring's K/V passes, the expert all-to-alls. Communication that an overlapped implementation hides
 is at most the profile's hidden fraction of it and at most the compute it runs beside.
 
-Per step: the pipeline schedule (1F1B or interleaved) over the ranks' per-micro-batch times t_r with
-m micro-batches and v virtual stages, step = m * max_r t_r + (sum_r t_r - max_r t_r) / v (warm-up and
-cool-down: the bubble), then the data-parallel gradient / parameter traffic that backward and forward
-do not hide, then the optimizer step over the local parameter shard.
+Per step: the runtime's pipeline schedule (1F1B or interleaved) played with each virtual stage's forward
+and backward time and a hop time between ranks (planner/schedule.py: the warm-up and cool-down, and the
+transfers' waits, come out of the play), then the data-parallel gradient / parameter traffic that backward
+and forward do not hide, then the optimizer step over the local parameter shard.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from planner.cluster import ClusterSpec, place_group
 from planner.model import ModelSpec
 from planner.plan import Layout, Plan, Prediction, StagePlan, TrainingShape
 from planner.profile import Profile
+from planner.schedule import closed_form_s, pipeline_time_s
 
 BF16 = 2
 FP32 = 4
@@ -294,13 +295,16 @@ class CostModel:
 
     @cached_property
     def p2p_s(self) -> float:
-        """Exposed time of one activation send between pipeline stages (one direction, one micro-batch)."""
+        """One hop of the pipeline: from the end of a virtual stage's forward (backward) on one rank to the
+        start of the next (previous) stage's on another, for one micro-batch: the activation's transfer
+        (profile) times the calibrated 'pp' factor, which also carries the synchronisation around the
+        runtime's per-tick batched sends. The schedule play (planner/schedule.py) decides which hops wait.
+        With overlap_pp off the sends are not posted ahead, so the sender waits for its transfer too."""
         if self.lay.pp == 1:
             return 0.0
         nbytes = BF16 * self.tokens * self.m.hidden / self.lay.tp
-        send = self.group_collective_s("send_recv", nbytes, 2, self.strides["pp"]) * self.prof.eff("pp")
-        frac = self.prof.overlap_hidden_fraction.get("pp", 0.0)
-        return send * (1 - frac) if self.lay.overlap_pp else send
+        hop = self.group_collective_s("send_recv", nbytes, 2, self.strides["pp"]) * self.prof.eff("pp")
+        return hop if self.lay.overlap_pp else 2 * hop
 
     # -- per rank -------------------------------------------------------------------------------------
     def stage_time_s(self, j: int, st: StagePlan) -> float:
@@ -330,7 +334,17 @@ class CostModel:
             t += self.ends.embedding_s
         if j == self.lay.pp * self.lay.vpp - 1:
             t += self.ends.head_s + self.ends.head_comm_s
-        return t + 2 * self.p2p_s
+        return t
+
+    def stage_fwd_share(self, j: int, st: StagePlan) -> float:
+        """The forward's share of virtual stage j's GPU time (for the schedule play; recompute runs in the
+        backward, and the head's forward is its output GEMM, a third of its forward + backward)."""
+        L = self.layer
+        fwd = st.layers * L.fwd_s + (self.ends.embedding_s if j == 0 else 0.0)
+        if j == self.lay.pp * self.lay.vpp - 1:
+            fwd += self.ends.head_s / 3
+        gpu = self.stage_gpu_s(j, st)
+        return fwd / gpu if gpu > 0 else 0.5
 
     def stage_host_s(self, j: int, st: StagePlan) -> float:
         """Host time to issue one micro-batch through virtual stage j (profile.host; 0 without it): its
@@ -488,7 +502,10 @@ class CostModel:
         rest = local * 4 + shard * 4
         return self.prof.kernel_s("grad_accumulate", accumulate) + self.prof.kernel_s("residual_add", rest)
 
-    def predict(self, stages: list[StagePlan]) -> Prediction:
+    def predict(self, stages: list[StagePlan], play: bool = True) -> Prediction:
+        """The plan's step time, memory and breakdown. play=False times a pipeline by the schedule's closed
+        form (planner/schedule.py, closed_form_s) with every hop on the path, instead of playing the schedule:
+        the search scores its candidates that way (a play costs milliseconds) and plays the plans it keeps."""
         lay, m = self.lay, self.m
         num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
         per_rank_t, mems, dp_t, opt_t = [], [], [], []
@@ -504,7 +521,17 @@ class CostModel:
             last = any(j == lay.pp * lay.vpp - 1 for j, _ in rs)
             opt_t.append(self.optimizer_s(dense, expert, self.fused_wgrad_params(layers, last)))
         t_max = max(per_rank_t)
-        pipe = num_micro * t_max + (sum(per_rank_t) - t_max) / lay.vpp
+        if lay.pp == 1:
+            pipe = ideal = num_micro * t_max
+        else:
+            ideal = closed_form_s(per_rank_t, num_micro, lay.vpp)  # equal chunks, free hops
+            if not play:
+                pipe = closed_form_s([t + 2 * lay.vpp * self.p2p_s for t in per_rank_t], num_micro, lay.vpp)
+            else:  # the runtime's schedule, played with these stages' times (planner/schedule.py)
+                times = [self.stage_time_s(j, st) for j, st in enumerate(stages)]
+                fwd = [t * self.stage_fwd_share(j, st) for j, (t, st) in enumerate(zip(times, stages))]
+                bwd = [t - f for t, f in zip(times, fwd)]
+                pipe = pipeline_time_s(lay.pp, lay.vpp, num_micro, fwd, bwd, self.p2p_s)
         step = pipe + max(dp_t) + max(opt_t)
         # breakdown along the slowest rank
         r = per_rank_t.index(t_max)
@@ -524,8 +551,9 @@ class CostModel:
             "tp_comm": num_micro * (layers * L.comm_by_dim_s["tp"] + head_comm),
             "cp_comm": num_micro * layers * L.comm_by_dim_s["cp"],
             "ep_comm": num_micro * layers * L.comm_by_dim_s["ep"],
-            "pp_comm": num_micro * 2 * len(rs) * self.p2p_s,
-            "bubble": pipe - num_micro * t_max,
+            # what the schedule adds beyond its closed form: hops waited for, and uneven chunks' fill and drain
+            "pp_comm": max(0.0, pipe - ideal),
+            "bubble": min(pipe, ideal) - num_micro * t_max,
             "dp_comm": max(dp_t),
             "optimizer": max(opt_t),
         }

@@ -275,7 +275,7 @@ def in_flight_micro_batches(rank: int, chunk: int, lay: Layout, num_micro_batche
     """Micro-batches whose activations a virtual stage (`chunk` of pipeline `rank`) holds at the peak.
 
     1F1B: rank r runs pp - r forwards before its first backward. Interleaved (Megatron-Core's order, as
-    runtime.parallel.pipeline.rank_schedule runs it): the k-th forward runs chunk (k mod pp*v) // pp, the
+    planner.schedule.rank_schedule, which the runtime runs): the k-th forward runs chunk (k mod pp*v) // pp, the
     k-th backward chunk v - 1 - (k mod pp*v) // pp; rank r runs W = 2 (pp - r - 1) + (v - 1) pp warm-up
     forwards (all m*v of them when m == pp), then one forward and one backward at a time. The count is the
     most that chunk holds at any moment of the step (an upper bound on its share of the rank's peak; the

@@ -155,6 +155,8 @@ def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins) -> tuple[float, flo
     total = m.num_layers * (L.fwd_bwd_s + extra) + cm.ends.embedding_s + cm.ends.head_s + cm.ends.head_comm_s \
         + 2 * stages * cm.p2p_s
     avg = total / lay.pp
+    # a lower bound of the score the search ranks candidates by (CostModel.predict(play=False), the
+    # schedule's closed form), not of the played schedule: with uneven stages a play can come in under it
     pipe = (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * avg
     # data-parallel traffic and optimizer at the average rank
     bound_layers = max(m.num_layers // stages, 1) * lay.vpp
@@ -386,7 +388,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
             stages = stages_res.stages
         if stages is None:
             continue
-        step = c.cost.predict(stages).step_s
+        step = c.cost.predict(stages, play=False).step_s
         scored.append((step, c, stages))
         scored.sort(key=lambda x: x[0])
         if len(scored) >= top_k:
@@ -401,7 +403,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
         stats.cpsat_variables += 3 * c.layout.num_virtual_stages
         proven = res.proven_optimal
         if res.stages is not None:
-            s2 = c.cost.predict(res.stages).step_s
+            s2 = c.cost.predict(res.stages, play=False).step_s
             if s2 < step:
                 step, stages = s2, res.stages
         stats.proven_optimal += int(proven)
@@ -413,12 +415,16 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     if not refined:
         raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit)
     plans = []
-    for step, c, stages, proven in refined[:top_k]:
-        pred = c.cost.predict(stages)
+    for step, c, stages, proven in refined[:top_k + refine]:
+        pred = c.cost.predict(stages)  # the schedule played: the figure the plan reports and is ranked by
         if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
             continue  # the solver rounds memory up and never allows this; kept as a guard
         plans.append(Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
-                          prediction=pred, provenance=plan_provenance(profile, lay.fp8)))
+                          prediction=pred, provenance=plan_provenance(profile, c.layout.fp8)))
+    plans.sort(key=lambda p: p.prediction.step_s)
+    plans = plans[:top_k]
+    if not plans:
+        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit)
     best = plans[0].prediction.step_s
     stats.gap_to_bound = max(0.0, best / unsettled_bound - 1) if unsettled_bound < math.inf and best > unsettled_bound else 0.0
     return SearchResult(plans=plans, stats=stats)

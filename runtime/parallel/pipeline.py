@@ -27,28 +27,23 @@ send/recv order deadlock even for pp = 2, where both directions share one pair),
 before they are needed and sends right after the producing compute, and a rank waits only on the receive
 an action consumes, so transfers overlap compute on both sides.
 
-Analytic step time (the planner's model, what `analytic_step_time` returns): with t_r the fwd+bwd time of
-one micro-batch on pipeline rank r (all its chunks together), m micro-batches and v virtual stages per rank,
-
-    step = m * max_r t_r + (sum_r t_r - max_r t_r) / v
-
-and bubble fraction = 1 - m * max_r t_r / step. Where the real timeline differs: (1) the model takes
-point-to-point transfers as free and fully hidden; (2) with v > 1 and m == pp every forward is warm-up
-(GPipe order), so peak activation memory is m * v chunks but the time is still the formula's; (3) with
-non-uniform stages the fill and drain are paced by the actual neighbours, not by the mean, so the bubble
-can be up to (pp - 1) * (max_r t_r - mean) / v longer or shorter; (4) forward and backward are not of
-equal length, which the 1F1B order absorbs exactly for v == 1 and up to one chunk's forward for v > 1.
+Step time in the planner: planner/schedule.py plays these same action lists (`rank_schedule` lives there,
+one order for both) with each virtual stage's forward and backward time and a hop time between ranks. Its
+closed form, `analytic_step_time` here, m * max_r t_r + (sum_r t_r - max_r t_r) / v, is what that play gives
+for equal stages and free transfers; until session 9 it was the planner's model, and replayed interleaved
+steps measured 10-17% above it (uneven chunks pace the fill and drain, and the hops wait: the per-tick
+batches serialise on the NCCL stream). The planner now plays the schedule, and calibration fits the hop.
 `measured_bubble_fraction(timelines)` measures the same quantity from the recorded action start/end
 times: 1 - (busy time of the busiest rank) / (span of the step from its first action to its last).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from planner.schedule import closed_form_s, rank_schedule  # the one schedule order (planner and runtime)
 from runtime.parallel.tensor import group_size
 
 __all__ = ["build_pipeline_stages", "stage_layer_ranges", "rank_schedule", "simulate", "train_step",
@@ -88,38 +83,6 @@ def build_pipeline_stages(spec, groups, stage_plans, overlap: bool = True, devic
 
 # ------------------------------------------------------------------------------------------------
 # the schedule
-
-@dataclass(frozen=True)
-class Action:
-    kind: str   # "F" or "B"
-    chunk: int
-    mb: int
-
-
-def rank_schedule(pp: int, v: int, m: int, rank: int) -> list[Action]:
-    """The ordered forward/backward actions of one pipeline rank (see module docstring)."""
-    if v > 1 and m % pp:
-        raise ValueError(f"interleaved 1F1B needs micro-batches ({m}) divisible by PP {pp}")
-    total = m * v
-
-    def f(k):
-        return Action("F", (k % (pp * v)) // pp, (k // (pp * v)) * pp + k % pp)
-
-    def b(k):
-        return Action("B", v - 1 - (k % (pp * v)) // pp, (k // (pp * v)) * pp + k % pp)
-
-    if v == 1:
-        warm = min(pp - rank - 1, m)
-    elif m == pp:
-        warm = total
-    else:
-        warm = min(2 * (pp - rank - 1) + (v - 1) * pp, total)
-    acts = [f(k) for k in range(warm)]
-    for i in range(total - warm):
-        acts += [f(warm + i), b(i)]
-    acts += [b(k) for k in range(total - warm, total)]
-    return acts
-
 
 def simulate(pp: int, v: int, m: int):
     """Unit-time execution of every rank's schedule. Returns (ticks, messages):
@@ -161,8 +124,8 @@ def simulate(pp: int, v: int, m: int):
 
 
 def analytic_step_time(t_r: list[float], m: int, v: int) -> float:
-    """The planner's pipeline model: m * max t_r + (sum t_r - max t_r) / v."""
-    return m * max(t_r) + (sum(t_r) - max(t_r)) / v
+    """The schedule's closed form, m * max t_r + (sum t_r - max t_r) / v (planner/schedule.py)."""
+    return closed_form_s(t_r, m, v)
 
 
 def analytic_bubble_fraction(t_r: list[float], m: int, v: int) -> float:

@@ -1,0 +1,143 @@
+"""Pipeline schedules (1F1B and interleaved 1F1B) and how long one step of them takes with real durations.
+
+The order of actions is the runtime's (runtime/parallel/pipeline.py runs exactly `rank_schedule`), so the
+planner times the schedule that runs, not an idealised one. `pipeline_time_s` plays every rank's action list
+in order: an action starts when its rank is free and its inputs exist, an input made on another rank
+arriving `hop_s` after its producer finished (the point-to-point transfer and the synchronisation around
+it). Why not the closed form m * max_r t_r + (sum_r t_r - max_r t_r) / v that the planner used before
+session 9: it takes transfers as free and every chunk as the rank's average, and a replayed interleaved
+step measured 10-17% slower than it (benchmarks/results/README.md, session 9). The closed form stays as the
+search's lower bound (planner/search.py).
+
+Cost: a step of m micro-batches is played for m_sim = 6 pp micro-batches and for m_sim + pp, and extended
+linearly beyond (the steady state repeats every pp micro-batches; with uneven stages the fill's transient
+can last longer, and the extension was within 0.5% of playing every micro-batch in tests/planner/test_schedule.py),
+so a plan with 512 micro-batches costs about what one with 16 does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+SIM_MICRO_BATCHES_PER_RANK = 6
+"""A step is played for this many micro-batches per pipeline rank, and one round more, then extended."""
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str   # "F" or "B"
+    chunk: int  # this rank's chunk; virtual stage j = chunk * pp + rank
+    mb: int
+
+
+def rank_schedule(pp: int, v: int, m: int, rank: int) -> list[Action]:
+    """The ordered forward/backward actions of one pipeline rank (Megatron-LM's order).
+
+    v == 1 (1F1B): warm-up of min(pp - rank - 1, m) forwards, then one forward and one backward at a time,
+    then the remaining backwards. v > 1 (interleaved, m % pp == 0): the k-th forward runs chunk
+    (k mod pp*v) // pp on micro-batch (k // (pp*v)) * pp + k mod pp, the k-th backward the chunks in
+    reverse order; warm-up of min(2 (pp - rank - 1) + (v - 1) pp, m v) forwards (all of them when m == pp)."""
+    if v > 1 and m % pp:
+        raise ValueError(f"interleaved 1F1B needs micro-batches ({m}) divisible by PP {pp}")
+    total = m * v
+
+    def f(k):
+        return Action("F", (k % (pp * v)) // pp, (k // (pp * v)) * pp + k % pp)
+
+    def b(k):
+        return Action("B", v - 1 - (k % (pp * v)) // pp, (k // (pp * v)) * pp + k % pp)
+
+    if v == 1:
+        warm = min(pp - rank - 1, m)
+    elif m == pp:
+        warm = total
+    else:
+        warm = min(2 * (pp - rank - 1) + (v - 1) * pp, total)
+    acts = [f(k) for k in range(warm)]
+    for i in range(total - warm):
+        acts += [f(warm + i), b(i)]
+    acts += [b(k) for k in range(total - warm, total)]
+    return acts
+
+
+@lru_cache(maxsize=256)
+def _program(pp: int, v: int, m: int) -> tuple[tuple[tuple, ...], ...]:
+    """Per rank, per action: (key, virtual stage, kind index, dependency keys, whether each dependency
+    is on another rank). Keys index a flat finish-time table: (kind * V + j) * m + mb."""
+    V = pp * v
+
+    def key(kind: int, j: int, mb: int) -> int:
+        return (kind * V + j) * m + mb
+
+    out = []
+    for r in range(pp):
+        prog = []
+        for a in rank_schedule(pp, v, m, r):
+            j = a.chunk * pp + r
+            if a.kind == "F":
+                deps = ((key(0, j - 1, a.mb), (j - 1) % pp != r),) if j > 0 else ()
+                prog.append((key(0, j, a.mb), j, 0, deps))
+            else:
+                deps = ((key(0, j, a.mb), False),)
+                if j < V - 1:
+                    deps += ((key(1, j + 1, a.mb), (j + 1) % pp != r),)
+                prog.append((key(1, j, a.mb), j, 1, deps))
+        out.append(tuple(prog))
+    return tuple(out)
+
+
+def _play(pp: int, v: int, m: int, fwd_s, bwd_s, hop_s: float) -> float:
+    """Span of one step with exactly m micro-batches (every action played)."""
+    prog = _program(pp, v, m)
+    dur = (fwd_s, bwd_s)
+    finish = [-1.0] * (2 * pp * v * m)
+    pos, free = [0] * pp, [0.0] * pp
+    left = sum(len(p) for p in prog)
+    while left:
+        moved = False
+        for r in range(pp):
+            p, i = prog[r], pos[r]
+            while i < len(p):
+                k, j, kind, deps = p[i]
+                start = free[r]
+                ready = True
+                for dk, remote in deps:
+                    t = finish[dk]
+                    if t < 0:
+                        ready = False
+                        break
+                    t += hop_s if remote else 0.0
+                    if t > start:
+                        start = t
+                if not ready:
+                    break
+                finish[k] = free[r] = start + dur[kind][j]
+                i += 1
+                left -= 1
+                moved = True
+            pos[r] = i
+        if not moved:
+            raise RuntimeError("pipeline schedule cannot make progress (deadlock in the action order)")
+    return max(free)
+
+
+def pipeline_time_s(pp: int, v: int, m: int, fwd_s: list[float], bwd_s: list[float], hop_s: float = 0.0) -> float:
+    """Seconds from the first forward to the last backward of one step: pp ranks, v chunks per rank, m
+    micro-batches; fwd_s[j] / bwd_s[j] one micro-batch's forward / backward through virtual stage j (model
+    order, j = chunk * pp + rank); hop_s the delay of an activation or gradient between two ranks."""
+    if len(fwd_s) != pp * v or len(bwd_s) != pp * v:
+        raise ValueError(f"need {pp * v} stage durations, got {len(fwd_s)} and {len(bwd_s)}")
+    fwd_s, bwd_s = tuple(fwd_s), tuple(bwd_s)
+    m_sim = SIM_MICRO_BATCHES_PER_RANK * pp
+    if m <= m_sim + pp:
+        return _play(pp, v, m, fwd_s, bwd_s, hop_s)
+    a = _play(pp, v, m_sim, fwd_s, bwd_s, hop_s)
+    b = _play(pp, v, m_sim + pp, fwd_s, bwd_s, hop_s)
+    return b + (b - a) * (m - m_sim - pp) / pp
+
+
+def closed_form_s(per_rank_s: list[float], m: int, v: int) -> float:
+    """The idealised interleaved-1F1B span (free transfers, every chunk the rank's average):
+    m * max t_r + (sum t_r - max t_r) / v. A lower bound for the search, and the tests' reference."""
+    return m * max(per_rank_s) + (sum(per_rank_s) - max(per_rank_s)) / v
