@@ -2,6 +2,7 @@
 rows renumbered, for `plan calibrate` and benchmarks/validation_report.py.
 
     python benchmarks/merge_validation.py OUT_DIR RUN_DIR [RUN_DIR ...]   # writes OUT_DIR/all.csv, all.plans.jsonl
+    python benchmarks/merge_validation.py OUT_DIR RUN_DIR ... --models llama-1b-gqa,bert-large   # those models' rows only
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 
-def merge(out_dir: Path, run_dirs: list[Path]) -> int:
+def merge(out_dir: Path, run_dirs: list[Path], models: set[str] | None = None) -> int:
     rows, plans, header = [], [], None
     for d in run_dirs:
         with open(d / "validation.csv", newline="") as fh:
@@ -25,6 +26,8 @@ def merge(out_dir: Path, run_dirs: list[Path]) -> int:
         for i, row in enumerate(these, start=1):
             if i not in by_row:
                 raise SystemExit(f"error: {d} has no plan for row {i}")
+            if models is not None and row["model"] not in models:
+                continue
             rows.append(row)
             plans.append({**by_row[i], "row": len(rows)})
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -41,7 +44,15 @@ def merge(out_dir: Path, run_dirs: list[Path]) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
+    args = sys.argv[1:]
+    models = None
+    if "--models" in args:
+        i = args.index("--models")
+        if i + 1 >= len(args):
+            raise SystemExit("error: --models needs a comma-separated list of model names")
+        models = set(args[i + 1].split(","))
+        del args[i:i + 2]
+    if len(args) < 2:
         raise SystemExit(__doc__)
-    n = merge(Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]])
-    print(f"merged {n} rows into {sys.argv[1]}/all.csv and all.plans.jsonl")
+    n = merge(Path(args[0]), [Path(p) for p in args[1:]], models)
+    print(f"merged {n} rows into {args[0]}/all.csv and all.plans.jsonl")

@@ -195,8 +195,8 @@ def with_overlap(profile, fractions: dict, efficiency: dict | None = None):
     return new
 
 
-EFFICIENCY_GRID = [round(2 ** (i / 8), 4) for i in range(-16, 25)]
-"""Candidate factors, 0.25x to 8x in steps of 2^(1/8) (9%)."""
+EFFICIENCY_GRID = [round(2 ** (i / 8), 4) for i in range(-16, 33)]
+"""Candidate factors, 0.25x to 16x in steps of 2^(1/8) (9%) (the pipeline hop came out near 8x in session 9)."""
 
 
 def sensitive_terms(runs: list[Run], profile) -> list[str]:

@@ -11,7 +11,7 @@ STEPS="${STEPS:-6}"
 WARMUP="${WARMUP:-2}"
 PLAN_TIMEOUT="${PLAN_TIMEOUT:-45}"
 OUT="${OUT:-$HERE/out}"
-export PLAN_COMMIT="${PLAN_COMMIT:-c5fdfde}"
+export PLAN_COMMIT="${PLAN_COMMIT:-0b7710e}"
 PY="${PYTHON:-python}"
 mkdir -p "$OUT"
 PROFILE_ARGS=()

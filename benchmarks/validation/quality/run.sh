@@ -11,7 +11,7 @@ STEPS="${STEPS:-6}"
 WARMUP="${WARMUP:-2}"
 PLAN_TIMEOUT="${PLAN_TIMEOUT:-45}"
 OUT="${OUT:-$HERE/out}"
-export PLAN_COMMIT="${PLAN_COMMIT:-93795a0}"
+export PLAN_COMMIT="${PLAN_COMMIT:-0b7710e}"
 PY="${PYTHON:-python}"
 mkdir -p "$OUT"
 PROFILE_ARGS=()
@@ -19,41 +19,41 @@ if [ -n "${PROFILE:-}" ]; then PROFILE_ARGS=(--profile "$PROFILE"); fi
 echo "# sweep of 100 plans, device $DEVICE, commit $PLAN_COMMIT, $(date -u +%FT%TZ)" >> "$OUT/validation.log"
 "$PY" -m runtime.validate \
     "$HERE/plans/q-gpt-1.3b-r01-tp1-pp1-dp2-graph-mb4-optimizer.json" \
-    "$HERE/plans/q-gpt-1.3b-r02-tp1-pp2x8v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r03-tp1-pp2x7v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r04-tp1-pp1-dp2-graph-mb4-optimizer+grads.json" \
-    "$HERE/plans/q-gpt-1.3b-r05-tp1-pp2x6v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r06-tp1-pp1-dp2-graph-mb2-optimizer.json" \
-    "$HERE/plans/q-gpt-1.3b-r07-tp1-pp2x5v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r08-tp1-pp2x8v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r09-tp1-pp2x7v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r10-tp1-pp1-dp1-cp2-graph-mb8-optimizer.json" \
-    "$HERE/plans/q-gpt-1.3b-r11-tp1-pp2x6v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r12-tp1-pp1-dp2-mb4-full.json" \
-    "$HERE/plans/q-gpt-1.3b-r13-tp1-pp2x5v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r14-tp1-pp2x4v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r15-tp1-pp2x4v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r16-tp1-pp1-dp1-cp2-graph-mb8-optimizer+grads.json" \
-    "$HERE/plans/q-gpt-1.3b-r17-tp1-pp2x3v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r18-tp1-pp1-dp1-cp2-graph-mb4-optimizer.json" \
-    "$HERE/plans/q-gpt-1.3b-r19-tp1-pp2x3v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r20-tp1-pp2x2v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r21-tp2-pp1-dp1-graph-mb8-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r22-tp1-pp1-dp2-graph-mb2-optimizer+grads.json" \
-    "$HERE/plans/q-gpt-1.3b-r23-tp1-pp2x2v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r24-tp1-pp1-dp2-graph-mb1-optimizer.json" \
-    "$HERE/plans/q-gpt-1.3b-r25-tp1-pp2x8v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r26-tp1-pp2x7v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r27-tp1-pp2x6v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r28-tp1-pp2x5v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r29-tp1-pp2x4v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r30-tp2-pp1-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r31-tp1-pp1-dp1-cp2-graph-mb4-optimizer+grads.json" \
-    "$HERE/plans/q-gpt-1.3b-r32-tp1-pp2x3v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r33-tp1-pp2x2v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r34-tp1-pp2-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-gpt-1.3b-r35-tp1-pp1-dp1-cp2-graph-mb2-optimizer.json" \
-    "$HERE/plans/q-gpt-1.3b-r36-tp1-pp2-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r02-tp1-pp1-dp2-graph-mb4-optimizer+grads.json" \
+    "$HERE/plans/q-gpt-1.3b-r03-tp1-pp1-dp2-graph-mb2-optimizer.json" \
+    "$HERE/plans/q-gpt-1.3b-r04-tp1-pp1-dp1-cp2-graph-mb8-optimizer.json" \
+    "$HERE/plans/q-gpt-1.3b-r05-tp1-pp1-dp2-mb4-full.json" \
+    "$HERE/plans/q-gpt-1.3b-r06-tp1-pp1-dp1-cp2-graph-mb8-optimizer+grads.json" \
+    "$HERE/plans/q-gpt-1.3b-r07-tp1-pp2x4v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r08-tp1-pp2x6v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r09-tp1-pp1-dp1-cp2-graph-mb4-optimizer.json" \
+    "$HERE/plans/q-gpt-1.3b-r10-tp1-pp2x3v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r11-tp1-pp2x6v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r12-tp1-pp2x2v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r13-tp1-pp2x4v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r14-tp2-pp1-dp1-graph-mb8-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r15-tp1-pp2x7v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r16-tp1-pp1-dp2-graph-mb2-optimizer+grads.json" \
+    "$HERE/plans/q-gpt-1.3b-r17-tp1-pp2x8v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r18-tp1-pp2x7v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r19-tp1-pp2x8v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r20-tp1-pp2x5v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r21-tp1-pp2x3v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r22-tp1-pp2x5v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r23-tp1-pp1-dp2-graph-mb1-optimizer.json" \
+    "$HERE/plans/q-gpt-1.3b-r24-tp1-pp2x4v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r25-tp1-pp2x6v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r26-tp1-pp2x3v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r27-tp2-pp1-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r28-tp1-pp1-dp1-cp2-graph-mb4-optimizer+grads.json" \
+    "$HERE/plans/q-gpt-1.3b-r29-tp1-pp2x2v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r30-tp1-pp2-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r31-tp1-pp2x2v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r32-tp1-pp1-dp1-cp2-graph-mb2-optimizer.json" \
+    "$HERE/plans/q-gpt-1.3b-r33-tp1-pp2-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r34-tp1-pp2x5v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r35-tp1-pp2x7v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-gpt-1.3b-r36-tp1-pp2x8v-dp1-graph-mb1-none.json" \
     "$HERE/plans/q-gpt-1.3b-r37-tp2-pp1-dp1-graph-mb2-none.json" \
     "$HERE/plans/q-gpt-1.3b-r38-tp1-pp2-dp1-graph-mb4-none.json" \
     "$HERE/plans/q-gpt-1.3b-r39-tp1-pp1-dp2-graph-mb1-optimizer+grads.json" \
@@ -73,36 +73,36 @@ echo "# sweep of 100 plans, device $DEVICE, commit $PLAN_COMMIT, $(date -u +%FT%
     "$HERE/plans/q-llama-1b-gqa-r03-tp1-pp1-dp2-graph-mb4-optimizer+grads.json" \
     "$HERE/plans/q-llama-1b-gqa-r04-tp1-pp1-dp2-graph-mb2-optimizer.json" \
     "$HERE/plans/q-llama-1b-gqa-r05-tp1-pp1-dp1-cp2-graph-mb8-optimizer+grads.json" \
-    "$HERE/plans/q-llama-1b-gqa-r06-tp1-pp2x8v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r07-tp1-pp1-dp1-cp2-graph-mb4-optimizer.json" \
-    "$HERE/plans/q-llama-1b-gqa-r08-tp1-pp2x7v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r09-tp1-pp2x6v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r10-tp1-pp2x8v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r11-tp1-pp2x7v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r12-tp1-pp2x5v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r13-tp1-pp2x6v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r14-tp1-pp2x5v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r15-tp1-pp2x4v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r16-tp1-pp2x4v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r17-tp1-pp2x3v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r18-tp1-pp2x3v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r19-tp1-pp2x2v-dp1-graph-mb2-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r20-tp1-pp1-dp2-graph-mb2-optimizer+grads.json" \
-    "$HERE/plans/q-llama-1b-gqa-r21-tp2-pp1-dp1-graph-mb8-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r22-tp1-pp1-dp2-graph-mb1-optimizer.json" \
-    "$HERE/plans/q-llama-1b-gqa-r23-tp1-pp1-dp1-cp2-graph-mb4-optimizer+grads.json" \
-    "$HERE/plans/q-llama-1b-gqa-r24-tp1-pp1-dp1-cp2-graph-mb2-optimizer.json" \
+    "$HERE/plans/q-llama-1b-gqa-r06-tp1-pp1-dp1-cp2-graph-mb4-optimizer.json" \
+    "$HERE/plans/q-llama-1b-gqa-r07-tp1-pp2x8v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r08-tp1-pp2x8v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r09-tp1-pp2x4v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r10-tp1-pp2x5v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r11-tp1-pp2x6v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r12-tp1-pp2x7v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r13-tp1-pp2x3v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r14-tp1-pp2x7v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r15-tp1-pp2x2v-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r16-tp1-pp1-dp2-graph-mb2-optimizer+grads.json" \
+    "$HERE/plans/q-llama-1b-gqa-r17-tp2-pp1-dp1-graph-mb8-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r18-tp1-pp1-dp2-graph-mb1-optimizer.json" \
+    "$HERE/plans/q-llama-1b-gqa-r19-tp1-pp2x4v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r20-tp1-pp1-dp1-cp2-graph-mb4-optimizer+grads.json" \
+    "$HERE/plans/q-llama-1b-gqa-r21-tp1-pp2x8v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r22-tp1-pp1-dp1-cp2-graph-mb2-optimizer.json" \
+    "$HERE/plans/q-llama-1b-gqa-r23-tp1-pp2x4v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r24-tp1-pp2x5v-dp1-graph-mb1-none.json" \
     "$HERE/plans/q-llama-1b-gqa-r25-tp1-pp2x6v-dp1-graph-mb1-none.json" \
     "$HERE/plans/q-llama-1b-gqa-r26-tp1-pp2x7v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r27-tp1-pp2x5v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r28-tp1-pp2x8v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r29-tp1-pp2x4v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r30-tp1-pp2x2v-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r31-tp1-pp1-dp2-mb4-full.json" \
-    "$HERE/plans/q-llama-1b-gqa-r32-tp1-pp2x3v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r33-tp2-pp1-dp1-graph-mb4-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r34-tp1-pp2x2v-dp1-graph-mb1-none.json" \
-    "$HERE/plans/q-llama-1b-gqa-r35-tp1-pp2-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r27-tp1-pp1-dp2-mb4-full.json" \
+    "$HERE/plans/q-llama-1b-gqa-r28-tp1-pp2x3v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r29-tp2-pp1-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r30-tp1-pp2x5v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r31-tp1-pp2x2v-dp1-graph-mb1-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r32-tp1-pp2x6v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r33-tp1-pp2-dp1-graph-mb2-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r34-tp1-pp2x2v-dp1-graph-mb4-none.json" \
+    "$HERE/plans/q-llama-1b-gqa-r35-tp1-pp2x3v-dp1-graph-mb4-none.json" \
     "$HERE/plans/q-llama-1b-gqa-r36-tp1-pp2-dp1-graph-mb1-none.json" \
     "$HERE/plans/q-llama-1b-gqa-r37-tp2-pp1-dp1-graph-mb2-none.json" \
     "$HERE/plans/q-llama-1b-gqa-r38-tp1-pp2-dp1-graph-mb4-none.json" \
