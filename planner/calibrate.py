@@ -404,12 +404,10 @@ def main(argv=None) -> int:
     parts = list(prov.get("parts", []))
     if changed:
         parts.append({"part": "overlap_hidden_fraction " + ", ".join(changed),
-                      "status": f"calibrated on {len(cal)} measured runs of {results.name} "
-                                f"(rows {','.join(str(r.row) for r in cal)})"})
+                      "status": f"calibrated on {len(cal)} measured runs of {results} (rows: provenance.calibrations)"})
     if eff_changed:
         parts.append({"part": "efficiency " + ", ".join(eff_changed),
-                      "status": f"calibrated on {len(cal)} measured runs of {results.name} "
-                                f"(rows {','.join(str(r.row) for r in cal)})"})
+                      "status": f"calibrated on {len(cal)} measured runs of {results} (rows: provenance.calibrations)"})
     prov["parts"] = parts
     new.provenance = prov
     new.save(out)

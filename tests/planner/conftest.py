@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def profile():
-    return load_profile(None, "h200-sxm")
+    return load_profile("h200-sxm", "h200-sxm")
 
 
 def run_cli(*args, cwd=None, timeout=120):

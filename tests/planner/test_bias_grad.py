@@ -27,7 +27,7 @@ def _bwd(spec, lay, prof):
 @pytest.mark.parametrize("tp", [1, 2])
 def test_gpt_backward_pays_four_bias_sums_by_hand(tp):
     spec, lay = resolve_model("gpt-1.3b"), Layout(tp=tp, micro_batch=2, sharding="none")
-    base = load_profile(None, "h200-sxm")
+    base = load_profile("h200-sxm", "h200-sxm")
     slow, fast = _with_bias_rate(base, 1e12), _with_bias_rate(base, 2e12)
     T, h, f = 2 * 2048, spec.hidden, spec.ffn_hidden
     qkv = (spec.q_width + 2 * spec.kv_width) // tp
@@ -38,5 +38,5 @@ def test_gpt_backward_pays_four_bias_sums_by_hand(tp):
 
 def test_llama_has_no_bias_sums():
     spec, lay = resolve_model("llama3-8b"), Layout(micro_batch=1, sharding="none")
-    base = load_profile(None, "h200-sxm")
+    base = load_profile("h200-sxm", "h200-sxm")
     assert _bwd(spec, lay, _with_bias_rate(base, 1e12)) == _bwd(spec, lay, _with_bias_rate(base, 2e12))

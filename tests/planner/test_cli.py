@@ -104,11 +104,13 @@ def test_planner_never_imports_torch():
 
 
 def test_no_overlap_pin_reaches_the_plan_and_costs_time():
-
-    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--tp", "2", "--dp", "4", "--json")
+    # the measured profile: its overlap fractions hide some TP and DP traffic (the calibrated default found
+    # none hidden beyond what its efficiency factors carry, so there overlap off predicts the same time)
+    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--tp", "2", "--dp", "4", "--json", "--profile", "h200-sxm")
     assert rc == 0, err
     on = json.loads(out)["plans"][0]
-    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--tp", "2", "--dp", "4", "--json", "--no-overlap", "tp,dp")
+    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--tp", "2", "--dp", "4", "--json", "--no-overlap", "tp,dp",
+                           "--profile", "h200-sxm")
     assert rc == 0, err
     off = json.loads(out)["plans"][0]
     assert (off["layout"]["overlap_tp"], off["layout"]["overlap_dp"], off["layout"]["overlap_pp"]) == (False, False, True)

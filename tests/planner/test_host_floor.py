@@ -16,7 +16,7 @@ HOST = HostOverheads(layer_s={"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3}
 
 
 def _cm(lay, host=HOST, seq=2048, gb=8, model="gpt-1.3b"):
-    prof = replace(load_profile(None, "h200-sxm"), host=host)
+    prof = replace(load_profile("h200-sxm", "h200-sxm"), host=host)
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=lay.world_size, gpus_per_node=lay.world_size)
     spec = resolve_model(model) if isinstance(model, str) else model
     return CostModel(spec, TrainingShape(seq, gb), lay, cluster, prof)
@@ -58,7 +58,7 @@ def test_stage_time_is_the_larger_of_gpu_and_host():
 
 
 def test_profile_roundtrip_and_corrupt_host():
-    prof = replace(load_profile(None, "h200-sxm"), host=HOST)
+    prof = replace(load_profile("h200-sxm", "h200-sxm"), host=HOST)
     back = Profile.from_dict(prof.to_dict())
     assert back.host == HOST
     d = prof.to_dict()
@@ -75,7 +75,7 @@ def test_family_base_replaces_the_default():
     assert gpt.stage_host_s(0, st) == pytest.approx(4 * 5e-4)
     llama = _cm(Layout(micro_batch=1, sharding="none"), host=fam, model="llama3-8b")
     assert llama.stage_host_s(0, st) == pytest.approx(4 * HOST.layer_s["none"])  # no llama entry: the default
-    assert Profile.from_dict(replace(load_profile(None, "h200-sxm"), host=fam).to_dict()).host == fam
+    assert Profile.from_dict(replace(load_profile("h200-sxm", "h200-sxm"), host=fam).to_dict()).host == fam
 
 
 def test_moe_expert_host_time_adds_to_the_gpu_time_only_under_ep():
@@ -108,7 +108,7 @@ def test_layer_check_takes_the_host_floor_as_the_planner_does():
     from profile_accuracy import _layer_prediction
 
     slow_host = HostOverheads(layer_s={"none": 1.0}, tp_extra_s={"none": 0.5})  # seconds: far above any GPU time
-    prof = replace(load_profile(None, "h200-sxm"), host=slow_host)
+    prof = replace(load_profile("h200-sxm", "h200-sxm"), host=slow_host)
     pred = _layer_prediction(prof, resolve_model("gpt-1.3b"), 4, 2048, tp=2)
     assert pred["host_s"] == pytest.approx(1.5) and pred["total_s"] == pytest.approx(1.5)
     assert pred["gpu_s"] < 0.1
@@ -130,10 +130,10 @@ def test_plan_provenance_carries_the_profile_warning():
 
     # session 4's shipped probe had llama's selective (5.1 ms) above its full recompute (3.8 ms)
     noisy = replace(HOST, family_layer_s={"llama": {"none": 2.3e-3, "selective": 5.1e-3, "full": 3.8e-3}})
-    prov = plan_provenance(replace(load_profile(None, "h200-sxm"), host=noisy))
+    prov = plan_provenance(replace(load_profile("h200-sxm", "h200-sxm"), host=noisy))
     assert any("llama" in w and "recompute order" in w for w in prov["profile_warnings"])
-    assert plan_provenance(replace(load_profile(None, "h200-sxm"), host=HOST))["profile_warnings"] == []
-    clean = replace(load_profile(None, "h200-sxm"), host=None)
+    assert plan_provenance(replace(load_profile("h200-sxm", "h200-sxm"), host=HOST))["profile_warnings"] == []
+    clean = replace(load_profile("h200-sxm", "h200-sxm"), host=None)
     assert plan_provenance(clean)["profile_warnings"] == []
 
 
@@ -154,4 +154,4 @@ def test_plans_without_a_data_parallel_group_drop_the_reduction_host_time():
     # no single-rank figure for llama: nothing taken off; and the fields survive the JSON round trip
     llama = _cm(Layout(micro_batch=1, sharding="none"), host=fam, model="llama3-8b")
     assert llama.stage_host_s(0, StagePlan(layers=2)) == pytest.approx(2 * HOST.layer_s["none"] + HOST.ends_s)
-    assert Profile.from_dict(replace(load_profile(None, "h200-sxm"), host=fam).to_dict()).host == fam
+    assert Profile.from_dict(replace(load_profile("h200-sxm", "h200-sxm"), host=fam).to_dict()).host == fam

@@ -68,3 +68,10 @@ def test_unreadable_plan_files(tmp_path):
     p.write_text("{broken")
     with pytest.raises(PlanError, match="is not readable JSON"):
         Plan.load(p)
+
+
+def test_the_default_profile_is_the_calibrated_one_where_it_ships():
+    from planner.profile import default_profile_path, load_profile, shipped_profile_path
+    assert default_profile_path("h200-sxm") == shipped_profile_path("h200-sxm-calibrated")
+    assert load_profile(None, "h200-sxm").provenance.get("calibrations")
+    assert default_profile_path("h100-sxm") == shipped_profile_path("h100-sxm")  # no calibrated one ships

@@ -58,3 +58,4 @@ def test_bad_input():
         rank_schedule(2, 2, 3, 0)
     with pytest.raises(ValueError, match="stage durations"):
         pipeline_time_s(2, 2, 4, [1.0] * 3, [1.0] * 4)
+

@@ -209,7 +209,7 @@ def test_planner_prices_fp8_and_says_it_is_modelled(tmp_path):
     from planner.profile import FP8_GEMM_SPEEDUP, load_profile
     from planner.search import Pins, search
 
-    prof = replace(load_profile(None, "h200-sxm"), fp8_points=[])
+    prof = replace(load_profile("h200-sxm", "h200-sxm"), fp8_points=[])
     # compute-bound: at most FP8_GEMM_SPEEDUP faster; the scaling passes keep it from reaching that exactly
     big = prof.gemm_s(16384, 8192, 8192)
     assert big / FP8_GEMM_SPEEDUP < prof.fp8_gemm_s(16384, 8192, 8192) < big
@@ -232,7 +232,7 @@ def test_a_measured_fp8_table_replaces_the_model_and_the_provenance_note():
     from planner.profile import Profile, load_profile
     from planner.search import plan_provenance
 
-    shipped = load_profile(None, "h200-sxm")
+    shipped = load_profile("h200-sxm", "h200-sxm")
     assert shipped.fp8_points and not any("fp8" in m for m in plan_provenance(shipped, fp8=True)["modelled"])
     prof = replace(shipped, fp8_points=[])
     modelled = prof.fp8_gemm_s(4096, 4096, 4096)
@@ -256,7 +256,7 @@ def test_fp8_accuracy_check_holds_out_shapes_and_skips_without_a_table(tmp_path,
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import profile_accuracy as pa
 
-    prof = replace(load_profile(None, "h200-sxm"), fp8_points=[])   # the shipped one has a table
+    prof = replace(load_profile("h200-sxm", "h200-sxm"), fp8_points=[])   # the shipped one has a table
     assert "skipped" in pa.bench_fp8(prof, torch.device("cpu"), 3, tmp_path)
     table = [(1024, 6144, 2048, 1e-5), (1536, 6144, 2048, 1.4e-5)]
     held = pa.held_out_fp8_gemms(replace(prof, fp8_points=table), 200)

@@ -39,7 +39,7 @@ def test_graph_is_legal_only_without_host_synchronisation():
 
 def test_search_turns_graphs_on_where_legal_and_on_gpus_only():
     shape = TrainingShape(32, 8)
-    prof = load_profile(None, "h200-sxm")
+    prof = load_profile("h200-sxm", "h200-sxm")
     plans = search(tiny_model("gpt"), shape, ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2), prof,
                    top_k=50).plans
     assert plans and all(p.layout.cuda_graph == (p.layout.sharding != "full") for p in plans)
@@ -59,7 +59,7 @@ def test_search_turns_graphs_on_where_legal_and_on_gpus_only():
 def test_a_graph_step_is_priced_without_host_time():
     host = HostOverheads(layer_s={"none": 1e-2, "selective": 1e-2, "full": 1e-2}, tp_extra_s={}, cp_extra_s=0.0,
                          fsdp_extra_s=0.0, expert_s=0.0, ep_extra_s=0.0, pp_chunk_s=0.0)
-    prof = replace(load_profile(None, "h200-sxm"), host=host)
+    prof = replace(load_profile("h200-sxm", "h200-sxm"), host=host)
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2)
     st = StagePlan(layers=24)
     eager = CostModel(resolve_model("gpt-1.3b"), TrainingShape(2048, 8), Layout(tp=2), cluster, prof)

@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent('''
     from planner.search import Pins, search
     out = sys.argv[1]
     plan = search(tiny_model("gpt"), TrainingShape(32, 4), ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1),
-                  load_profile(None, "h200-sxm"), Pins(micro_batch=2), top_k=1).plans[0]
+                  load_profile("h200-sxm", "h200-sxm"), Pins(micro_batch=2), top_k=1).plans[0]
     plan.save(out + "/a.json")
     plan.save(out + "/b.json")
     refs = []

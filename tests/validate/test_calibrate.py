@@ -52,7 +52,7 @@ def gpu_only_profile(tmp_path_factory):
     from dataclasses import replace
 
     path = tmp_path_factory.mktemp("prof") / "h200-gpu-only.json"
-    replace(load_profile(None, "h200-sxm"), host=None).save(path)
+    replace(load_profile("h200-sxm", "h200-sxm"), host=None).save(path)
     return path
 
 
@@ -86,7 +86,7 @@ def test_calibrate_recovers_tp_fraction_and_reports_holdout(results, gpu_only_pr
     assert "held-out runs" in text
     d = json.loads(out.read_text())
     assert abs(d["overlap_hidden_fraction"]["tp"] - TRUE_TP) <= 0.01
-    base = load_profile(None, "h200-sxm")
+    base = load_profile("h200-sxm", "h200-sxm")
     for k in ("dp", "pp", "cp", "ep"):  # no run exercises them: left alone
         assert d["overlap_hidden_fraction"][k] == base.overlap_hidden_fraction[k]
     assert d["gemm"] == base.to_dict()["gemm"]          # measured kernel times untouched
@@ -130,7 +130,7 @@ def test_calibrate_recovers_a_compute_efficiency_factor(tmp_path, capsys):
     fractions (no communication in these runs) and the measured tables stay."""
     from dataclasses import replace
 
-    profile = load_profile(None, "h200-sxm")
+    profile = load_profile("h200-sxm", "h200-sxm")
     truth = replace(profile, efficiency={"compute": 1.3})
     model = resolve_model("gpt-1.3b")
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1)

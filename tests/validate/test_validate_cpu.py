@@ -30,7 +30,7 @@ def _cli(*args, timeout=300):
 @pytest.fixture(scope="module")
 def tiny_plan(tmp_path_factory) -> Path:
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1)
-    res = search(tiny_model("llama"), TrainingShape(32, 4), cluster, load_profile(None, "h200-sxm"),
+    res = search(tiny_model("llama"), TrainingShape(32, 4), cluster, load_profile("h200-sxm", "h200-sxm"),
                  Pins(micro_batch=2, recompute="selective"), top_k=1)
     path = tmp_path_factory.mktemp("val") / "plan.json"
     res.plans[0].save(path)
@@ -106,7 +106,7 @@ def test_sweep_plans_are_legal_distinct_and_sized(gpus):
 def test_validate_several_plans_of_two_world_sizes_in_one_call(tiny_plan, tmp_path):
     """One torchrun per world size runs its plans back to back; every plan gets its own row, in order."""
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2)
-    profile = load_profile(None, "h200-sxm")
+    profile = load_profile("h200-sxm", "h200-sxm")
     paths = []
     for i, pins in enumerate([Pins(tp=2, micro_batch=1, recompute="none"),
                               Pins(dp=2, sharding="optimizer", micro_batch=1, recompute="full")]):
