@@ -110,3 +110,31 @@ def test_replayed_steps_match_eager_steps(tmp_path, tp, pp, vpp, sharding, moe):
     # the same kernels on the same data: the losses agree to bf16 noise, through steps 3-6 (the replays)
     assert graph == pytest.approx(eager, rel=2e-3)
     assert len({round(x, 4) for x in graph}) > 1  # training moved
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gradient_norm_taken_beside_backward_equals_the_norm_after_it(tmp_path):
+    """Without a data-parallel group each bucket's norm is taken on a side stream as backward finishes it
+    (runtime/parallel/data.py); with overlap_dp off it is taken after backward. Same norms, same losses."""
+    spec = tiny_model("gpt", num_layers=4)
+    plan = Plan(model=spec, cluster={"gpu": "h200-sxm", "num_gpus": 1, "gpus_per_node": 1},
+                training=TrainingShape(32, 4), layout=Layout(micro_batch=2, sharding="none", cuda_graph=True),
+                stages=[StagePlan(layers=4)])
+    for name, overlap in (("beside", True), ("after", False)):
+        replace(plan, layout=replace(plan.layout, overlap_dp=overlap)).save(tmp_path / f"{name}.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", f"--master-port={port}",
+           "-m", "runtime.train", "--plan", str(tmp_path / "beside.json"), str(tmp_path / "after.json"),
+           "--steps", "5", "--warmup", "2", "--device", "cuda", "--results", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300,
+                       cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {}
+    for name in ("beside", "after"):
+        with open(tmp_path / f"{name}.csv") as fh:
+            rows[name] = [(float(r["loss"]), float(r["grad_norm"])) for r in csv.DictReader(fh)]
+    assert len(rows["beside"]) == len(rows["after"]) == 5
+    for (la, na), (lb, nb) in zip(rows["beside"], rows["after"]):
+        assert na == pytest.approx(nb, rel=1e-4) and la == pytest.approx(lb, rel=2e-3)
