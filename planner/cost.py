@@ -498,12 +498,15 @@ class CostModel:
         every micro-batch each bf16 gradient is added into its fp32 main gradient (read 2 + 4, write 4 B),
         except the `fused` GEMM weights whose weight-gradient GEMM accumulates into the fp32 main gradient
         itself (that cost is in the profiled wgrad GEMM times); once per step the main gradients are zeroed
-        (4 B); over the local shard the gradient norm is read (4 B). Clipping and the cast of the updated
-        master weights to bf16 are inside the profiled AdamW step. The accumulation at the measured rate of
-        that mixed-precision add ('grad_accumulate'), the rest at the rate of a residual add (a pure
-        streaming kernel)."""
+        (4 B); over the local shard the gradient norm is read (4 B), except without a data-parallel group,
+        where the runtime takes each bucket's norm beside the rest of backward (runtime/parallel/data.py).
+        Clipping and the cast of the updated master weights to bf16 are inside the profiled AdamW step. The
+        accumulation at the measured rate of that mixed-precision add ('grad_accumulate'), the rest at the
+        rate of a residual add (a pure streaming kernel)."""
+        lay = self.lay
+        norm_beside_backward = lay.dp * lay.cp == 1 and lay.overlap_dp and lay.sharding != "full"
         accumulate = (local - fused) * 10 * num_micro
-        rest = local * 4 + shard * 4
+        rest = local * 4 + (0.0 if norm_beside_backward else shard * 4)
         return self.prof.kernel_s("grad_accumulate", accumulate) + self.prof.kernel_s("residual_add", rest)
 
     def predict(self, stages: list[StagePlan], play: bool = True) -> Prediction:

@@ -31,7 +31,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from runtime.bias_grad import bias_grad
 from runtime.parallel import fp8 as _fp8
 
 _ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -184,7 +183,7 @@ class _ColumnParallelFn(torch.autograd.Function):
         # (2) reduce-scatter the input gradient while the weight-gradient GEMM runs
         grad_x, scatter = reduce_scatter_seq(grad_x_full, ctx.group, async_op=ctx.overlap)
         grad_w = weight_grad(ctx.param, grad_y, x_full)
-        grad_b = bias_grad(grad_y) if ctx.has_bias else None
+        grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         scatter.wait()
         return grad_x, grad_w, grad_b, None, None, None, None, None
 
@@ -212,7 +211,7 @@ class _RowParallelFn(torch.autograd.Function):
     def backward(ctx, grad_y):
         saved, weight = ctx.saved_tensors
         x = _recompute(ctx.recompute_fn, saved) if ctx.recompute_fn is not None else saved
-        grad_b = bias_grad(grad_y) if ctx.has_bias else None
+        grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         grad_full, _ = gather_seq(grad_y, ctx.group)  # needed by both GEMMs: exposed
         grad_x = _fp8.input_grad(grad_full, weight) if ctx.fp8 else grad_full.matmul(weight)
         return grad_x, weight_grad(ctx.param, grad_full, x), grad_b, None, None, None, None

@@ -265,11 +265,6 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     N = tokens * hidden
     hd = 128 if hidden % 128 == 0 and hidden >= 128 else hidden
     swiglu, apply_rotary, impl = _runtime_kernels()
-    try:
-        from runtime.bias_grad import bias_grad as column_sum
-    except Exception:  # noqa: BLE001 - the runtime may be mid-change; PyTorch's sum moves the same bytes
-        def column_sum(t):
-            return t.sum(0)
     mk = lambda cols=hidden: torch.randn(tokens, cols, device=device, dtype=dtype)  # noqa: E731
     x = [mk(), mk()]
     y = [mk(), mk()]
@@ -285,8 +280,7 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     out: dict[str, tuple] = {
         "residual_add": (lambda i: x[i % 2] + y[i % 2], 3 * N * es),
         # a linear layer's bias gradient as runtime/parallel/tensor.py takes it: dY [tokens, out] summed over rows
-        # (runtime/bias_grad.py)
-        "bias_grad": (lambda i: column_sum(x[i % 2]), N * es),
+        "bias_grad": (lambda i: x[i % 2].sum(0), N * es),
         # the data-parallel code's fp32 gradient accumulation: main_grad.add_(bf16 grad)
         "grad_accumulate": (lambda i: acc[i % 2].add_(x[i % 2]), N * (es + 8)),
         "layernorm_fwd": (lambda i: F.layer_norm(x[i % 2], (hidden,), w, b), 2 * N * es),
