@@ -75,9 +75,17 @@ def main(argv=None) -> int:
         })
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
+    fresh = not out.exists() or out.stat().st_size == 0
+    if not fresh:  # rows are appended, never overwritten: the file is the history of every measurement
+        with out.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != list(rows[0]):
+            print(f"error: '{out}' has other columns; give another --out", file=sys.stderr)
+            return 2
+    with out.open("a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
+        if fresh:
+            w.writeheader()
         w.writerows(rows)
     cols = ["command", "wall_min_s", "wall_median_s", "bar_s", "layouts_enumerated", "layouts_within_memory_bound",
             "layouts_greedy", "layouts_cpsat", "enumerate_and_bound_s", "greedy_s", "cpsat_s"]
@@ -85,7 +93,7 @@ def main(argv=None) -> int:
     print("  ".join(c.ljust(wd) for c, wd in zip(cols, widths)))
     for r in rows:
         print("  ".join(str(r[c]).ljust(wd) for c, wd in zip(cols, widths)))
-    print(f"{cpus} CPUs ({cpu_model}), {date}, commit {commit}; {args.repeat} runs each; wrote {out}")
+    print(f"{cpus} CPUs ({cpu_model}), {date}, commit {commit}; {args.repeat} runs each; appended to {out}")
     return 0
 
 
