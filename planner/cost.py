@@ -150,11 +150,10 @@ class CostModel:
         return latency_s + size_bytes * bus_factor(op, size) / bus_bw
 
     def _link_model(self, op: str, size: int, stride: int) -> tuple[float, float]:
-        """(latency, bus bandwidth) of a collective over this group, from where its ranks sit."""
+        """(latency, bus bandwidth) of a collective over a group that spans nodes (inside a node the measured
+        points price it: _group_collective_s)."""
         place = place_group(self.cluster, size, stride)
         fit = self.prof.collective(op, size, "nvlink")
-        if place.link == "nvlink":
-            return fit.latency_s, fit.bus_bandwidth_bytes_per_s
         # across nodes (modelled): NCCL's ring is limited by the slowest link on it, the per-GPU NIC; the
         # latency is NVLink's for the intra-node hops plus the network's per inter-node step
         bw = min(fit.bus_bandwidth_bytes_per_s, place.bottleneck_gb_per_s * 1e9)
@@ -547,9 +546,10 @@ class CostModel:
         lay, m = self.lay, self.m
         num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
         per_rank_t, mems, dp_t, opt_t = [], [], [], []
+        times = [self.stage_time_s(j, st) for j, st in enumerate(stages)]
         for r in range(lay.pp):
             rs = [(j, stages[j]) for j in range(len(stages)) if j % lay.pp == r]
-            t_r = sum(self.stage_time_s(j, st) for j, st in rs)
+            t_r = sum(times[j] for j, _ in rs)
             per_rank_t.append(t_r)
             mems.append(self.rank_memory_bytes(r, rs, num_micro))
             dense, expert = self.rank_params(rs)
@@ -566,7 +566,6 @@ class CostModel:
             if not play:
                 pipe = closed_form_s([t + 2 * lay.vpp * self.p2p_s for t in per_rank_t], num_micro, lay.vpp)
             else:  # the runtime's schedule, played with these stages' times (planner/schedule.py)
-                times = [self.stage_time_s(j, st) for j, st in enumerate(stages)]
                 fwd = [t * self.stage_fwd_share(j, st) for j, (t, st) in enumerate(zip(times, stages))]
                 bwd = [t - f for t, f in zip(times, fwd)]
                 pipe = pipeline_time_s(lay.pp, lay.vpp, num_micro, fwd, bwd, self.p2p_s)

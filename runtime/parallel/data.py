@@ -274,9 +274,13 @@ class DistributedOptimizer:
         if b.pending == 0:
             self._launch(buf, b)
 
-    def _bucket_norm_views(self, buf: _Buffer, i: int) -> list[torch.Tensor]:
-        """The gradient pieces of bucket i that the global norm counts (TP-replicated ones on TP rank 0)."""
-        return [buf.shard_grad(i)[a:z] for a, z in buf.counted[i]]
+    def _bucket_norm_views(self, k: int) -> list[list[torch.Tensor]]:
+        """Per bucket of buffer k, the gradient pieces the global norm counts (TP-replicated ones on TP rank
+        0): views into persistent buffers, built once, not every step."""
+        if self._norm_views is None:
+            self._norm_views = [[[buf.shard_grad(i)[a:z] for a, z in buf.counted[i]] for i in range(len(buf.buckets))]
+                                for buf in self.buffers]
+        return self._norm_views[k]
 
     def _norm_beside_backward(self, buf: _Buffer, b: _Bucket) -> None:
         """Without a data-parallel reduction a launched bucket's gradient is final: take its squared norm now,
@@ -289,7 +293,7 @@ class DistributedOptimizer:
         ready.record()
         with torch.cuda.stream(self._norm_stream):
             self._norm_stream.wait_event(ready)
-            views = self._bucket_norm_views(buf, b.index)
+            views = self._bucket_norm_views(self.buffers.index(buf))[b.index]
             b.sq = torch.stack(torch._foreach_norm(views)).square().sum() if views else \
                 torch.zeros((), dtype=torch.float32, device=dev)
 
@@ -353,15 +357,13 @@ class DistributedOptimizer:
         max_norm = self.cfg.grad_clip if max_norm is None else max_norm
         dev = self.buffers[0].param_data.device
         total = torch.zeros((), dtype=torch.float32, device=dev)
-        if self._norm_views is None:  # views into persistent buffers: built once, not every step
-            self._norm_views = [[v for i in range(len(buf.buckets)) for v in self._bucket_norm_views(buf, i)]
-                                for buf in self.buffers]
         if self._norm_stream is not None:
             torch.cuda.current_stream().wait_stream(self._norm_stream)
-        for k, (buf, views) in enumerate(zip(self.buffers, self._norm_views)):
+        for k, buf in enumerate(self.buffers):
             if buf.buckets and all(b.sq is not None for b in buf.buckets):  # taken beside backward
                 sq = torch.stack([b.sq for b in buf.buckets]).sum()
             else:
+                views = [v for bucket in self._bucket_norm_views(k) for v in bucket]
                 sq = torch.stack(torch._foreach_norm(views)).square().sum() if views else \
                     torch.zeros((), dtype=torch.float32, device=dev)
             for b in buf.buckets:
