@@ -14,7 +14,7 @@ worse, by measurement:
     of 55 points.
 
     python benchmarks/compose_profile.py BASE.json [--host-from A.json] [--collectives-from B.json] \
-        --why "..." --out NEW.json
+        [--elementwise-from C.json] --why "..." --out NEW.json
 """
 from __future__ import annotations
 
@@ -23,8 +23,12 @@ import json
 from pathlib import Path
 
 PARTS = {"host": (("host",), lambda name: name == "host_overhead"),
-         "collectives": (("collectives",), lambda name: name.startswith("collectives"))}
-"""part -> (the profile's top-level keys it owns, which provenance parts describe it)."""
+         "collectives": (("collectives",), lambda name: name.startswith("collectives")),
+         "elementwise": (("elementwise_efficiency", "extras.elementwise"), lambda name: name == "elementwise_efficiency")}
+"""part -> (the profile's keys it owns, dotted for nested ones, and which provenance parts describe it).
+  * elementwise: the runtime's memory-bound kernels (norms, activations, rotary, residual add), timed again
+    when the runtime changes them (session 10: the residual add fused into the norms, runtime/norm.py) while
+    the rest of the profile stays as measured."""
 
 
 def compose(base: dict, others: dict[str, dict], why: str) -> dict:
@@ -34,13 +38,18 @@ def compose(base: dict, others: dict[str, dict], why: str) -> dict:
     for part, other in others.items():
         keys, describes = PARTS[part]
         for k in keys:
-            out[k] = other[k]
+            *path, last = k.split(".")
+            dst, src_d = out, other
+            for step in path:
+                dst, src_d = dst.setdefault(step, {}), src_d[step]
+            dst[last] = src_d[last]
         src = other["provenance"]
         kept = [p for p in out["provenance"]["parts"] if not describes(p["part"])]
         moved = [p if "from_another_profile" in p else {**p, "from_another_profile": {
             "date": src.get("date"), "git_commit": src.get("git_commit"), "gpu_name": src.get("gpu_name"),
             "hostname": src.get("hostname"), "host_cpu_model": src.get("host_cpu_model"),
-            "note": "a different lent machine of the same kind than the rest of this profile", "why": why}}
+            "note": "measured apart from the rest of this profile (another call, maybe another lent machine "
+                    "of the same kind)", "why": why}}
             for p in src["parts"] if describes(p["part"])]
         out["provenance"]["parts"] = kept + moved
     return out
@@ -51,15 +60,17 @@ def main(argv=None) -> int:
     ap.add_argument("base", type=Path)
     ap.add_argument("--host-from", type=Path)
     ap.add_argument("--collectives-from", type=Path)
+    ap.add_argument("--elementwise-from", type=Path)
     ap.add_argument("--why", required=True)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     if a.out.exists():
         raise SystemExit(f"{a.out} exists; remove it first (nothing is overwritten silently)")
     others = {part: json.loads(path.read_text()) for part, path in (("host", a.host_from),
-                                                                    ("collectives", a.collectives_from)) if path}
+                                                                    ("collectives", a.collectives_from),
+                                                                    ("elementwise", a.elementwise_from)) if path}
     if not others:
-        raise SystemExit("nothing to compose: give --host-from and/or --collectives-from")
+        raise SystemExit("nothing to compose: give --host-from, --collectives-from and/or --elementwise-from")
     new = compose(json.loads(a.base.read_text()), others, a.why)
     a.out.write_text(json.dumps(new, indent=1) + "\n")
     print(f"wrote {a.out}")

@@ -204,16 +204,25 @@ class CostModel:
         ring = prof.eff("ring") if lay.cp > 1 else 1.0  # calibrated: the ring's blocks and merges
         attn_f = ring * prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, False)
         attn_b = ring * prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, True)
-        # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel:
-        # 2 norms, 2 residual adds, the MLP activation, rotary on q and k (bytes as the profiler counts them)
+        # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel
+        # (bytes as the profiler counts them): the norms with the residual adds fused in (runtime/norm.py;
+        # pre-norm: the attention norm alone, the MLP norm with the add before it, the layer's last add on
+        # its own; every norm backward merges the residual's gradient), the MLP activation, rotary on q and k
         tok_t = T / t
         norm = "layernorm" if m.has_bias else "rmsnorm"
         act = "swiglu" if m.gated_mlp else "gelu"
         act_rows = T / t * f * (m.top_k if m.is_moe else 1)
         k = prof.kernel_s
-        ew_f = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + 2 * k("residual_add", BF16 * 3 * tok_t * h) \
-            + k(f"{act}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows)
-        ew_b = 2 * k(f"{norm}_bwd", BF16 * 3 * tok_t * h) + k(f"{act}_bwd", BF16 * (5 if m.gated_mlp else 3) * act_rows)
+        row_bytes = BF16 * tok_t * h
+        if m.family == "bert":  # post-norm: both norms take their add; backward adds the residual's gradient apart
+            ew_f = 2 * k(f"{norm}_add_fwd", 4 * row_bytes)
+            ew_b = 2 * k(f"{norm}_bwd", 3 * row_bytes) + 2 * k("residual_add", 3 * row_bytes)
+        else:
+            ew_f = k(f"{norm}_fwd", 2 * row_bytes) + k(f"{norm}_add_fwd", 4 * row_bytes) \
+                + k("residual_add", 3 * row_bytes)
+            ew_b = 2 * k(f"{norm}_bwd", 4 * row_bytes)
+        ew_f += k(f"{act}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows)
+        ew_b += k(f"{act}_bwd", BF16 * (5 if m.gated_mlp else 3) * act_rows)
         if not m.learned_positions:
             rot_bytes = BF16 * 2 * T * (m.q_width + m.kv_width) / t
             ew_f += k("rotary_fwd", rot_bytes)

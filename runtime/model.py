@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.model import ModelSpec
 from runtime.attention import apply_rotary, attention, rotary_tables
+from runtime.norm import norm_forward, residual_norm
 from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
 from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
                                      group_rank, group_size, local_shard)
@@ -47,7 +48,8 @@ IGNORE_INDEX = -100
 
 
 class Norm(nn.Module):
-    """LayerNorm with bias (GPT, BERT) or RMSNorm (Llama). Replicated over TP, applied to sequence shards."""
+    """LayerNorm with bias (GPT, BERT) or RMSNorm (Llama). Replicated over TP, applied to sequence shards.
+    `residual(x, delta)` fuses the residual add before it (runtime/norm.py: one Triton kernel each way on CUDA)."""
 
     def __init__(self, spec: ModelSpec, eps: float | None = None):
         super().__init__()
@@ -56,12 +58,16 @@ class Norm(nn.Module):
         self.weight = _tp_param((spec.hidden,), None, init=("ones",), sequence_parallel=True)
         self.bias = None if self.rms else _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)
 
+    def residual(self, x, delta=None):
+        """(s, y): the residual stream s = x + delta (x when delta is None) and y = norm(s)."""
+        return residual_norm(x, delta, self.weight, self.bias, self.eps, self.rms)
+
+    def normalize(self, s):
+        """norm(s) without autograd: what selective recompute rebuilds in a GEMM's backward."""
+        return norm_forward(s, self.weight, self.bias, self.eps, self.rms)
+
     def forward(self, x):
-        # torch's kernels: a Triton LayerNorm/RMSNorm (session 3) saved GPU time in a 1-GPU step but added
-        # host time per call, and TP2 steps, which the host paces, got slower (benchmarks/results/README.md)
-        if self.rms:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        return self.residual(x)[1]
 
 
 class Embedding(nn.Module):
@@ -110,15 +116,11 @@ class Attention(nn.Module):
         o = attention(q, k, v, self.spec.causal, self.groups)
         return o.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.d)
 
-    def forward(self, x, norm, rope, selective: bool):
-        """x: [s/t, b, h] (the norm input for pre-norm models; norm is None for BERT's post-norm)."""
+    def forward(self, x, rope, selective: bool, recompute=None):
+        """x: [s/t, b, h], the qkv GEMM input (the norm output for pre-norm models). recompute=(fn, src):
+        x == fn(src), keep src instead of x (selective recompute of the norm)."""
         cos, sin = rope if rope is not None else (None, None)
-        if norm is None:
-            qkv = self.qkv(x)
-        elif selective:
-            qkv = self.qkv(norm(x), recompute=(norm, x))
-        else:
-            qkv = self.qkv(norm(x))
+        qkv = self.qkv(x, recompute=recompute if selective else None)
         if selective:
             o = checkpoint(self.core, qkv, cos, sin, use_reentrant=False)
         else:
@@ -131,7 +133,7 @@ def gelu(x):
 
 
 class MLP(nn.Module):
-    """GELU (tanh) MLP or SwiGLU. Interface shared with MoE: forward(x, norm, selective) -> [s/t, b, h]."""
+    """GELU (tanh) MLP or SwiGLU. Interface shared with MoE: forward(x, selective, recompute) -> [s/t, b, h]."""
 
     def __init__(self, spec: ModelSpec, groups, overlap: bool):
         super().__init__()
@@ -141,11 +143,9 @@ class MLP(nn.Module):
                                         overlap)
         self.fc2 = RowParallelLinear(f, spec.hidden, spec.has_bias, groups.tp, std=0.02 / math.sqrt(2 * spec.num_layers))
 
-    def forward(self, x, norm, selective: bool):
-        if norm is None:
-            a = self.fc1(x)
-        else:
-            a = self.fc1(norm(x), recompute=(norm, x) if selective else None)
+    def forward(self, x, selective: bool = False, recompute=None):
+        """x: the fc1 GEMM input; recompute as for Attention.forward."""
+        a = self.fc1(x, recompute=recompute if selective else None)
         y = self.act(a)
         return self.fc2(y, recompute=(self.act, a) if selective else None)
 
@@ -167,10 +167,14 @@ class TransformerLayer(nn.Module):
     def _forward(self, x, rope):
         sel = self.recompute == "selective"
         if self.post_norm:  # BERT: x = LN(x + attn(x)); x = LN(x + mlp(x))
-            x = self.attn_norm(x + self.attn(x, None, rope, sel))
-            return self.mlp_norm(x + self.mlp(x, None, sel))
-        x = x + self.attn(x, self.attn_norm, rope, sel)
-        return x + self.mlp(x, self.mlp_norm, sel)
+            _, x = self.attn_norm.residual(x, self.attn(x, rope, sel))
+            return self.mlp_norm.residual(x, self.mlp(x, sel))[1]
+        # pre-norm: s is the residual stream; each norm takes the add before it, and in backward the
+        # residual's gradient is merged inside the norm's backward (runtime/norm.py)
+        s, y = self.attn_norm.residual(x)
+        a = self.attn(y, rope, sel, recompute=(self.attn_norm.normalize, s))
+        s, y = self.mlp_norm.residual(s, a)
+        return s + self.mlp(y, sel, recompute=(self.mlp_norm.normalize, s))
 
     def forward(self, x, rope=None):
         if self.recompute == "full":

@@ -198,7 +198,7 @@ def _param(shape, init):
 
 
 class MoEMLP(nn.Module):
-    """Drop-in for runtime.model.MLP: forward(x, norm=None, selective=False) with x [s/t, b, h] (any
+    """Drop-in for runtime.model.MLP: forward(x, selective=False, recompute=None) with x [s/t, b, h] (any
     leading shape works). See the module docstring for the layout, routing and gradient contract.
 
     Parameters: `router.weight` [E, hidden] (replicated, sequence_parallel) and `experts.<e>.*` for the
@@ -328,11 +328,9 @@ class MoEMLP(nn.Module):
         return y if ids is None else _GroupedBias.apply(y, offs, ids, *(m.b_down for m in ex))
 
     # -- forward -----------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, norm=None, selective: bool = False) -> torch.Tensor:
-        """x: [s/t, b, h] (this TP rank's sequence shard); norm: the pre-MLP norm to apply first (None for
-        post-norm BERT). `selective` is accepted for the MLP interface; the MoE keeps its activations."""
-        if norm is not None:
-            x = norm(x)
+    def forward(self, x: torch.Tensor, selective: bool = False, recompute=None) -> torch.Tensor:
+        """x: [s/t, b, h] (this TP rank's sequence shard, already normalised). `selective` and `recompute` are
+        accepted for the MLP interface; the MoE keeps its activations."""
         shape = x.shape
         x2d = x.reshape(-1, self.hidden)
         T, k, E = x2d.size(0), self.top_k, self.num_experts

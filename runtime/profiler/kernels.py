@@ -239,12 +239,16 @@ def _rotate_half(x):
 
 
 def _runtime_kernels():
-    """The runtime's own SwiGLU (runtime/swiglu.py: keeps only its input; one Triton kernel each way on CUDA) and rotary, when the
-    runtime is importable; plain equivalents otherwise (recorded in the result)."""
+    """The runtime's own SwiGLU (runtime/swiglu.py: keeps only its input; one Triton kernel each way on CUDA),
+    rotary and residual norm (runtime/norm.py: the residual add fused into LayerNorm / RMSNorm, one Triton
+    kernel each way on CUDA), when the runtime is importable; plain equivalents otherwise (recorded in the
+    result)."""
     try:
         from runtime.attention import apply_rotary
+        from runtime.norm import residual_norm
         from runtime.swiglu import swiglu
-        return swiglu, apply_rotary, "runtime.swiglu.swiglu, runtime.attention.apply_rotary"
+        return swiglu, apply_rotary, residual_norm, \
+            "runtime.swiglu.swiglu, runtime.attention.apply_rotary, runtime.norm.residual_norm"
     except Exception:  # noqa: BLE001 - the runtime may be mid-change; the stand-ins move the same bytes
         def swiglu(a):
             gate, up = a.chunk(2, dim=-1)
@@ -252,19 +256,29 @@ def _runtime_kernels():
 
         def rotary(x, cos, sin):
             return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
-        return swiglu, rotary, "stand-ins (runtime not importable)"
+
+        def residual_norm(x, delta, weight, bias, eps, rms):
+            s = x if delta is None else x + delta
+            return s, (F.rms_norm(s, (s.shape[-1],), weight, eps) if rms
+                       else F.layer_norm(s, (s.shape[-1],), weight, bias, eps))
+        return swiglu, rotary, residual_norm, "stand-ins (runtime not importable)"
 
 
 def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tuple], str]:
     """(name -> (fn(i), bytes the kernel must move at least), which implementation): the runtime's norms,
     activations (tanh GELU, SwiGLU), rotary and residual add, forward and backward, on [tokens, hidden]
-    activations in the compute dtype (SwiGLU on [tokens, 2 hidden] -> [tokens, hidden])."""
+    activations in the compute dtype (SwiGLU on [tokens, 2 hidden] -> [tokens, hidden]).
+
+    Norms as a pre-norm layer runs them (runtime/model.py): `*norm_fwd` alone (the attention norm),
+    `*norm_add_fwd` with the residual add before it (the MLP norm: reads x and the branch output, writes the
+    sum and the normalised sum), and `*norm_bwd` with the residual's gradient merged in (reads the input,
+    dy and the residual gradient, writes the input gradient; the weight / bias gradients come with it)."""
     device = torch.device(device)
     dtype = compute_dtype(device)
     es = torch.tensor([], dtype=dtype).element_size()
     N = tokens * hidden
     hd = 128 if hidden % 128 == 0 and hidden >= 128 else hidden
-    swiglu, apply_rotary, impl = _runtime_kernels()
+    swiglu, apply_rotary, residual_norm, impl = _runtime_kernels()
     mk = lambda cols=hidden: torch.randn(tokens, cols, device=device, dtype=dtype)  # noqa: E731
     x = [mk(), mk()]
     y = [mk(), mk()]
@@ -283,8 +297,10 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
         "bias_grad": (lambda i: x[i % 2].sum(0), N * es),
         # the data-parallel code's fp32 gradient accumulation: main_grad.add_(bf16 grad)
         "grad_accumulate": (lambda i: acc[i % 2].add_(x[i % 2]), N * (es + 8)),
-        "layernorm_fwd": (lambda i: F.layer_norm(x[i % 2], (hidden,), w, b), 2 * N * es),
-        "rmsnorm_fwd": (lambda i: F.rms_norm(x[i % 2], (hidden,), w), 2 * N * es),
+        "layernorm_fwd": (lambda i: residual_norm(x[i % 2], None, w, b, 1e-5, False)[1], 2 * N * es),
+        "rmsnorm_fwd": (lambda i: residual_norm(x[i % 2], None, w, None, 1e-5, True)[1], 2 * N * es),
+        "layernorm_add_fwd": (lambda i: residual_norm(x[i % 2], y[i % 2], w, b, 1e-5, False), 4 * N * es),
+        "rmsnorm_add_fwd": (lambda i: residual_norm(x[i % 2], y[i % 2], w, None, 1e-5, True), 4 * N * es),
         "gelu_fwd": (lambda i: F.gelu(x[i % 2], approximate="tanh"), 2 * N * es),
         "swiglu_fwd": (lambda i: swiglu(xx[i % 2]), 3 * N * es),
         "rotary_fwd": (lambda i: apply_rotary(as_heads(x[i % 2]), cos, sin), 2 * N * es),
@@ -295,15 +311,17 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     wg, bg = w.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)
     xxs = [t.detach().clone().requires_grad_(True) for t in xx]
     graphs = {
-        "layernorm_bwd": ([F.layer_norm(xs[j], (hidden,), wg, bg) for j in range(2)], 3 * N * es,
+        "layernorm_bwd": ([residual_norm(xs[j], None, wg, bg, 1e-5, False) for j in range(2)], 4 * N * es,
                           lambda j: (xs[j], wg, bg)),
-        "rmsnorm_bwd": ([F.rms_norm(xs[j], (hidden,), wg) for j in range(2)], 3 * N * es, lambda j: (xs[j], wg)),
+        "rmsnorm_bwd": ([residual_norm(xs[j], None, wg, None, 1e-5, True) for j in range(2)], 4 * N * es,
+                        lambda j: (xs[j], wg)),
         "gelu_bwd": ([F.gelu(xs[j], approximate="tanh") for j in range(2)], 3 * N * es, lambda j: (xs[j],)),
         "swiglu_bwd": ([swiglu(xxs[j]) for j in range(2)], 5 * N * es, lambda j: (xxs[j],)),
         "rotary_bwd": ([apply_rotary(as_heads(xs[j]), cos, sin) for j in range(2)], 2 * N * es, lambda j: (xs[j],)),
     }
     for name, (outs, nbytes, inputs) in graphs.items():
-        grads = [torch.randn_like(o) for o in outs]
+        outs = [o if isinstance(o, tuple) else (o,) for o in outs]   # the norms: (residual, normalised)
+        grads = [tuple(torch.randn_like(t) for t in o) for o in outs]
 
         def fn(i, outs=outs, inputs=inputs, grads=grads):
             j = i % 2

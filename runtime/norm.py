@@ -1,0 +1,190 @@
+"""LayerNorm / RMSNorm fused with the residual add before it: `residual_norm(x, delta) -> (s, y)` with
+s = x + delta (the new residual stream; s = x when delta is None) and y = norm(s).
+
+Why: a pre-norm layer adds a branch's output to the residual stream and normalises the sum right away, and
+in backward the residual's gradient and the norm's input gradient meet in another add. PyTorch runs that as
+an add, a norm, and in backward a norm input-gradient kernel, a separate weight/bias-gradient reduction and a
+gradient add: five passes over [tokens, hidden]. One GPT-1.3B step on one H200 spent 7.8 ms of its 131 ms in
+them (session 9, n1's kernel table); torch.compile's anchor fuses them into two. On CUDA (and under Triton's
+interpreter) this module does the same: forward is one Triton kernel (add, statistics, normalise; it writes
+s, y and the fp32 mean / rstd per row), backward one kernel that writes ds = norm_backward(dy) + ds_residual
+and per-program partial sums of the weight and bias gradients (summed over programs afterwards).
+
+A Triton LayerNorm was tried in session 3 and dropped: it added host time per call and TP2 steps, paced by
+the host then, got slower. Since session 8 a step is one CUDA graph replay where the plan allows it, so host
+time per call no longer reaches the GPU there; eager steps still pay about as much as PyTorch's own kernels.
+
+What is kept for backward: s (the norm input, as PyTorch's norms keep their input) and mean / rstd in fp32,
+the same as before. Where Triton does not run (CPU without the interpreter, non-contiguous input, hidden
+beyond _MAX_HIDDEN) PyTorch's ops compute the same thing with autograd.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from runtime.triton_support import tl, triton, use_triton
+
+_MAX_HIDDEN = 32768
+"""Rows wider than this stay on PyTorch's kernels (a row is held in registers)."""
+
+
+def residual_norm_eager(x, delta, weight, bias, eps: float, rms: bool):
+    s = x if delta is None else x + delta
+    if rms:
+        return s, F.rms_norm(s, (s.shape[-1],), weight, eps)
+    return s, F.layer_norm(s, (s.shape[-1],), weight, bias, eps)
+
+
+if triton is not None:
+    @triton.jit
+    def _fwd_kernel(x_ptr, d_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, rows, n, eps,
+                    HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
+                    ROWS_PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        for i in range(ROWS_PER_PROG):
+            row = tl.program_id(0) * ROWS_PER_PROG + i
+            if row < rows:
+                off = row.to(tl.int64) * n + cols
+                s = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+                if HAS_DELTA:
+                    s += tl.load(d_ptr + off, mask=mask, other=0.0).to(tl.float32)
+                    s = s.to(s_ptr.dtype.element_ty)   # the residual stream is stored, and normalised, rounded
+                    tl.store(s_ptr + off, s, mask=mask)
+                    s = s.to(tl.float32)
+                if RMS:
+                    mean = 0.0
+                    xc = s
+                else:
+                    mean = tl.sum(s, axis=0) / n
+                    xc = tl.where(mask, s - mean, 0.0)
+                rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n + eps)
+                y = xc * rstd * w
+                if HAS_BIAS:
+                    y += b
+                tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
+                tl.store(mean_ptr + row, mean)
+                tl.store(rstd_ptr + row, rstd)
+
+    @triton.jit
+    def _bwd_kernel(s_ptr, dy_ptr, ds_res_ptr, w_ptr, mean_ptr, rstd_ptr, ds_ptr, dw_part_ptr, db_part_ptr,
+                    rows, n, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
+                    ROWS_PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK], dtype=tl.float32)
+        db = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in range(ROWS_PER_PROG):
+            row = pid * ROWS_PER_PROG + i
+            if row < rows:
+                off = row.to(tl.int64) * n + cols
+                s = tl.load(s_ptr + off, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
+                mean = tl.load(mean_ptr + row)
+                rstd = tl.load(rstd_ptr + row)
+                xhat = tl.where(mask, (s - mean) * rstd, 0.0)
+                wdy = w * dy
+                c1 = tl.sum(xhat * wdy, axis=0) / n
+                if RMS:
+                    ds = (wdy - xhat * c1) * rstd
+                else:
+                    c2 = tl.sum(wdy, axis=0) / n
+                    ds = (wdy - (xhat * c1 + c2)) * rstd
+                if HAS_RES:
+                    ds += tl.load(ds_res_ptr + off, mask=mask, other=0.0).to(tl.float32)
+                tl.store(ds_ptr + off, ds.to(ds_ptr.dtype.element_ty), mask=mask)
+                dw += dy * xhat
+                if HAS_BIAS:
+                    db += dy
+        tl.store(dw_part_ptr + pid * n + cols, dw, mask=mask)
+        if HAS_BIAS:
+            tl.store(db_part_ptr + pid * n + cols, db, mask=mask)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _launch_shape(rows: int, n: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(programs, rows per program, block, warps). Forward and backward use the same: enough programs to
+    fill the GPU a few times over; the backward's partial sums are then programs x n fp32 (2 MiB at
+    264 x 2048), summed by one small reduction."""
+    block = triton.next_power_of_2(n)
+    warps = min(16, max(4, block // 512))
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 4
+    rows_per_prog = max(1, triton.cdiv(rows, 2 * sms))
+    return triton.cdiv(rows, rows_per_prog), rows_per_prog, block, warps
+
+
+class _ResidualNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, delta, weight, bias, eps, rms):
+        n = x.shape[-1]
+        rows = x.numel() // n
+        s = torch.empty_like(x) if delta is not None else x
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, dtype=torch.float32, device=x.device)
+        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+        progs, rpp, block, warps = _launch_shape(rows, n, x.device)
+        _fwd_kernel[(progs,)](x, delta if delta is not None else x, weight, bias if bias is not None else weight,
+                              s, y, mean, rstd, rows, n, eps, HAS_DELTA=delta is not None,
+                              HAS_BIAS=bias is not None, RMS=rms, ROWS_PER_PROG=rpp, BLOCK=block,
+                              num_warps=warps)
+        ctx.save_for_backward(s, weight, mean, rstd)
+        ctx.has_delta, ctx.has_bias, ctx.rms = delta is not None, bias is not None, rms
+        ctx.weight_dtype = weight.dtype
+        # s is x itself without delta: autograd hands back a view of x as the first output
+        return s, y
+
+    @staticmethod
+    def backward(ctx, ds_res, dy):
+        s, weight, mean, rstd = ctx.saved_tensors
+        n = s.shape[-1]
+        rows = s.numel() // n
+        if dy is None:  # only the residual was used: the norm contributes nothing
+            dy = torch.zeros_like(s)
+        dy = dy.contiguous()
+        if ds_res is not None:
+            ds_res = ds_res.contiguous()
+        progs, rpp, block, warps = _launch_shape(rows, n, s.device)
+        ds = torch.empty_like(s)
+        dw_part = torch.empty(progs, n, dtype=torch.float32, device=s.device)
+        db_part = torch.empty(progs, n, dtype=torch.float32, device=s.device) if ctx.has_bias else dw_part
+        _bwd_kernel[(progs,)](s, dy, ds_res if ds_res is not None else dy, weight, mean, rstd, ds, dw_part,
+                              db_part, rows, n, HAS_RES=ds_res is not None, HAS_BIAS=ctx.has_bias, RMS=ctx.rms,
+                              ROWS_PER_PROG=rpp, BLOCK=block, num_warps=warps)
+        dw = dw_part.sum(0).to(ctx.weight_dtype)
+        db = db_part.sum(0).to(ctx.weight_dtype) if ctx.has_bias else None
+        return ds, (ds if ctx.has_delta else None), dw, db, None, None
+
+
+def _fused(x: torch.Tensor, delta, weight) -> bool:
+    return (use_triton(x.device) and x.is_contiguous() and x.numel() > 0 and x.shape[-1] <= _MAX_HIDDEN
+            and (delta is None or (delta.is_contiguous() and delta.shape == x.shape and delta.dtype == x.dtype))
+            and weight.is_contiguous())
+
+
+def residual_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                  eps: float, rms: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, y): s = x + delta (x when delta is None), y = LayerNorm(s) (RMSNorm when rms, no bias) over the
+    last dimension. Backward merges the gradient arriving at s with the norm's input gradient in one pass."""
+    if not _fused(x, delta, weight):
+        return residual_norm_eager(x, delta, weight, bias, eps, rms)
+    return _ResidualNorm.apply(x, delta, weight, bias, eps, rms)
+
+
+@torch.no_grad()
+def norm_forward(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                 rms: bool) -> torch.Tensor:
+    """y = norm(s) without autograd (selective recompute rebuilds the norm output from its input)."""
+    return residual_norm(s, None, weight, bias, eps, rms)[1]

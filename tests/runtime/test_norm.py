@@ -1,0 +1,83 @@
+"""runtime/norm.py: the fused residual add + LayerNorm / RMSNorm against autograd through PyTorch's own ops
+(outputs and every gradient: x, delta, weight, bias, with and without a gradient arriving at the residual),
+on the eager path, under Triton's interpreter (a worker process with TRITON_INTERPRET=1) and on CUDA."""
+import importlib.util
+
+import pytest
+import torch
+
+from runtime import norm as nm
+
+
+def _reference(x, delta, w, b, eps, rms, gs, gy):
+    leaves = [t.detach().double().requires_grad_(True) if t is not None else None for t in (x, delta, w, b)]
+    xr, dr, wr, br = leaves
+    s, y = nm.residual_norm_eager(xr, dr, wr, br, eps, rms)
+    loss = (y * gy.double()).sum() + ((s * gs.double()).sum() if gs is not None else 0.0)
+    loss.backward()
+    return s, y, [t.grad if t is not None else None for t in leaves]
+
+
+def _check(device: str, dtype, rows=37, n=80, rms=False, with_delta=True, residual_grad=True) -> list[str]:
+    torch.manual_seed(0)
+    mk = lambda *shape: torch.randn(*shape).to(dtype).to(device)  # noqa: E731
+    x, delta = mk(rows, n), (mk(rows, n) if with_delta else None)
+    w = (1 + 0.1 * torch.randn(n)).to(dtype).to(device)
+    b = None if rms else (0.1 * torch.randn(n)).to(dtype).to(device)
+    gy, gs = mk(rows, n), (mk(rows, n) if residual_grad else None)
+    cpu = lambda t: t.cpu() if t is not None else None  # noqa: E731
+    want_s, want_y, want_grads = _reference(*(cpu(t) for t in (x, delta, w, b)), 1e-5, rms, cpu(gs), cpu(gy))
+    leaves = [t.detach().requires_grad_(True) if t is not None else None for t in (x, delta, w, b)]
+    s, y = nm.residual_norm(*leaves, 1e-5, rms)
+    loss = (y.float() * gy.float()).sum() + ((s.float() * gs.float()).sum() if gs is not None else 0.0)
+    loss.backward()
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    bad = []
+    for name, got, want in [("s", s, want_s), ("y", y, want_y)] + [
+            (f"grad {k}", t.grad, g) for k, t, g in zip(("x", "delta", "weight", "bias"), leaves, want_grads)
+            if t is not None]:
+        if got is None or got.shape != want.shape:
+            bad.append(f"{name}: shape {None if got is None else tuple(got.shape)}")
+            continue
+        scale = max(1.0, want.abs().max().item())
+        err = (got.detach().cpu().double() - want).abs().max().item() / scale
+        if err > tol:
+            bad.append(f"{name} ({dtype}, rms={rms}, delta={with_delta}, residual grad={residual_grad}): "
+                       f"relative error {err:.3g}")
+    return bad
+
+
+def _all_cases(device, dtype):
+    bad = []
+    for rms in (False, True):
+        for with_delta in (True, False):
+            for residual_grad in (True, False):
+                bad += _check(device, dtype, rms=rms, with_delta=with_delta, residual_grad=residual_grad)
+    return bad
+
+
+def test_eager_residual_norm_matches_autograd():
+    assert _all_cases("cpu", torch.float32) == []
+
+
+def _interpreted(rank, world):
+    from runtime.triton_support import use_triton
+    assert use_triton(torch.device("cpu"))
+    assert nm._fused(torch.zeros(2, 8), None, torch.zeros(8))
+    # a width that is not a power of two, rows that do not fill the last program
+    return _all_cases("cpu", torch.float32) + _check("cpu", torch.float32, rows=5, n=1000)
+
+
+def test_triton_residual_norm_matches_autograd_interpreted(monkeypatch):
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from tests.runtime.dist_util import run_workers
+    assert run_workers(_interpreted, 1) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_residual_norm_matches_autograd_on_cuda(dtype):
+    assert nm._fused(torch.zeros(2, 8, device="cuda"), None, torch.zeros(8, device="cuda"))
+    assert _all_cases("cuda", dtype) + _check("cuda", dtype, rows=8192, n=2048) == []
