@@ -513,13 +513,20 @@ class CostModel:
                                       + exposed_s(ag + rs, window_bwd_s, frac, lay.overlap_dp))
         return total
 
-    def fused_wgrad_params(self, layers: float, last: bool) -> float:
-        """GEMM weights whose gradient the weight-gradient GEMM accumulates into fp32 itself: the runtime does
-        so when a full fp32 main-gradient buffer exists (sharding 'none' and 'optimizer')."""
-        if self.lay.sharding not in ("none", "optimizer"):
+    def fused_wgrad_params(self, layers: float, last: bool, first: bool = False) -> float:
+        """Weights whose gradient goes into the fp32 main gradient without a bf16 gradient and a separate add:
+        the GEMM weights (the weight-gradient GEMM accumulates in fp32 itself) and the word embedding (its
+        backward index-adds rows into fp32, runtime/parallel/tensor.py _EmbeddingLookup), as the runtime does
+        when a full fp32 main-gradient buffer exists (sharding 'none' and 'optimizer'). Norm weights and biases
+        go there directly too; they are too small to count here."""
+        lay, m = self.lay, self.m
+        if lay.sharding not in ("none", "optimizer"):
             return 0.0
-        return layers * mem.layer_gemm_weights_local(self.m, self.lay.tp) \
-            + (mem.head_gemm_weights_local(self.m, self.lay.tp) if last else 0.0)
+        word = m.vocab_size * m.hidden / lay.tp
+        tied_copy = last and m.tie_embeddings and lay.pp > 1  # the last stage's own copy of the tied weight
+        return layers * mem.layer_gemm_weights_local(m, lay.tp) \
+            + (mem.head_gemm_weights_local(m, lay.tp) if last else 0.0) \
+            + (word if first else 0.0) + (word if tied_copy else 0.0)
 
     def optimizer_s(self, dense: float, expert: float, fused: float = 0.0) -> float:
         """AdamW over the local master shard, plus the runtime's per-parameter bookkeeping around it
@@ -566,7 +573,8 @@ class CostModel:
             layers = sum(st.layers for _, st in rs)
             dp_t.append(self.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro))
             last = any(j == lay.pp * lay.vpp - 1 for j, _ in rs)
-            opt_t.append(self.optimizer_s(dense, expert, self.fused_wgrad_params(layers, last)))
+            first = any(j == 0 for j, _ in rs)
+            opt_t.append(self.optimizer_s(dense, expert, self.fused_wgrad_params(layers, last, first)))
         t_max = max(per_rank_t)
         if lay.pp == 1:
             pipe = ideal = num_micro * t_max

@@ -163,7 +163,7 @@ def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins) -> tuple[float, flo
     dense, expert = cm.params_of(bound_layers, True, lay.pp == 1)
     layers = m.num_layers / lay.pp
     dp = cm.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro)
-    time_lb = pipe + dp + cm.optimizer_s(dense, expert, cm.fused_wgrad_params(bound_layers, lay.pp == 1))
+    time_lb = pipe + dp + cm.optimizer_s(dense, expert, cm.fused_wgrad_params(bound_layers, lay.pp == 1, lay.pp == 1))
     # memory: the busiest rank holds at least the mean over ranks; every layer keeps at least its
     # recompute mode's activations for at least one micro-batch in flight
     acts = cm.activations

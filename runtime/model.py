@@ -57,6 +57,9 @@ class Norm(nn.Module):
         self.eps = eps if eps is not None else (1e-5 if spec.family != "bert" else 1e-12)
         self.weight = _tp_param((spec.hidden,), None, init=("ones",), sequence_parallel=True)
         self.bias = None if self.rms else _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)
+        for p in (self.weight, self.bias):  # runtime/norm.py writes their gradients straight into main_grad
+            if p is not None:
+                p.wgrad_fusable = True
 
     def residual(self, x, delta=None):
         """(s, y): the residual stream s = x + delta (x when delta is None) and y = norm(s)."""

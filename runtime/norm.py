@@ -40,37 +40,31 @@ def residual_norm_eager(x, delta, weight, bias, eps: float, rms: bool):
 
 if triton is not None:
     @triton.jit
-    def _fwd_kernel(x_ptr, d_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, rows, n, eps,
-                    HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
-                    ROWS_PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
+    def _fwd_kernel(x_ptr, d_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
+                    HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < n
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        off = row.to(tl.int64) * n + cols
+        s = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        if HAS_DELTA:
+            s += tl.load(d_ptr + off, mask=mask, other=0.0).to(tl.float32)
+            s = s.to(s_ptr.dtype.element_ty)   # the residual stream is stored, and normalised, rounded
+            tl.store(s_ptr + off, s, mask=mask)
+            s = s.to(tl.float32)
+        if RMS:
+            mean = 0.0
+            xc = s
+        else:
+            mean = tl.sum(s, axis=0) / n
+            xc = tl.where(mask, s - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n + eps)
+        y = xc * rstd * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
-            b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        for i in range(ROWS_PER_PROG):
-            row = tl.program_id(0) * ROWS_PER_PROG + i
-            if row < rows:
-                off = row.to(tl.int64) * n + cols
-                s = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
-                if HAS_DELTA:
-                    s += tl.load(d_ptr + off, mask=mask, other=0.0).to(tl.float32)
-                    s = s.to(s_ptr.dtype.element_ty)   # the residual stream is stored, and normalised, rounded
-                    tl.store(s_ptr + off, s, mask=mask)
-                    s = s.to(tl.float32)
-                if RMS:
-                    mean = 0.0
-                    xc = s
-                else:
-                    mean = tl.sum(s, axis=0) / n
-                    xc = tl.where(mask, s - mean, 0.0)
-                rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n + eps)
-                y = xc * rstd * w
-                if HAS_BIAS:
-                    y += b
-                tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
-                tl.store(mean_ptr + row, mean)
-                tl.store(rstd_ptr + row, rstd)
+            y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
 
     @triton.jit
     def _bwd_kernel(s_ptr, dy_ptr, ds_res_ptr, w_ptr, mean_ptr, rstd_ptr, ds_ptr, dw_part_ptr, db_part_ptr,
@@ -108,22 +102,61 @@ if triton is not None:
         if HAS_BIAS:
             tl.store(db_part_ptr + pid * n + cols, db, mask=mask)
 
+    @triton.jit
+    def _sum_partials_kernel(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, parts, n, HAS_BIAS: tl.constexpr,
+                             ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+        """dw (+)= sum over the programs' partial rows, db likewise, in fp32; one launch for both."""
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < n
+        dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for p0 in range(0, parts, BLOCK_P):
+            rows = p0 + tl.arange(0, BLOCK_P)
+            m = (rows[:, None] < parts) & cmask[None, :]
+            off = rows[:, None].to(tl.int64) * n + cols[None, :]
+            dw += tl.sum(tl.load(dw_part_ptr + off, mask=m, other=0.0), axis=0)
+            if HAS_BIAS:
+                db += tl.sum(tl.load(db_part_ptr + off, mask=m, other=0.0), axis=0)
+        if ACCUMULATE:
+            dw += tl.load(dw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=cmask)
+        if HAS_BIAS:
+            if ACCUMULATE:
+                db += tl.load(db_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=cmask)
+
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _launch_shape(rows: int, n: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(programs, rows per program, block, warps). Forward and backward use the same: enough programs to
-    fill the GPU a few times over; the backward's partial sums are then programs x n fp32 (2 MiB at
-    264 x 2048), summed by one small reduction."""
-    block = triton.next_power_of_2(n)
-    warps = min(16, max(4, block // 512))
+def _warps(block: int) -> int:
+    return min(16, max(4, block // 256))
+
+
+def _bwd_programs(rows: int, device: torch.device) -> int:
+    """Backward programs: about eight per SM (enough warps in flight to hide memory latency), each taking a
+    contiguous run of rows and writing one partial row of the weight / bias gradients (1056 x 2048 fp32 =
+    8.6 MiB at hidden 2048, summed by one more kernel)."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 4
-    rows_per_prog = max(1, triton.cdiv(rows, 2 * sms))
-    return triton.cdiv(rows, rows_per_prog), rows_per_prog, block, warps
+        if device.type == "cuda" else 2
+    return max(1, min(rows, 8 * sms))
+
+
+def _main_grads(weight: torch.Tensor, bias: torch.Tensor | None):
+    """(weight's, bias's fp32 `main_grad` views, accumulate?) when the optimizer gave them (all of them) one,
+    else None. The protocol is runtime/parallel/tensor.py weight_grad's: overwrite on the step's first use
+    (`main_grad_fresh`), and `grad_in_main_grad` tells the optimizer's hook that the gradient is already there."""
+    params = [weight] + ([bias] if bias is not None else [])
+    views = [getattr(p, "main_grad", None) for p in params]
+    if any(v is None for v in views):
+        return None
+    accumulate = not getattr(weight, "main_grad_fresh", False)
+    for p in params:
+        p.main_grad_fresh = False
+        p.grad_in_main_grad = True
+    return views[0], (views[1] if bias is not None else None), accumulate
 
 
 class _ResidualNorm(torch.autograd.Function):
@@ -135,14 +168,13 @@ class _ResidualNorm(torch.autograd.Function):
         y = torch.empty_like(x)
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        progs, rpp, block, warps = _launch_shape(rows, n, x.device)
-        _fwd_kernel[(progs,)](x, delta if delta is not None else x, weight, bias if bias is not None else weight,
-                              s, y, mean, rstd, rows, n, eps, HAS_DELTA=delta is not None,
-                              HAS_BIAS=bias is not None, RMS=rms, ROWS_PER_PROG=rpp, BLOCK=block,
-                              num_warps=warps)
+        block = triton.next_power_of_2(n)
+        _fwd_kernel[(rows,)](x, delta if delta is not None else x, weight, bias if bias is not None else weight,
+                             s, y, mean, rstd, n, eps, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None,
+                             RMS=rms, BLOCK=block, num_warps=_warps(block))
         ctx.save_for_backward(s, weight, mean, rstd)
+        ctx.weight_param, ctx.bias_param = weight, bias  # the Parameters themselves (their main_grad views)
         ctx.has_delta, ctx.has_bias, ctx.rms = delta is not None, bias is not None, rms
-        ctx.weight_dtype = weight.dtype
         # s is x itself without delta: autograd hands back a view of x as the first output
         return s, y
 
@@ -156,16 +188,30 @@ class _ResidualNorm(torch.autograd.Function):
         dy = dy.contiguous()
         if ds_res is not None:
             ds_res = ds_res.contiguous()
-        progs, rpp, block, warps = _launch_shape(rows, n, s.device)
+        block = triton.next_power_of_2(n)
+        progs = _bwd_programs(rows, s.device)
         ds = torch.empty_like(s)
         dw_part = torch.empty(progs, n, dtype=torch.float32, device=s.device)
         db_part = torch.empty(progs, n, dtype=torch.float32, device=s.device) if ctx.has_bias else dw_part
         _bwd_kernel[(progs,)](s, dy, ds_res if ds_res is not None else dy, weight, mean, rstd, ds, dw_part,
                               db_part, rows, n, HAS_RES=ds_res is not None, HAS_BIAS=ctx.has_bias, RMS=ctx.rms,
-                              ROWS_PER_PROG=rpp, BLOCK=block, num_warps=warps)
-        dw = dw_part.sum(0).to(ctx.weight_dtype)
-        db = db_part.sum(0).to(ctx.weight_dtype) if ctx.has_bias else None
-        return ds, (ds if ctx.has_delta else None), dw, db, None, None
+                              ROWS_PER_PROG=triton.cdiv(rows, progs), BLOCK=block, num_warps=_warps(block))
+        # weight and bias gradients: straight into their fp32 main_grad where they have one (no bf16 gradient,
+        # no separate add by the optimizer's hook), else into new tensors
+        targets = _main_grads(ctx.weight_param, ctx.bias_param)
+        if targets is not None:
+            dw, db, accumulate = targets
+        else:
+            dw, accumulate = torch.empty(n, dtype=weight.dtype, device=s.device), False
+            db = torch.empty(n, dtype=weight.dtype, device=s.device) if ctx.has_bias else None
+        block_n = 128
+        _sum_partials_kernel[(triton.cdiv(n, block_n),)](dw_part, db_part, dw, db if db is not None else dw, progs,
+                                                         n, HAS_BIAS=ctx.has_bias, ACCUMULATE=accumulate,
+                                                         BLOCK_N=block_n, BLOCK_P=32)
+        if targets is not None:  # placeholders: the optimizer's hooks find the gradients in main_grad
+            return ds, (ds if ctx.has_delta else None), torch.empty_like(weight), \
+                (torch.empty_like(ctx.bias_param) if ctx.has_bias else None), None, None
+        return ds, (ds if ctx.has_delta else None), dw, (db if ctx.has_bias else None), None, None
 
 
 def _fused(x: torch.Tensor, delta, weight) -> bool:

@@ -239,7 +239,8 @@ class DistributedOptimizer:
     def zero_grad(self):
         for buf in self.buffers:
             if buf.main_grad is not None:
-                torch._foreach_zero_(buf.zero_views)
+                if buf.zero_views:  # empty when every parameter of the buffer writes its main_grad itself
+                    torch._foreach_zero_(buf.zero_views)
                 for p in buf.fusable:  # overwritten by their first weight-gradient GEMM (tensor.weight_grad)
                     p.main_grad_fresh = True
             for g in buf.grad_shard:

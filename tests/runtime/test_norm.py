@@ -65,7 +65,35 @@ def _interpreted(rank, world):
     assert use_triton(torch.device("cpu"))
     assert nm._fused(torch.zeros(2, 8), None, torch.zeros(8))
     # a width that is not a power of two, rows that do not fill the last program
-    return _all_cases("cpu", torch.float32) + _check("cpu", torch.float32, rows=5, n=1000)
+    return _all_cases("cpu", torch.float32) + _check("cpu", torch.float32, rows=5, n=1000) + _main_grad_protocol("cpu")
+
+
+def _main_grad_protocol(device: str) -> list[str]:
+    """With fp32 main_grad views (as the optimizer gives them), the weight and bias gradients land there:
+    overwritten on the step's first use, accumulated after, and the hook is told (grad_in_main_grad)."""
+    torch.manual_seed(2)
+    rows, n = 6, 40
+    x = torch.randn(rows, n, device=device)
+    w = torch.nn.Parameter(torch.randn(n, device=device))
+    b = torch.nn.Parameter(torch.randn(n, device=device))
+    gy = torch.randn(rows, n, device=device)
+    want_w, want_b = (t.detach().clone().requires_grad_(True) for t in (w, b))
+    _, y = nm.residual_norm_eager(x, None, want_w, want_b, 1e-5, False)
+    (y * gy).sum().backward()
+    bad = []
+    for p in (w, b):
+        p.main_grad = torch.full((n,), float("nan"), device=device)   # stale: must be overwritten, not read
+        p.main_grad_fresh = True
+    for use in range(2):
+        _, y = nm.residual_norm(x, None, w, b, 1e-5, False)
+        (y * gy).sum().backward()
+        for name, p, want in (("weight", w, want_w.grad), ("bias", b, want_b.grad)):
+            if not getattr(p, "grad_in_main_grad", False):
+                bad.append(f"{name}: hook not told (use {use})")
+            if not torch.allclose(p.main_grad, (use + 1) * want, rtol=1e-4, atol=1e-4):
+                bad.append(f"{name}: main_grad after use {use} off by {(p.main_grad - (use + 1) * want).abs().max():.3g}")
+            p.grad_in_main_grad = False
+    return bad
 
 
 def test_triton_residual_norm_matches_autograd_interpreted(monkeypatch):
@@ -81,3 +109,4 @@ def test_triton_residual_norm_matches_autograd_interpreted(monkeypatch):
 def test_triton_residual_norm_matches_autograd_on_cuda(dtype):
     assert nm._fused(torch.zeros(2, 8, device="cuda"), None, torch.zeros(8, device="cuda"))
     assert _all_cases("cuda", dtype) + _check("cuda", dtype, rows=8192, n=2048) == []
+    assert _main_grad_protocol("cuda") == []
