@@ -102,28 +102,63 @@ if triton is not None:
         if HAS_BIAS:
             tl.store(db_part_ptr + pid * n + cols, db, mask=mask)
 
+    # The partial rows are few and short (4 x SMs rows of hidden fp32): the work is latency, not bandwidth, and
+    # which tile hides it best depends on the width. A fixed 128-column tile over 32-row steps took 122 us per
+    # call at 1056 x 2048 (session 10 call p2, 6 ms of a GPT-1.3B step). The tile is tuned once per shape on
+    # scratch outputs (_sum_partials, in an eager step before any CUDA-graph capture), never on main_grad.
     @triton.jit
-    def _sum_partials_kernel(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, parts, n, HAS_BIAS: tl.constexpr,
-                             ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
-        """dw (+)= sum over the programs' partial rows, db likewise, in fp32; one launch for both."""
+    def _sum_partials_kernel(part_ptr, out_ptr, out_stride, parts, n, ACCUMULATE: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+        """out_ptr + a * out_stride (+)= the sum over rows of part[a] ([arrays, parts, n] fp32; grid axis 1 is
+        a: the weight's and the bias's partial sums in one launch, their outputs anywhere in one allocation)."""
+        a = tl.program_id(1).to(tl.int64)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < n
-        dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-        db = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        base = part_ptr + a * parts * n
         for p0 in range(0, parts, BLOCK_P):
             rows = p0 + tl.arange(0, BLOCK_P)
             m = (rows[:, None] < parts) & cmask[None, :]
-            off = rows[:, None].to(tl.int64) * n + cols[None, :]
-            dw += tl.sum(tl.load(dw_part_ptr + off, mask=m, other=0.0), axis=0)
-            if HAS_BIAS:
-                db += tl.sum(tl.load(db_part_ptr + off, mask=m, other=0.0), axis=0)
+            acc += tl.sum(tl.load(base + rows[:, None].to(tl.int64) * n + cols[None, :], mask=m, other=0.0), axis=0)
+        out = out_ptr + a * out_stride + cols
         if ACCUMULATE:
-            dw += tl.load(dw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-        tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=cmask)
-        if HAS_BIAS:
-            if ACCUMULATE:
-                db += tl.load(db_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=cmask)
+            acc += tl.load(out, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=cmask)
+
+    # tuned on CUDA; under the interpreter (CPU tests) there is nothing to time: one fixed tile
+    _sum_partials_tuned = triton.autotune(
+        configs=[triton.Config({"BLOCK_N": bn, "BLOCK_P": bp}, num_warps=w)
+                 for bn, bp, w in ((16, 128, 2), (32, 128, 4), (32, 64, 2), (64, 64, 4), (64, 32, 2), (128, 32, 4))],
+        key=["parts", "n"])(_sum_partials_kernel)
+
+_TUNED: set = set()
+
+
+def _sum_launch(part, out, stride, parts, n, arrays, accumulate):
+    if part.device.type != "cuda":
+        _sum_partials_kernel[(triton.cdiv(n, 32), arrays)](part, out, stride, parts, n, ACCUMULATE=accumulate,
+                                                           BLOCK_N=32, BLOCK_P=64)
+        return
+    _sum_partials_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), arrays)](
+        part, out, stride, parts, n, ACCUMULATE=accumulate)
+
+
+def _sum_partials(part: torch.Tensor, outs: list[torch.Tensor], accumulate: bool) -> None:
+    """outs[a] (+)= part[a].sum(0) for the weight (and bias) partial sums, in one launch when the outputs share
+    an allocation (a norm's main_grad views in the flat gradient buffer, or one new [2, n] tensor)."""
+    arrays, parts, n = part.shape
+    key = (parts, n, part.device)
+    if key not in _TUNED:  # autotune on scratch outputs: its trials would add to main_grad several times
+        _sum_launch(part, torch.empty(arrays, n, dtype=torch.float32, device=part.device), n, parts, n, arrays, False)
+        _TUNED.add(key)
+    one = arrays == 1 or (outs[1].untyped_storage().data_ptr() == outs[0].untyped_storage().data_ptr()
+                          and outs[1].dtype == outs[0].dtype)
+    if one:
+        stride = (outs[-1].data_ptr() - outs[0].data_ptr()) // outs[0].element_size()
+        _sum_launch(part, outs[0], stride, parts, n, arrays, accumulate)
+        return
+    for a in range(arrays):
+        _sum_launch(part[a], outs[a], 0, parts, n, 1, accumulate)
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,12 +171,12 @@ def _warps(block: int) -> int:
 
 
 def _bwd_programs(rows: int, device: torch.device) -> int:
-    """Backward programs: about eight per SM (enough warps in flight to hide memory latency), each taking a
-    contiguous run of rows and writing one partial row of the weight / bias gradients (1056 x 2048 fp32 =
-    8.6 MiB at hidden 2048, summed by one more kernel)."""
+    """Backward programs: four per SM (with 8-16 warps each, enough in flight to hide memory latency), each
+    taking a contiguous run of rows and writing one partial row of the weight / bias gradients (528 x 2048
+    fp32 = 4.3 MiB at hidden 2048, summed by one more kernel)."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 2
-    return max(1, min(rows, 8 * sms))
+    return max(1, min(rows, 4 * sms))
 
 
 def _main_grads(weight: torch.Tensor, bias: torch.Tensor | None):
@@ -191,27 +226,23 @@ class _ResidualNorm(torch.autograd.Function):
         block = triton.next_power_of_2(n)
         progs = _bwd_programs(rows, s.device)
         ds = torch.empty_like(s)
-        dw_part = torch.empty(progs, n, dtype=torch.float32, device=s.device)
-        db_part = torch.empty(progs, n, dtype=torch.float32, device=s.device) if ctx.has_bias else dw_part
-        _bwd_kernel[(progs,)](s, dy, ds_res if ds_res is not None else dy, weight, mean, rstd, ds, dw_part,
-                              db_part, rows, n, HAS_RES=ds_res is not None, HAS_BIAS=ctx.has_bias, RMS=ctx.rms,
+        arrays = 2 if ctx.has_bias else 1
+        part = torch.empty(arrays, progs, n, dtype=torch.float32, device=s.device)
+        _bwd_kernel[(progs,)](s, dy, ds_res if ds_res is not None else dy, weight, mean, rstd, ds, part[0],
+                              part[-1], rows, n, HAS_RES=ds_res is not None, HAS_BIAS=ctx.has_bias, RMS=ctx.rms,
                               ROWS_PER_PROG=triton.cdiv(rows, progs), BLOCK=block, num_warps=_warps(block))
         # weight and bias gradients: straight into their fp32 main_grad where they have one (no bf16 gradient,
         # no separate add by the optimizer's hook), else into new tensors
         targets = _main_grads(ctx.weight_param, ctx.bias_param)
         if targets is not None:
-            dw, db, accumulate = targets
+            outs, accumulate = [t for t in targets[:arrays]], targets[2]
         else:
-            dw, accumulate = torch.empty(n, dtype=weight.dtype, device=s.device), False
-            db = torch.empty(n, dtype=weight.dtype, device=s.device) if ctx.has_bias else None
-        block_n = 128
-        _sum_partials_kernel[(triton.cdiv(n, block_n),)](dw_part, db_part, dw, db if db is not None else dw, progs,
-                                                         n, HAS_BIAS=ctx.has_bias, ACCUMULATE=accumulate,
-                                                         BLOCK_N=block_n, BLOCK_P=32)
+            outs, accumulate = list(torch.empty(arrays, n, dtype=weight.dtype, device=s.device)), False
+        _sum_partials(part, outs, accumulate)
         if targets is not None:  # placeholders: the optimizer's hooks find the gradients in main_grad
             return ds, (ds if ctx.has_delta else None), torch.empty_like(weight), \
                 (torch.empty_like(ctx.bias_param) if ctx.has_bias else None), None, None
-        return ds, (ds if ctx.has_delta else None), dw, (db if ctx.has_bias else None), None, None
+        return ds, (ds if ctx.has_delta else None), outs[0], (outs[1] if ctx.has_bias else None), None, None
 
 
 def _fused(x: torch.Tensor, delta, weight) -> bool:

@@ -69,8 +69,14 @@ def _interpreted(rank, world):
 
 
 def _main_grad_protocol(device: str) -> list[str]:
+    return _main_grad_case(device, None) + _main_grad_case(device, "weight first") \
+        + _main_grad_case(device, "bias first")
+
+
+def _main_grad_case(device: str, flat) -> list[str]:
     """With fp32 main_grad views (as the optimizer gives them), the weight and bias gradients land there:
-    overwritten on the step's first use, accumulated after, and the hook is told (grad_in_main_grad)."""
+    overwritten on the step's first use, accumulated after, and the hook is told (grad_in_main_grad). `flat`:
+    both views in one flat buffer, in that order with a gap (one launch writes both), or separate tensors."""
     torch.manual_seed(2)
     rows, n = 6, 40
     x = torch.randn(rows, n, device=device)
@@ -81,8 +87,11 @@ def _main_grad_protocol(device: str) -> list[str]:
     _, y = nm.residual_norm_eager(x, None, want_w, want_b, 1e-5, False)
     (y * gy).sum().backward()
     bad = []
-    for p in (w, b):
-        p.main_grad = torch.full((n,), float("nan"), device=device)   # stale: must be overwritten, not read
+    buf = torch.full((3 * n,), float("nan"), device=device)   # stale: must be overwritten, not read
+    views = {None: (torch.full((n,), float("nan"), device=device), torch.full((n,), float("nan"), device=device)),
+             "weight first": (buf[:n], buf[2 * n:]), "bias first": (buf[2 * n:], buf[n:2 * n])}[flat]
+    for p, v in zip((w, b), views):
+        p.main_grad = v
         p.main_grad_fresh = True
     for use in range(2):
         _, y = nm.residual_norm(x, None, w, b, 1e-5, False)
@@ -91,7 +100,8 @@ def _main_grad_protocol(device: str) -> list[str]:
             if not getattr(p, "grad_in_main_grad", False):
                 bad.append(f"{name}: hook not told (use {use})")
             if not torch.allclose(p.main_grad, (use + 1) * want, rtol=1e-4, atol=1e-4):
-                bad.append(f"{name}: main_grad after use {use} off by {(p.main_grad - (use + 1) * want).abs().max():.3g}")
+                bad.append(f"{name} ({flat}): main_grad after use {use} off by "
+                           f"{(p.main_grad - (use + 1) * want).abs().max():.3g}")
             p.grad_in_main_grad = False
     return bad
 
