@@ -14,8 +14,8 @@ A Triton LayerNorm was tried in session 3 and dropped: it added host time per ca
 the host then, got slower. Since session 8 a step is one CUDA graph replay where the plan allows it, so host
 time per call no longer reaches the GPU there; eager steps still pay about as much as PyTorch's own kernels.
 
-What is kept for backward: s (the norm input, as PyTorch's norms keep their input) and mean / rstd in fp32,
-the same as before. Where Triton does not run (CPU without the interpreter, non-contiguous input, hidden
+What is kept for backward: s (the norm input, as PyTorch's norms keep their input) and rstd (and LayerNorm's
+mean) in fp32, the same as before. Where Triton does not run (CPU without the interpreter, non-contiguous input, hidden
 beyond _MAX_HIDDEN) PyTorch's ops compute the same thing with autograd.
 """
 from __future__ import annotations
@@ -63,7 +63,8 @@ if triton is not None:
         if HAS_BIAS:
             y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(mean_ptr + row, mean)
+        if not RMS:  # RMSNorm keeps only rstd, as PyTorch's does (the planner's memory model counts one float)
+            tl.store(mean_ptr + row, mean)
         tl.store(rstd_ptr + row, rstd)
 
     @triton.jit
@@ -82,7 +83,10 @@ if triton is not None:
                 off = row.to(tl.int64) * n + cols
                 s = tl.load(s_ptr + off, mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
-                mean = tl.load(mean_ptr + row)
+                if RMS:
+                    mean = 0.0
+                else:
+                    mean = tl.load(mean_ptr + row)
                 rstd = tl.load(rstd_ptr + row)
                 xhat = tl.where(mask, (s - mean) * rstd, 0.0)
                 wdy = w * dy
@@ -201,13 +205,13 @@ class _ResidualNorm(torch.autograd.Function):
         rows = x.numel() // n
         s = torch.empty_like(x) if delta is not None else x
         y = torch.empty_like(x)
-        mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+        mean = rstd if rms else torch.empty(rows, dtype=torch.float32, device=x.device)  # RMS: not written
         block = triton.next_power_of_2(n)
         _fwd_kernel[(rows,)](x, delta if delta is not None else x, weight, bias if bias is not None else weight,
                              s, y, mean, rstd, n, eps, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None,
                              RMS=rms, BLOCK=block, num_warps=_warps(block))
-        ctx.save_for_backward(s, weight, mean, rstd)
+        ctx.save_for_backward(s, weight, rstd if rms else mean, rstd)
         ctx.weight_param, ctx.bias_param = weight, bias  # the Parameters themselves (their main_grad views)
         ctx.has_delta, ctx.has_bias, ctx.rms = delta is not None, bias is not None, rms
         # s is x itself without delta: autograd hands back a view of x as the first output
