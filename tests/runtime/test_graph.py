@@ -138,3 +138,28 @@ def test_gradient_norm_taken_beside_backward_equals_the_norm_after_it(tmp_path):
     assert len(rows["beside"]) == len(rows["after"]) == 5
     for (la, na), (lb, nb) in zip(rows["beside"], rows["after"]):
         assert na == pytest.approx(nb, rel=1e-4) and la == pytest.approx(lb, rel=2e-3)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_fully_sharded_step_on_cuda_trains_as_the_sharded_optimizer_one(tmp_path):
+    """Sharding 'full' runs torch's fused AdamW over FSDP2's DTensor shards and one foreach norm on CUDA
+    (runtime/parallel/data.py, session 10). On two GPUs it must train as the ZeRO-1 step of the same plan."""
+    spec = tiny_model("llama", num_layers=4)
+    plan = Plan(model=spec, cluster={"gpu": "h200-sxm", "num_gpus": 2, "gpus_per_node": 2},
+                training=TrainingShape(32, 8), layout=Layout(dp=2, micro_batch=2, sharding="optimizer"),
+                stages=[StagePlan(layers=4)])
+    for name in ("full", "optimizer"):
+        replace(plan, layout=replace(plan.layout, sharding=name)).save(tmp_path / f"{name}.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}",
+           "-m", "runtime.train", "--plan", str(tmp_path / "full.json"), str(tmp_path / "optimizer.json"),
+           "--steps", "5", "--warmup", "2", "--device", "cuda", "--results", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300,
+                       cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    full, zero1 = _losses(tmp_path / "full.csv"), _losses(tmp_path / "optimizer.csv")
+    assert len(full) == len(zero1) == 5
+    assert full == pytest.approx(zero1, rel=2e-3)
+    assert len({round(x, 4) for x in full}) > 1  # training moved
