@@ -120,3 +120,45 @@ def test_triton_residual_norm_matches_autograd_on_cuda(dtype):
     assert nm._fused(torch.zeros(2, 8, device="cuda"), None, torch.zeros(8, device="cuda"))
     assert _all_cases("cuda", dtype) + _check("cuda", dtype, rows=8192, n=2048) == []
     assert _main_grad_protocol("cuda") == []
+
+
+def _model_step(family: str, modes: list[str], fused: bool, monkeypatch, device: str = "cuda") -> tuple[float, dict]:
+    """One training step (two micro-batches: main_grad is overwritten, then accumulated) of a tiny model on CUDA
+    in fp32, through the optimizer's main gradients; the norms on the Triton path or on PyTorch's."""
+    from runtime.mesh import single_process_groups
+    from runtime.model import build_stage
+    from runtime.parallel.data import AdamConfig, build_optimizer
+    from runtime.step import train_step
+    from tests.runtime.equiv import micro_batches
+    from planner.model import tiny_model
+    monkeypatch.setattr(nm, "_fused", nm._fused if fused else (lambda *a: False))
+    spec = tiny_model(family)
+    groups = single_process_groups()
+    dev = torch.device(device)
+    stage = build_stage(spec, groups, 0, spec.num_layers, True, True, modes, device=dev, seed=1234)
+    opt = build_optimizer([stage], groups, "none", AdamConfig(lr=1e-3), compute_dtype=torch.float32)
+    grads = {}
+
+    def capture():
+        grads.update({n: g.detach().cpu() for n, g in opt.full_local_grads().items()})
+    mbs = [{k: v.to(dev) for k, v in mb.items()} for mb in micro_batches(spec, 0, 1, 0, 4)]
+    loss, _ = train_step([stage], mbs, opt, groups, before_step=capture)
+    return float(loss), grads
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["gpt", "llama", "bert"])
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_models_train_the_same_with_fused_and_plain_norms_on_cuda(family, mode, monkeypatch):
+    """The whole model (pre-norm GPT with biases and tied embeddings, Llama's RMSNorm, BERT's post-norm), each
+    recompute mode: the loss and every parameter's gradient in main_grad agree between the Triton norms
+    (weights' and biases' gradients written into main_grad by the kernel) and PyTorch's."""
+    from planner.model import tiny_model
+    modes = [mode] * tiny_model(family).num_layers
+    loss_f, grads_f = _model_step(family, modes, True, monkeypatch)
+    loss_p, grads_p = _model_step(family, modes, False, monkeypatch)
+    assert loss_f == pytest.approx(loss_p, rel=1e-5)
+    assert grads_f.keys() == grads_p.keys()
+    for name, g in grads_p.items():
+        scale = max(1e-6, g.abs().max().item())
+        assert (grads_f[name] - g).abs().max().item() <= 1e-4 * scale + 1e-7, name
