@@ -111,7 +111,7 @@ if triton is not None:
     # call at 1056 x 2048 (session 10 call p2, 6 ms of a GPT-1.3B step). The tile is tuned once per shape on
     # scratch outputs (_sum_partials, in an eager step before any CUDA-graph capture), never on main_grad.
     @triton.jit
-    def _sum_partials_kernel(part_ptr, out_ptr, out_stride, parts, n, ACCUMULATE: tl.constexpr,
+    def _sum_partials_kernel(part_ptr, out_ptr, out_stride, n, PARTS: tl.constexpr, ACCUMULATE: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
         """out_ptr + a * out_stride (+)= the sum over rows of part[a] ([arrays, parts, n] fp32; grid axis 1 is
         a: the weight's and the bias's partial sums in one launch, their outputs anywhere in one allocation)."""
@@ -119,10 +119,10 @@ if triton is not None:
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < n
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        base = part_ptr + a * parts * n
-        for p0 in range(0, parts, BLOCK_P):
+        base = part_ptr + a * PARTS * n
+        for p0 in range(0, PARTS, BLOCK_P):  # PARTS a constant: a few values per GPU (the backward's programs)
             rows = p0 + tl.arange(0, BLOCK_P)
-            m = (rows[:, None] < parts) & cmask[None, :]
+            m = (rows[:, None] < PARTS) & cmask[None, :]
             acc += tl.sum(tl.load(base + rows[:, None].to(tl.int64) * n + cols[None, :], mask=m, other=0.0), axis=0)
         out = out_ptr + a * out_stride + cols
         if ACCUMULATE:
@@ -133,18 +133,18 @@ if triton is not None:
     _sum_partials_tuned = triton.autotune(
         configs=[triton.Config({"BLOCK_N": bn, "BLOCK_P": bp}, num_warps=w)
                  for bn, bp, w in ((16, 128, 2), (32, 128, 4), (32, 64, 2), (64, 64, 4), (64, 32, 2), (128, 32, 4))],
-        key=["parts", "n"])(_sum_partials_kernel)
+        key=["PARTS", "n"])(_sum_partials_kernel)
 
 _TUNED: set = set()
 
 
 def _sum_launch(part, out, stride, parts, n, arrays, accumulate):
     if part.device.type != "cuda":
-        _sum_partials_kernel[(triton.cdiv(n, 32), arrays)](part, out, stride, parts, n, ACCUMULATE=accumulate,
-                                                           BLOCK_N=32, BLOCK_P=64)
+        _sum_partials_kernel[(triton.cdiv(n, 32), arrays)](part, out, stride, n, PARTS=parts,
+                                                           ACCUMULATE=accumulate, BLOCK_N=32, BLOCK_P=64)
         return
     _sum_partials_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), arrays)](
-        part, out, stride, parts, n, ACCUMULATE=accumulate)
+        part, out, stride, n, PARTS=parts, ACCUMULATE=accumulate)
 
 
 def _sum_partials(part: torch.Tensor, outs: list[torch.Tensor], accumulate: bool) -> None:
