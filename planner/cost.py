@@ -528,6 +528,22 @@ class CostModel:
             + (mem.head_gemm_weights_local(m, lay.tp) if last else 0.0) \
             + (word if first else 0.0) + (word if tied_copy else 0.0)
 
+    def tp_grad_reduce_s(self, layers: float, first: bool, last: bool, num_micro: int) -> float:
+        """The TP all-reduces of the gradients of TP-replicated parameters (memory.tp_replicated_tensors), one
+        fp32 call per tensor, issued in backward's gradient hooks on the compute stream: exposed. Once per step
+        (on the last micro-batch), every micro-batch under 'optimizer+grads' (whose gradients are reduced every
+        micro-batch); under 'full' on the rank's shard of each. Under MoE with TP the experts' weights are among
+        them: 2 GiB per step for moe-small at TP2 (11 ms), which the planner had not priced (session 10: a
+        helper's re-prediction of session 9's n4 TP2 runs)."""
+        lay = self.lay
+        if lay.tp == 1:
+            return 0.0
+        shard = lay.dp * lay.cp if lay.sharding == "full" else 1
+        calls = num_micro if lay.sharding == "optimizer+grads" else 1
+        t = sum(n * self.group_collective_s("all_reduce", FP32 * elems / shard, lay.tp, self.strides["tp"])
+                for n, elems in mem.tp_replicated_tensors(self.m, lay.ep, layers, first, last))
+        return calls * t * self.prof.eff("tp")
+
     def optimizer_s(self, dense: float, expert: float, fused: float = 0.0) -> float:
         """AdamW over the local master shard, plus the runtime's per-parameter bookkeeping around it
         (`fused`: the rank's GEMM weights with gradient-accumulation fusion, see fused_wgrad_params)."""
@@ -561,7 +577,7 @@ class CostModel:
         the search scores its candidates that way (a play costs milliseconds) and plays the plans it keeps."""
         lay, m = self.lay, self.m
         num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
-        per_rank_t, mems, dp_t, opt_t = [], [], [], []
+        per_rank_t, mems, dp_t, opt_t, tpg_t = [], [], [], [], []
         times = [self.stage_time_s(j, st) for j, st in enumerate(stages)]
         for r in range(lay.pp):
             rs = [(j, stages[j]) for j in range(len(stages)) if j % lay.pp == r]
@@ -575,6 +591,7 @@ class CostModel:
             last = any(j == lay.pp * lay.vpp - 1 for j, _ in rs)
             first = any(j == 0 for j, _ in rs)
             opt_t.append(self.optimizer_s(dense, expert, self.fused_wgrad_params(layers, last, first)))
+            tpg_t.append(self.tp_grad_reduce_s(layers, first, last, num_micro))
         t_max = max(per_rank_t)
         if lay.pp == 1:
             pipe = ideal = num_micro * t_max
@@ -586,7 +603,10 @@ class CostModel:
                 fwd = [t * self.stage_fwd_share(j, st) for j, (t, st) in enumerate(zip(times, stages))]
                 bwd = [t - f for t, f in zip(times, fwd)]
                 pipe = pipeline_time_s(lay.pp, lay.vpp, num_micro, fwd, bwd, self.p2p_s)
-        step = pipe + max(dp_t) + max(opt_t)
+        # after the pipeline: the data-parallel reduction left exposed and the TP reduction of replicated
+        # parameters' gradients (both in the last backward's hooks), then the optimizer
+        ends_t = [d + g for d, g in zip(dp_t, tpg_t)]
+        step = pipe + max(ends_t) + max(opt_t)
         # breakdown along the slowest rank
         r = per_rank_t.index(t_max)
         rs = [(j, stages[j]) for j in range(len(stages)) if j % lay.pp == r]
@@ -602,7 +622,7 @@ class CostModel:
             "compute": num_micro * (layers * (L.fwd_compute_s + L.bwd_compute_s) + ends),
             "host": host_bound,
             "recompute": num_micro * recompute,
-            "tp_comm": num_micro * (layers * L.comm_by_dim_s["tp"] + head_comm),
+            "tp_comm": num_micro * (layers * L.comm_by_dim_s["tp"] + head_comm) + max(ends_t) - max(dp_t),
             "cp_comm": num_micro * layers * L.comm_by_dim_s["cp"],
             "ep_comm": num_micro * layers * L.comm_by_dim_s["ep"],
             # what the schedule adds beyond its closed form: hops waited for, and uneven chunks' fill and drain

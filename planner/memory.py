@@ -113,6 +113,38 @@ def head_params_local(m: ModelSpec, tp: int, pp: int) -> float:
     return n
 
 
+def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, last: bool) -> list[tuple[float, float]]:
+    """(how many, elements each) of one pipeline rank's parameter tensors that are replicated over TP while the
+    activations they touch are sequence-sharded: their gradients are partial per TP rank, and the runtime
+    all-reduces each over TP, one call per tensor (runtime/parallel/data.py, `sequence_parallel`; the list
+    follows runtime/model.py, tensor.py and expert.py): the norms' weights and biases, the row-parallel biases,
+    learned positions, BERT's token types, embedding norm and head transform, and under MoE the router and the
+    local experts' weights, which every TP rank holds whole."""
+    h, f = m.hidden, m.ffn_hidden
+    norm = 2 if m.has_bias else 1                                   # LayerNorm: weight and bias
+    per_layer = [(2 * norm, h)]
+    if m.has_bias:
+        per_layer.append((1 if m.is_moe else 2, h))                 # out-proj bias (and fc2's when dense)
+    if m.is_moe:
+        local = m.num_experts // ep
+        per_layer.append((1, m.num_experts * h))                    # router
+        if m.gated_mlp:
+            per_layer.append((3 * local, f * h))
+        else:
+            per_layer += [(2 * local, f * h)] + ([(local, f), (local, h)] if m.has_bias else [])
+    out = [(layers * n, e) for n, e in per_layer]
+    if first:
+        if m.learned_positions:
+            out.append((1, m.max_seq_len * h))
+        if m.family == "bert":
+            out += [(1, 2 * h), (2, h)]                             # token types, embedding LayerNorm
+    if last:
+        out.append((norm, h))                                       # final (BERT: head) norm
+        if m.family == "bert":
+            out += [(1, h * h), (1, h)]                             # head transform and its bias
+    return out
+
+
 def bytes_per_param(sharding: str, shard_ranks: int) -> float:
     d = max(shard_ranks, 1)
     weight, grad, optim = BF16_BYTES, FP32_BYTES, 3 * FP32_BYTES

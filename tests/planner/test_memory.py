@@ -191,3 +191,28 @@ def test_cublas_workspaces_are_counted_inside_the_allocator():
     assert rank0("h200-sxm", False) - rank0("cpu", False) == 2 * 32 * 2**20
     assert rank0("h200-sxm", True) - rank0("h200-sxm", False) == 2 * 32 * 2**20
     assert rank0("cpu", True) == rank0("cpu", False)
+
+
+def test_tp_gradient_reduction_is_priced_per_tensor_by_hand():
+    """moe at TP2: each replicated tensor's fp32 gradient all-reduced once per step (every micro-batch under
+    'optimizer+grads'), at the profile's all-reduce price."""
+    from planner.cluster import ClusterSpec
+    from planner.cost import CostModel
+    from planner.model import tiny_model
+    from planner.plan import Layout, TrainingShape
+    from planner.profile import load_profile
+    spec = tiny_model("llama", num_experts=4, top_k=2)
+    prof = load_profile("h200-sxm", "h200-sxm")
+    h, f, L = spec.hidden, spec.ffn_hidden, spec.num_layers
+    tensors = [(2 * L, h), (L, 4 * h), (3 * 4 * L, f * h), (1, h)]   # norms, routers, experts, final norm
+    ar = lambda elems: prof.collective_s("all_reduce", 4 * elems, 2, "nvlink")  # noqa: E731
+    want = sum(n * ar(e) for n, e in tensors) * prof.eff("tp")
+    for sharding, calls in (("optimizer", 1), ("optimizer+grads", 4)):
+        lay = Layout(tp=2, micro_batch=1, sharding=sharding)
+        cm = CostModel(spec, TrainingShape(spec.default_seq_len, 4), lay, ClusterSpec(gpu="h200-sxm", num_gpus=2,
+                                                                                      gpus_per_node=2), prof)
+        assert cm.tp_grad_reduce_s(L, True, True, 4) == pytest.approx(calls * want)
+    lay1 = Layout(tp=1, dp=2, micro_batch=1)
+    cm1 = CostModel(spec, TrainingShape(spec.default_seq_len, 4), lay1, ClusterSpec(gpu="h200-sxm", num_gpus=2,
+                                                                                    gpus_per_node=2), prof)
+    assert cm1.tp_grad_reduce_s(L, True, True, 4) == 0.0

@@ -105,3 +105,22 @@ def test_zero2_reduction_buffers_within_the_planner_count(family):
                                                mem.largest_param_local(spec, 1), bucket_elems=bucket)
     assert peak[0] > 2 * 4 * bucket, "more than two buckets alive: the count the planner used to make"
     assert peak[0] <= planned <= 3 * peak[0], (peak[0], planned)
+
+
+def test_tp_replicated_gradient_tensors_match_the_runtime_model():
+    """memory.tp_replicated_tensors lists exactly the parameters runtime/model.py marks sequence_parallel
+    (replicated over TP, their gradients all-reduced over TP): counted here from a built tiny model."""
+    from dataclasses import replace as dc_replace
+    from planner.memory import tp_replicated_tensors
+    from planner.model import tiny_model
+    from runtime.mesh import single_process_groups
+    from runtime.model import build_stage
+    for spec in (tiny_model("gpt"), tiny_model("llama"), tiny_model("bert"),
+                 tiny_model("llama", num_experts=4, top_k=2), dc_replace(tiny_model("gpt"), num_experts=4, top_k=2)):
+        stage = build_stage(spec, single_process_groups(), 0, spec.num_layers, True, True,
+                            ["none"] * spec.num_layers, device="cpu")
+        want = sorted(p.numel() for p in stage.parameters() if getattr(p, "sequence_parallel", False))
+        got = sorted(e for n, e in tp_replicated_tensors(spec, 1, spec.num_layers, True, True)
+                     for _ in range(int(n)))
+        assert got == want, spec.name
+
