@@ -76,6 +76,20 @@ def _losses(path: Path) -> list[float]:
         return [float(r["loss"]) for r in csv.DictReader(fh)]
 
 
+def _train_on_cuda(tmp_path: Path, names: list[str], gpus: int, steps: int) -> None:
+    """`runtime.train` over the plans tmp_path/<name>.json, one after another in one torchrun of `gpus`
+    processes; each plan's rows go to tmp_path/<name>.csv."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", f"--master-port={port}",
+           "-m", "runtime.train", "--plan", *(str(tmp_path / f"{n}.json") for n in names),
+           "--steps", str(steps), "--warmup", "2", "--device", "cuda", "--results", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300,
+                       cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("tp,pp,vpp,sharding,moe", [(1, 1, 1, "none", False), (2, 1, 1, "none", False),
                                                    (1, 1, 1, "optimizer", False), (1, 1, 1, "optimizer+grads", False),
@@ -96,15 +110,7 @@ def test_replayed_steps_match_eager_steps(tmp_path, tp, pp, vpp, sharding, moe):
     assert plan.layout.cuda_graph
     for name, graph in (("graph", True), ("eager", False)):
         replace(plan, layout=replace(plan.layout, cuda_graph=graph)).save(tmp_path / f"{name}.json")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", f"--master-port={port}",
-           "-m", "runtime.train", "--plan", str(tmp_path / "graph.json"), str(tmp_path / "eager.json"),
-           "--steps", "6", "--warmup", "2", "--device", "cuda", "--results", str(tmp_path)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300,
-                       cwd=REPO)
-    assert p.returncode == 0, p.stderr[-3000:]
+    _train_on_cuda(tmp_path, ["graph", "eager"], n, 6)
     graph, eager = _losses(tmp_path / "graph.csv"), _losses(tmp_path / "eager.csv")
     assert len(graph) == len(eager) == 6
     # the same kernels on the same data: the losses agree to bf16 noise, through steps 3-6 (the replays)
@@ -122,15 +128,7 @@ def test_gradient_norm_taken_beside_backward_equals_the_norm_after_it(tmp_path):
                 stages=[StagePlan(layers=4)])
     for name, overlap in (("beside", True), ("after", False)):
         replace(plan, layout=replace(plan.layout, overlap_dp=overlap)).save(tmp_path / f"{name}.json")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", f"--master-port={port}",
-           "-m", "runtime.train", "--plan", str(tmp_path / "beside.json"), str(tmp_path / "after.json"),
-           "--steps", "5", "--warmup", "2", "--device", "cuda", "--results", str(tmp_path)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300,
-                       cwd=REPO)
-    assert p.returncode == 0, p.stderr[-3000:]
+    _train_on_cuda(tmp_path, ["beside", "after"], 1, 5)
     rows = {}
     for name in ("beside", "after"):
         with open(tmp_path / f"{name}.csv") as fh:
@@ -150,15 +148,7 @@ def test_fully_sharded_step_on_cuda_trains_as_the_sharded_optimizer_one(tmp_path
                 stages=[StagePlan(layers=4)])
     for name in ("full", "optimizer"):
         replace(plan, layout=replace(plan.layout, sharding=name)).save(tmp_path / f"{name}.json")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}",
-           "-m", "runtime.train", "--plan", str(tmp_path / "full.json"), str(tmp_path / "optimizer.json"),
-           "--steps", "5", "--warmup", "2", "--device", "cuda", "--results", str(tmp_path)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300,
-                       cwd=REPO)
-    assert p.returncode == 0, p.stderr[-3000:]
+    _train_on_cuda(tmp_path, ["full", "optimizer"], 2, 5)
     full, zero1 = _losses(tmp_path / "full.csv"), _losses(tmp_path / "optimizer.csv")
     assert len(full) == len(zero1) == 5
     assert full == pytest.approx(zero1, rel=2e-3)
