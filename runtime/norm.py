@@ -250,7 +250,9 @@ class _ResidualNorm(torch.autograd.Function):
 
 
 def _fused(x: torch.Tensor, delta, weight) -> bool:
-    return (use_triton(x.device) and x.is_contiguous() and x.numel() > 0 and x.shape[-1] <= _MAX_HIDDEN
+    # under torch.compile (`--compile`) the plain ops are left to Inductor, which fuses the add and the norm
+    # itself, rather than tracing this function's Triton launches and main_grad side effects
+    return (use_triton(x.device) and not torch.compiler.is_compiling() and x.is_contiguous() and x.numel() > 0 and x.shape[-1] <= _MAX_HIDDEN
             and (delta is None or (delta.is_contiguous() and delta.shape == x.shape and delta.dtype == x.dtype))
             and weight.is_contiguous())
 
