@@ -25,6 +25,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from runtime.parallel.tensor import claim_main_grad
 from runtime.triton_support import tl, triton, use_triton
 
 _MAX_HIDDEN = 32768
@@ -185,17 +186,12 @@ def _bwd_programs(rows: int, device: torch.device) -> int:
 
 def _main_grads(weight: torch.Tensor, bias: torch.Tensor | None):
     """(weight's, bias's fp32 `main_grad` views, accumulate?) when the optimizer gave them (all of them) one,
-    else None. The protocol is runtime/parallel/tensor.py weight_grad's: overwrite on the step's first use
-    (`main_grad_fresh`), and `grad_in_main_grad` tells the optimizer's hook that the gradient is already there."""
+    else None; claimed as runtime/parallel/tensor.py's claim_main_grad says."""
     params = [weight] + ([bias] if bias is not None else [])
-    views = [getattr(p, "main_grad", None) for p in params]
-    if any(v is None for v in views):
+    if any(getattr(p, "main_grad", None) is None for p in params):
         return None
-    accumulate = not getattr(weight, "main_grad_fresh", False)
-    for p in params:
-        p.main_grad_fresh = False
-        p.grad_in_main_grad = True
-    return views[0], (views[1] if bias is not None else None), accumulate
+    claims = [claim_main_grad(p) for p in params]
+    return claims[0][0], (claims[1][0] if bias is not None else None), not claims[0][1]
 
 
 class _ResidualNorm(torch.autograd.Function):
@@ -211,7 +207,7 @@ class _ResidualNorm(torch.autograd.Function):
         _fwd_kernel[(rows,)](x, delta if delta is not None else x, weight, bias if bias is not None else weight,
                              s, y, mean, rstd, n, eps, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None,
                              RMS=rms, BLOCK=block, num_warps=_warps(block))
-        ctx.save_for_backward(s, weight, rstd if rms else mean, rstd)
+        ctx.save_for_backward(s, weight, mean, rstd)
         ctx.weight_param, ctx.bias_param = weight, bias  # the Parameters themselves (their main_grad views)
         ctx.has_delta, ctx.has_bias, ctx.rms = delta is not None, bias is not None, rms
         # s is x itself without delta: autograd hands back a view of x as the first output

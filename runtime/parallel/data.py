@@ -45,6 +45,13 @@ class AdamConfig:
         self.lr, self.betas, self.eps, self.weight_decay, self.grad_clip = lr, betas, eps, weight_decay, grad_clip
 
 
+def counts_in_grad_norm(p: nn.Parameter, tp_rank: int) -> bool:
+    """Whether this rank adds p's gradient to the global norm, so that every logical parameter counts once:
+    TP-sharded ones on every TP rank, replicated ones on TP rank 0 only, the last pipeline stage's copy of a
+    tied embedding never."""
+    return (p.tp_dim is not None or tp_rank == 0) and not getattr(p, "tied_copy", False)
+
+
 def _complement(segments: list, size: int) -> list:
     """The parts of [0, size) not covered by the sorted, disjoint segments."""
     out, pos = [], 0
@@ -160,9 +167,7 @@ class _Buffer:
                 if a < z:
                     if p.dim() >= 2:
                         _add_segment(decay, a - lo, z - lo)
-                    # replicated-over-TP parameters count once in the gradient norm
-                    # (a tied embedding copy on the last pipeline stage counts on the first stage only)
-                    if (p.tp_dim is not None or tp_rank == 0) and not getattr(p, "tied_copy", False):
+                    if counts_in_grad_norm(p, tp_rank):
                         _add_segment(counted, a - lo, z - lo)
             self.decay.append(decay)
             self.counted.append(counted)
@@ -552,11 +557,8 @@ class FullyShardedOptimizer:
                                       {"params": no_decay, "weight_decay": 0.0}], lr=self.cfg.lr,
                                      betas=self.cfg.betas, eps=self.cfg.eps,
                                      **({"fused": True} if cuda else {"foreach": True}))
-        # the parameters whose gradient counts once in the global norm: TP-sharded ones on every TP rank,
-        # replicated ones on TP rank 0 only, the tied embedding copy of the last pipeline stage never
         tp_rank = group_rank(groups.tp)
-        self.norm_params = [p for _, p in named
-                            if (p.tp_dim is not None or tp_rank == 0) and not getattr(p, "tied_copy", False)]
+        self.norm_params = [p for _, p in named if counts_in_grad_norm(p, tp_rank)]
         self.step_count = 0
 
     def zero_grad(self):

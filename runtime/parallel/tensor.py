@@ -136,6 +136,21 @@ def _accumulate_mm_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, o
         main_grad.add_(a @ b)
 
 
+def claim_main_grad(p: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+    """(p's fp32 `main_grad` view, overwrite?) for a backward that writes p's gradient there itself, or None when
+    the optimizer gave p none. The protocol every such writer follows (weight_grad, bias_grad,
+    _EmbeddingLookup, runtime/norm.py): the optimizer does not zero these views between steps but sets
+    `main_grad_fresh`, so the step's first write overwrites rather than adds; `grad_in_main_grad` tells its
+    per-parameter hook that the gradient is already there (it skips its own add)."""
+    main_grad = getattr(p, "main_grad", None)
+    if main_grad is None:
+        return None
+    overwrite = getattr(p, "main_grad_fresh", False)
+    p.main_grad_fresh = False
+    p.grad_in_main_grad = True
+    return main_grad, overwrite
+
+
 def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, inp: torch.Tensor):
     """The weight gradient dY^T X of a linear layer (tokens are the reduction dimension).
 
@@ -147,12 +162,11 @@ def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, inp: torch.Tensor)
     optimizer's per-parameter hook (which sees `grad_in_main_grad` and skips its own add)."""
     g2 = grad_out.reshape(-1, grad_out.shape[-1])
     x2 = inp.reshape(-1, inp.shape[-1])
-    main_grad = getattr(weight, "main_grad", None)
-    if main_grad is None:
+    target = claim_main_grad(weight)
+    if target is None:
         return g2.t().matmul(x2)
-    _accumulate_mm_(main_grad, g2.t(), x2, overwrite=getattr(weight, "main_grad_fresh", False))
-    weight.main_grad_fresh = False
-    weight.grad_in_main_grad = True
+    main_grad, overwrite = target
+    _accumulate_mm_(main_grad, g2.t(), x2, overwrite=overwrite)
     return torch.empty_like(weight)
 
 
@@ -162,15 +176,14 @@ def bias_grad(bias: torch.Tensor, grad_out: torch.Tensor):
     use one reduction writes it (`out=`), no bf16 gradient and no separate mixed-dtype add by the hook (195
     such adds of about 4 us each in a GPT-1.3B step, session 10 call p1)."""
     g2 = grad_out.reshape(-1, grad_out.shape[-1])
-    main_grad = getattr(bias, "main_grad", None)
-    if main_grad is None:
+    target = claim_main_grad(bias)
+    if target is None:
         return g2.sum(0)
-    if getattr(bias, "main_grad_fresh", False):
+    main_grad, overwrite = target
+    if overwrite:
         torch.sum(g2, 0, dtype=main_grad.dtype, out=main_grad)
-        bias.main_grad_fresh = False
     else:
         main_grad.add_(g2.sum(0, dtype=main_grad.dtype))
-    bias.grad_in_main_grad = True
     return torch.empty_like(bias)
 
 
@@ -316,8 +329,7 @@ class _EmbeddingLookup(torch.autograd.Function):
     gave it one) by an index_add of the rows: no dense bf16 [vocab, hidden] gradient, no fp32 add of it
     afterwards. Why: that add alone took 1.2 ms of a 131 ms GPT-1.3B step on one H200 (session 9, n1's
     kernel table: a mixed-dtype add runs unvectorised), the dense gradient's fill and sort 0.4 ms more. The
-    protocol is weight_grad's (main_grad_fresh: overwrite; grad_in_main_grad: the hook skips its add). The
-    tied output layer's weight-gradient GEMM runs earlier in backward and accumulates into the same view."""
+    protocol is claim_main_grad's. The tied output layer's weight-gradient GEMM runs earlier in backward and accumulates into the same view."""
 
     @staticmethod
     def forward(ctx, ids, weight):
@@ -329,14 +341,13 @@ class _EmbeddingLookup(torch.autograd.Function):
     def backward(ctx, g):
         ids, = ctx.saved_tensors
         weight = ctx.param
-        main_grad = getattr(weight, "main_grad", None)
-        if main_grad is None:
+        target = claim_main_grad(weight)
+        if target is None:
             return None, torch.ops.aten.embedding_backward(g, ids, weight.shape[0], -1, False, False)
-        if getattr(weight, "main_grad_fresh", False):
+        main_grad, overwrite = target
+        if overwrite:
             main_grad.zero_()
-            weight.main_grad_fresh = False
         main_grad.index_add_(0, ids.reshape(-1), g.reshape(-1, g.shape[-1]).to(main_grad.dtype))
-        weight.grad_in_main_grad = True
         return None, torch.empty_like(weight)
 
 
