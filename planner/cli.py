@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     pins.add_argument("--sharding", choices=["none", "optimizer", "optimizer+grads", "full"])
     pins.add_argument("--fp8", action="store_true",
                       help="the transformer layers' forward and input-gradient GEMMs in FP8 (Ada / Hopper and newer)")
+    pins.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32",
+                      help="precision of the main gradients and their data-parallel reduction (default fp32; bf16 "
+                           "halves both, as Megatron-LM without --accumulate-allreduce-grads-in-fp32)")
     pins.add_argument("--no-cuda-graph", action="store_true",
                       help="run every plan's step eagerly instead of as a replayed CUDA graph where one is legal")
     pins.add_argument("--no-overlap", default="", metavar="DIMS",
@@ -136,7 +139,8 @@ def run_plan(argv: list[str]) -> int:
         raise PlanError(f"--no-overlap takes tp, dp and pp, not {', '.join(sorted(no_overlap - {'tp', 'dp', 'pp'}))}")
     pins = Pins(tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp, cp=args.cp, ep=args.ep,
                 micro_batch=args.micro_batch, sharding=args.sharding, recompute=args.recompute,
-                no_overlap=no_overlap, fp8=args.fp8, cuda_graph=not args.no_cuda_graph)
+                no_overlap=no_overlap, fp8=args.fp8, grad_dtype=args.grad_dtype,
+                cuda_graph=not args.no_cuda_graph)
     if args.output:
         from pathlib import Path
         if Path(args.output).exists() and not args.force:

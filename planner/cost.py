@@ -26,6 +26,11 @@ from planner.schedule import closed_form_s, pipeline_time_s
 BF16 = 2
 FP32 = 4
 
+ADAMW_GRAD_SCALE = {"fp32": 1.0, "bf16": 28.0 / 30.0}
+"""The profiled AdamW step (optimizer_s_per_param) reads an fp32 gradient: 30 B of traffic per parameter (master,
+m, v read and written, 4 B each; gradient read, 4 B; bf16 weight written, 2 B). With bf16 gradients it reads 2 B
+of gradient: 28 B, and a memory-bound kernel's time scales with its bytes (modelled, not profiled)."""
+
 
 class cached_property:  # noqa: N801 - functools' version takes a lock per access on Python < 3.12
     def __init__(self, fn):
@@ -114,9 +119,11 @@ class CostModel:
     def __init__(self, model: ModelSpec, shape: TrainingShape, layout: Layout, cluster: ClusterSpec,
                  profile: Profile, shared: dict | None = None):
         self.m, self.shape, self.lay, self.cluster, self.prof = model, shape, layout, cluster, profile
-        # layer and end costs depend only on (tp, cp, ep, micro-batch, overlap, fp8): a search shares them
+        # layer and end costs depend only on (tp, cp, ep, micro-batch, overlap, fp8, gradient precision): a
+        # search shares them
         self._shared = shared if shared is not None else {}
-        self._key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8)
+        self._key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8,
+                     layout.grad_dtype)
 
     def _memo(self, name, fn):
         k = (name, self._key)
@@ -179,9 +186,12 @@ class CostModel:
     def _gemm_fwd_bwd_s(self, m: int, n: int, k: int, fp8: bool = False) -> tuple[float, float]:
         """Forward [m,k]x[k,n]; backward dgrad dY W = [m,n]x[n,k] and wgrad dY^T X = [n,m]x[m,k], keyed as
         the runtime calls them (and the profiler times them). fp8: forward and dgrad as FP8 GEMMs (modelled,
-        Profile.fp8_gemm_s), wgrad in bf16 as the runtime runs it."""
+        Profile.fp8_gemm_s), wgrad in bf16 as the runtime runs it. The wgrad accumulates into fp32 (the profile's
+        wgrad table) unless the gradients are bf16, where it writes bf16 like any GEMM (the bf16-output table,
+        whose layouts are forward's and dgrad's: modelled)."""
         g = self.prof.fp8_gemm_s if fp8 else self.prof.gemm_s
-        return g(m, n, k), g(m, k, n) + self.prof.wgrad_s(n, k, m)
+        wgrad = self.prof.gemm_s if self.lay.grad_dtype == "bf16" else self.prof.wgrad_s
+        return g(m, n, k), g(m, k, n) + wgrad(n, k, m)
 
     @cached_property
     def layer(self) -> LayerCosts:
@@ -495,13 +505,14 @@ class CostModel:
         total = 0.0
         # the dense gradients are sharded over the dp x cp ranks (adjacent blocks spaced by tp); the expert
         # gradients over the ranks holding the same experts (every ep-th of those)
+        grad = mem.grad_bytes(lay)  # the reduction runs in the gradients' precision
         for params, group, stride in ((dense, d, lay.tp), (expert, d // lay.ep, lay.tp * lay.ep)):
             if group <= 1 or params <= 0:
                 continue
-            rs = self.group_collective_s("reduce_scatter", FP32 * params, group, stride) * self.prof.eff("dp")
+            rs = self.group_collective_s("reduce_scatter", grad * params, group, stride) * self.prof.eff("dp")
             ag = self.group_collective_s("all_gather", BF16 * params, group, stride) * self.prof.eff("dp")
             if lay.sharding == "none":
-                ar = self.group_collective_s("all_reduce", FP32 * params, group, stride) * self.prof.eff("dp")
+                ar = self.group_collective_s("all_reduce", grad * params, group, stride) * self.prof.eff("dp")
                 total += exposed_s(ar, window_bwd_s, frac, lay.overlap_dp)
             elif lay.sharding == "optimizer":
                 total += exposed_s(rs, window_bwd_s, frac, lay.overlap_dp) + exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
@@ -540,7 +551,8 @@ class CostModel:
             return 0.0
         shard = lay.dp * lay.cp if lay.sharding == "full" else 1
         calls = num_micro if lay.sharding == "optimizer+grads" else 1
-        t = sum(n * self.group_collective_s("all_reduce", FP32 * elems / shard, lay.tp, self.strides["tp"])
+        grad = mem.grad_bytes(lay)
+        t = sum(n * self.group_collective_s("all_reduce", grad * elems / shard, lay.tp, self.strides["tp"])
                 for n, elems in mem.tp_replicated_tensors(self.m, lay.ep, layers, first, last))
         return calls * t * self.prof.eff("tp")
 
@@ -552,12 +564,13 @@ class CostModel:
         de = max(d // lay.ep, 1) if lay.sharding != "none" else 1
         shard = dense / d + expert / de
         num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
-        return (shard * self.prof.optimizer_s_per_param
+        return (shard * self.prof.optimizer_s_per_param * ADAMW_GRAD_SCALE[lay.grad_dtype]
                 + self.param_bookkeeping_s(dense + expert, shard, num_micro, fused)) * self.prof.eff("optimizer")
 
     def param_bookkeeping_s(self, local: float, shard: float, num_micro: int, fused: float = 0.0) -> float:
         """Memory traffic the runtime's mixed precision adds per step (counted from runtime/parallel/data.py):
-        every micro-batch each bf16 gradient is added into its fp32 main gradient (read 2 + 4, write 4 B),
+        every micro-batch each bf16 gradient is added into its fp32 main gradient (read 2 + 4, write 4 B; with
+        bf16 main gradients (Layout.grad_dtype) every fp32 figure here is 2 B),
         except the `fused` GEMM weights whose weight-gradient GEMM accumulates into the fp32 main gradient
         itself (that cost is in the profiled wgrad GEMM times); once per step the main gradients are zeroed
         (4 B); over the local shard the gradient norm is read (4 B), except without a data-parallel group,
@@ -566,10 +579,12 @@ class CostModel:
         accumulation at the measured rate of that mixed-precision add ('grad_accumulate'), the rest at the
         rate of a residual add (a pure streaming kernel)."""
         lay = self.lay
+        g = mem.grad_bytes(lay)  # bf16 gradients: read 2 + 2, write 2 B; zero and norm 2 B
         norm_beside_backward = lay.dp * lay.cp == 1 and lay.overlap_dp and lay.sharding != "full"
-        accumulate = (local - fused) * 10 * num_micro
-        rest = local * 4 + (0.0 if norm_beside_backward else shard * 4)
-        return self.prof.kernel_s("grad_accumulate", accumulate) + self.prof.kernel_s("residual_add", rest)
+        accumulate = (local - fused) * (BF16 + 2 * g) * num_micro
+        rest = local * g + (0.0 if norm_beside_backward else shard * g)
+        accumulate_kernel = "grad_accumulate" if g == FP32 else "residual_add"  # bf16 into bf16: a plain add
+        return self.prof.kernel_s(accumulate_kernel, accumulate) + self.prof.kernel_s("residual_add", rest)
 
     def predict(self, stages: list[StagePlan], play: bool = True) -> Prediction:
         """The plan's step time, memory and breakdown. play=False times a pipeline by the schedule's closed

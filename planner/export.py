@@ -157,6 +157,9 @@ def megatron_args(plan: Plan) -> MegatronExport:
                      f"--data-parallel-sharding-strategy {strategy}), which has its own constraints (checkpoint "
                      "format, Transformer Engine); --use-distributed-optimizer alone would be ZeRO-1 and need "
                      "more memory than planned")
+    if lay.grad_dtype == "fp32":
+        # main gradients and their reduction in fp32 (Megatron's default with --bf16 is the params' bf16)
+        add("--accumulate-allreduce-grads-in-fp32")
     if lay.overlap_dp and lay.dp * lay.cp > 1:
         add("--overlap-grad-reduce")
         if sharded:

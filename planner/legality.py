@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from planner.errors import PlanError
 from planner.model import ModelSpec
-from planner.plan import RECOMPUTE_MODES, SHARDING_LEVELS, Layout, Plan, StagePlan, TrainingShape
+from planner.plan import GRAD_DTYPES, RECOMPUTE_MODES, SHARDING_LEVELS, Layout, Plan, StagePlan, TrainingShape
 
 
 def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gpus: int | None = None,
@@ -18,6 +18,8 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
             return f"{name} must be a positive integer, got {v!r}"
     if lay.sharding not in SHARDING_LEVELS:
         return f"sharding '{lay.sharding}' is not one of {', '.join(SHARDING_LEVELS)}"
+    if lay.grad_dtype not in GRAD_DTYPES:
+        return f"gradient precision '{lay.grad_dtype}' is not one of {', '.join(GRAD_DTYPES)}"
     if num_gpus is not None and lay.world_size != num_gpus:
         return (f"tp*pp*dp*cp = {lay.tp}*{lay.pp}*{lay.dp}*{lay.cp} = {lay.world_size} "
                 f"does not equal the {num_gpus} GPUs")

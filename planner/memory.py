@@ -145,22 +145,31 @@ def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, las
     return out
 
 
-def bytes_per_param(sharding: str, shard_ranks: int) -> float:
+def grad_bytes(lay: Layout) -> int:
+    """Bytes per element of the main gradients and of their data-parallel reduction (Layout.grad_dtype)."""
+    return BF16_BYTES if lay.grad_dtype == "bf16" else FP32_BYTES
+
+
+def bytes_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES) -> float:
+    """Persistent bytes per parameter: the compute-dtype weight, the main gradient (`grad` bytes, full-size
+    under 'none' and 'optimizer'; ZeRO-2 keeps only its fp32 shard, which accumulates the reduced micro-batches
+    whatever the reduction's precision), fp32 master weight and Adam m and v."""
     d = max(shard_ranks, 1)
-    weight, grad, optim = BF16_BYTES, FP32_BYTES, 3 * FP32_BYTES
+    weight, optim = BF16_BYTES, 3 * FP32_BYTES
     if sharding == "none":
         return weight + grad + optim
     if sharding == "optimizer":
         return weight + grad + optim / d
     if sharding == "optimizer+grads":
-        return weight + (grad + optim) / d
-    return (weight + grad + optim) / d  # full
+        return weight + (FP32_BYTES + optim) / d
+    return (weight + FP32_BYTES + optim) / d  # full: FSDP2 keeps the sharded gradient in the fp32 parameter's dtype
 
 
 def state_bytes(dense_params: float, expert_params: float, lay: Layout) -> float:
     d = lay.dp * lay.cp
-    return (dense_params * bytes_per_param(lay.sharding, d)
-            + expert_params * bytes_per_param(lay.sharding, d // lay.ep))
+    g = grad_bytes(lay)
+    return (dense_params * bytes_per_param(lay.sharding, d, g)
+            + expert_params * bytes_per_param(lay.sharding, d // lay.ep, g))
 
 
 DP_BUCKET_ELEMENTS = 40_000_000
@@ -184,9 +193,9 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
                                  largest_layer_param: float = 0.0, largest_param: float = 0.0,
                                  bucket_elems: float = DP_BUCKET_ELEMENTS) -> float:
     """Buffers the data-parallel gradient reduction holds at the end of backward (runtime/parallel/data.py):
-    under 'optimizer' every bucket's fp32 reduce-scatter output stays allocated until the step waits for it
-    (4 B per element of the local shard; measured: a ZeRO-1 run at micro-batch 1 peaked 1.5 GiB above a
-    count without it); under 'optimizer+grads' a full fp32 bucket for each of the (at most two) buckets in
+    under 'optimizer' every bucket's reduce-scatter output stays allocated until the step waits for it
+    (4 B per element of the local shard, 2 B with bf16 gradients; measured: a fp32 ZeRO-1 run at micro-batch
+    1 peaked 1.5 GiB above a count without it); under 'optimizer+grads' a full bucket (gradient precision) for each of the (at most two) buckets in
     flight and the one being filled. A bucket closes on the parameter that takes it past `bucket_elems`,
     so it holds less than bucket_elems plus that parameter; of the three alive at most one holds a
     vocabulary-sized tensor (those sit at the two ends of backward). tests/runtime/test_memory_model.py
@@ -195,8 +204,8 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
     if d <= 1 or lay.sharding in ("none", "full"):
         return 0.0
     if lay.sharding == "optimizer":
-        return FP32_BYTES * (dense_params / d + expert_params / max(d // lay.ep, 1))
-    return FP32_BYTES * (3 * bucket_elems + 2 * largest_layer_param + largest_param)
+        return grad_bytes(lay) * (dense_params / d + expert_params / max(d // lay.ep, 1))
+    return grad_bytes(lay) * (3 * bucket_elems + 2 * largest_layer_param + largest_param)
 
 
 def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0) -> float:
@@ -204,11 +213,12 @@ def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0) -> fl
     unit): the bf16 weights of the layer in use and the next one (prefetched), unsharded; the root unit's
     weights (`root_params`: this rank's embedding and head), gathered for the whole forward and backward;
     and the reduce-scatter working set of the largest unit, its unsharded bf16 gradient plus the fp32 copy
-    that is reduced (reduce dtype fp32)."""
+    that is reduced when the reduction is in fp32 (Layout.grad_dtype; a bf16 reduction reduces the bf16 one)."""
     if lay.sharding != "full":
         return 0.0
     per_layer = layer_dense_params_local(m, lay.tp) + layer_expert_params_local(m, lay.ep)
-    return 2 * per_layer * BF16_BYTES + root_params * BF16_BYTES + max(per_layer, root_params) * (BF16_BYTES + 4)
+    reduce_copy = FP32_BYTES if lay.grad_dtype == "fp32" else 0
+    return 2 * per_layer * BF16_BYTES + root_params * BF16_BYTES + max(per_layer, root_params) * (BF16_BYTES + reduce_copy)
 
 
 # -- activations per layer per micro-batch (bytes) -------------------------------------------------------

@@ -25,6 +25,12 @@ SHARDING_LEVELS = ("none", "optimizer", "optimizer+grads", "full")
 """Data-parallel sharding: none (plain DDP); optimizer = fp32 master weights and Adam states sharded (the
 distributed optimizer, ZeRO-1); optimizer+grads (ZeRO-2); full = parameters too (FSDP / ZeRO-3)."""
 
+GRAD_DTYPES = ("fp32", "bf16")
+"""Precision of the main gradients (the buffer weight-gradient GEMMs accumulate into, over micro-batches) and of
+their data-parallel reduction: fp32 (Megatron-Core's --accumulate-allreduce-grads-in-fp32), or bf16 (its default
+without that flag: half the gradient memory and half the reduce-scatter bytes, bf16 rounding at every add).
+Master weights and Adam states stay fp32 either way."""
+
 RECOMPUTE_MODES = ("none", "selective", "full")
 """Per layer: none keeps every activation; selective recomputes norms, the attention core and the MLP
 activation (cheap elementwise work, keeps the GEMM inputs it cannot cheaply rebuild); full keeps only the
@@ -67,6 +73,9 @@ class Layout:
     fp8: bool = False
     """Forward and input-gradient GEMMs of the transformer layers in FP8 (E4M3 / E5M2 with per-tensor current
     scaling, runtime/parallel/fp8.py); weight gradients, embedding, output layer and attention stay bf16."""
+    grad_dtype: str = "fp32"
+    """One of GRAD_DTYPES: the main gradients' precision and that of their data-parallel reduction. A numerics
+    choice, so the user's (plan --grad-dtype), never the search's."""
     cuda_graph: bool = False
     """Capture the whole step (forward, backward, gradient reduction, AdamW) once as a CUDA graph and replay it
     every step (runtime/graph.py): the host issues one launch per step instead of ~50 kernels per layer, so
@@ -94,6 +103,8 @@ class Layout:
             parts.append(f"EP{self.ep}")
         if self.fp8:
             parts.append("FP8")
+        if self.grad_dtype != "fp32":
+            parts.append(f"{self.grad_dtype}-grads")
         if self.cuda_graph:
             parts.append("graph")
         return " ".join(parts)

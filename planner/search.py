@@ -52,6 +52,8 @@ class Pins:
     """none / selective / full for every layer, or None to let the search choose per stage."""
     fp8: bool = False
     """Plan the transformer layers' GEMMs in FP8 (every layout searched uses it)."""
+    grad_dtype: str = "fp32"
+    """Main-gradient precision of every layout searched (Layout.grad_dtype): a numerics choice, not searched."""
     no_overlap: frozenset = frozenset()
     """Dimensions ('tp', 'dp', 'pp') whose communication must not be overlapped with compute; the search
     otherwise turns every overlap on (in this cost model overlap never costs time)."""
@@ -130,7 +132,8 @@ def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSp
                             for sh in shards:
                                 kw = dict(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, micro_batch=mb, sharding=sh,
                                           overlap_tp="tp" not in pins.no_overlap, overlap_dp="dp" not in pins.no_overlap,
-                                          overlap_pp="pp" not in pins.no_overlap, fp8=pins.fp8)
+                                          overlap_pp="pp" not in pins.no_overlap, fp8=pins.fp8,
+                                          grad_dtype=pins.grad_dtype)
                                 lay = Layout(**kw)
                                 if pins.cuda_graph and cuda_graph_violation(model, lay, cluster.gpu) is None:
                                     lay = Layout(**kw, cuda_graph=True)  # (dataclasses.replace is 5x slower)

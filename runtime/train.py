@@ -27,7 +27,7 @@ from runtime import checkpoint
 from runtime.data import Prefetcher, open_source, step_micro_batches
 from runtime.mesh import build_groups
 from runtime.model import build_stage
-from runtime.parallel.data import AdamConfig, build_optimizer
+from runtime.parallel.data import GRAD_DTYPES, AdamConfig, build_optimizer
 from runtime.step import select_train_step
 
 GC_EVERY_STEPS = 50
@@ -208,7 +208,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             raise PlanError(why)
     stages = build_rank_stages(plan, groups, device, lay.overlap_tp, args.seed, args.compile)
     compute = torch.bfloat16 if cuda else torch.float32
-    opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(lr=args.lr), compute, lay.overlap_dp)
+    opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(lr=args.lr), compute, lay.overlap_dp,
+                          grad_dtype=GRAD_DTYPES[lay.grad_dtype])
     start = 0
     if args.resume and args.ckpt_dir and checkpoint.latest_step(args.ckpt_dir) is not None:
         start = checkpoint.load(args.ckpt_dir, opt, groups)

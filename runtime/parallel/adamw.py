@@ -1,7 +1,7 @@
 """AdamW over flat fp32 shards that also writes the updated weights in the compute dtype, in one pass.
 
 The distributed optimizer (runtime/parallel/data.py) updates contiguous segments of its flat buffers: the
-fp32 master weights, the fp32 (main) gradient, Adam's m and v, and the bf16 parameters the model computes
+fp32 master weights, the (main) gradient (fp32, or bf16 under a plan's grad_dtype), Adam's m and v, and the bf16 parameters the model computes
 with. PyTorch's fused AdamW (`torch._fused_adamw_`) covers the first four; the bf16 copy would be another
 pass over 6 bytes per parameter. On CUDA a small Triton kernel does both (reads 16 B, writes 14 B per
 parameter); elsewhere (CPU runs, no Triton) PyTorch's fused kernel runs, then the copy; the tests run the
@@ -42,7 +42,7 @@ if triton is not None:
         decay_factor = tl.load(scalars_ptr + 3) if DECAY else 1.0
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        g = tl.load(grad_ptr + offs, mask=mask, other=0.0)
+        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # fp32 or bf16 main gradients
         if HAS_DIVISOR:
             g = g / tl.load(divisor_ptr)
         p = tl.load(master_ptr + offs, mask=mask, other=0.0) * decay_factor
@@ -104,7 +104,9 @@ def adamw_(segments: list[Segment], step: int, lr: float, betas: tuple[float, fl
     for decay in (True, False):
         group = [s for s in segments if s.decay == decay and s.master.numel()]
         if group:
-            torch._fused_adamw_([s.master for s in group], [s.grad for s in group], [s.m for s in group],
+            # torch's kernel wants the gradients in the master's dtype (bf16 main gradients: fp32 copies)
+            grads = [s.grad if s.grad.dtype == s.master.dtype else s.grad.to(s.master.dtype) for s in group]
+            torch._fused_adamw_([s.master for s in group], grads, [s.m for s in group],
                                 [s.v for s in group], [], [step_tensor] * len(group), lr=lr, beta1=b1, beta2=b2,
                                 weight_decay=weight_decay if decay else 0.0, eps=eps, amsgrad=False,
                                 maximize=False, grad_scale=divisor)

@@ -17,8 +17,10 @@ filled a bucket, its reduction is launched asynchronously while backward continu
 parameter all-gathers are launched for every bucket and each module's forward pre-hook waits only for the
 buckets of its own parameters, so the gather overlaps the next forward.
 
-Memory per parameter (what the planner counts): compute-dtype weight (2 B bf16) + fp32 grad (4 B; /n for
-optimizer+grads, plus the in-flight buckets) + fp32 master (4 B, /n when sharded) + Adam m, v (8 B, /n).
+Memory per parameter (what the planner counts): compute-dtype weight (2 B bf16) + main grad (4 B fp32, or 2 B
+with grad_dtype bf16; ZeRO-2 keeps an fp32 shard, /n, plus the in-flight buckets) + fp32 master (4 B, /n when
+sharded) + Adam m, v (8 B, /n). The main gradients' precision is also that of their reduction (the plan's
+Layout.grad_dtype: Megatron-Core's grad_reduce_in_fp32 on or off).
 Loss convention: each micro-batch loss is a sum divided by the labelled tokens of the global batch, so
 gradients are SUMMED (not averaged) over dp*cp.
 Sequence-parallel parameters (p.sequence_parallel) get their partial gradients all-reduced over TP first.
@@ -38,6 +40,10 @@ from runtime.parallel.tensor import group_rank, group_size, param_meta, restore_
 
 _ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+GRAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""The plan's Layout.grad_dtype names -> torch dtypes (on CPU too: the plan's numerics are kept exactly)."""
 
 
 class AdamConfig:
@@ -88,8 +94,8 @@ class _Bucket:
 class _Buffer:
     """One reduction group's flat parameter / gradient / optimizer storage."""
 
-    def __init__(self, named, group, sharding, tp_group, device, bucket_elems, compute_dtype):
-        self.group, self.sharding, self.tp_group = group, sharding, tp_group
+    def __init__(self, named, group, sharding, tp_group, device, bucket_elems, compute_dtype, grad_dtype):
+        self.group, self.sharding, self.tp_group, self.grad_dtype = group, sharding, tp_group, grad_dtype
         n = group_size(group)
         self.n = n if sharding != "none" else 1  # shards of master / Adam state
         self.r = group_rank(group) if sharding != "none" else 0
@@ -137,7 +143,7 @@ class _Buffer:
             self.param_data[o:o + p.numel()].copy_(p.data.reshape(-1))
             p.data = self.param_data[o:o + p.numel()].view_as(p)
         zero2 = sharding == "optimizer+grads"
-        self.main_grad = None if zero2 else torch.zeros(self.total, dtype=torch.float32, device=device)
+        self.main_grad = None if zero2 else torch.zeros(self.total, dtype=grad_dtype, device=device)
         for p in self.params:  # gradient-accumulation fusion (runtime/parallel/tensor.py: weight_grad)
             if self.main_grad is not None and getattr(p, "wgrad_fusable", False):
                 p.main_grad = self.main_grad[self.offset[p]:self.offset[p] + p.numel()].view_as(p)
@@ -178,7 +184,7 @@ class _Buffer:
             return self.main_grad[o:o + p.numel()]
         b = self.bucket_of[p]
         if b.full is None:
-            b.full = torch.zeros(b.size, dtype=torch.float32, device=self.param_data.device)
+            b.full = torch.zeros(b.size, dtype=self.grad_dtype, device=self.param_data.device)
         return b.full[o - b.start:o - b.start + p.numel()]
 
     def shard_grad(self, i):
@@ -195,10 +201,11 @@ class DistributedOptimizer:
                finish_grads(); norm = clip_grad_norm(); step(lr)."""
 
     def __init__(self, modules: list[nn.Module], groups, sharding: str, cfg: AdamConfig | None = None,
-                 compute_dtype=torch.float32, bucket_elems: int = 40_000_000, overlap: bool = True):
+                 compute_dtype=torch.float32, bucket_elems: int = 40_000_000, overlap: bool = True,
+                 grad_dtype=torch.float32):
         assert sharding in ("none", "optimizer", "optimizer+grads")
         self.groups, self.sharding, self.cfg, self.overlap = groups, sharding, cfg or AdamConfig(), overlap
-        self.compute_dtype = compute_dtype
+        self.compute_dtype, self.grad_dtype = compute_dtype, grad_dtype
         self.modules = modules
         named, seen = [], set()
         for mod in modules:
@@ -210,9 +217,11 @@ class DistributedOptimizer:
         device = named[0][1].device
         dense = [(n, p) for n, p in named if not getattr(p, "expert", False)]
         expert = [(n, p) for n, p in named if getattr(p, "expert", False)]
-        self.buffers = [_Buffer(dense, groups.dp_cp, sharding, groups.tp, device, bucket_elems, compute_dtype)]
+        self.buffers = [_Buffer(dense, groups.dp_cp, sharding, groups.tp, device, bucket_elems, compute_dtype,
+                                grad_dtype)]
         if expert:
-            self.buffers.append(_Buffer(expert, groups.expert_dp, sharding, groups.tp, device, bucket_elems, compute_dtype))
+            self.buffers.append(_Buffer(expert, groups.expert_dp, sharding, groups.tp, device, bucket_elems,
+                                        compute_dtype, grad_dtype))
         self.buffer_of = {p: buf for buf in self.buffers for p in buf.params}
         self.sync = True
         self.inflight: list[tuple[_Buffer, _Bucket]] = []
@@ -300,7 +309,7 @@ class DistributedOptimizer:
         with torch.cuda.stream(self._norm_stream):
             self._norm_stream.wait_event(ready)
             views = self._bucket_norm_views(self.buffers.index(buf))[b.index]
-            b.sq = torch.stack(torch._foreach_norm(views)).square().sum() if views else \
+            b.sq = torch.stack(torch._foreach_norm(views, 2.0, dtype=torch.float32)).square().sum() if views else \
                 torch.zeros((), dtype=torch.float32, device=dev)
 
     def _launch(self, buf: _Buffer, b: _Bucket):
@@ -313,7 +322,7 @@ class DistributedOptimizer:
                 b.work = dist.all_reduce(buf.main_grad[b.start:b.end], group=buf.group, async_op=True)
             else:
                 src = b.full if b.full is not None else buf.main_grad[b.start:b.end]
-                b.out = torch.empty(b.size // n, dtype=torch.float32, device=src.device)
+                b.out = torch.empty(b.size // n, dtype=src.dtype, device=src.device)
                 b.work = _rs(b.out, src, group=buf.group, async_op=True)
         self.inflight.append((buf, b))
         if not self.overlap:
@@ -370,7 +379,7 @@ class DistributedOptimizer:
                 sq = torch.stack([b.sq for b in buf.buckets]).sum()
             else:
                 views = [v for bucket in self._bucket_norm_views(k) for v in bucket]
-                sq = torch.stack(torch._foreach_norm(views)).square().sum() if views else \
+                sq = torch.stack(torch._foreach_norm(views, 2.0, dtype=torch.float32)).square().sum() if views else \
                     torch.zeros((), dtype=torch.float32, device=dev)
             for b in buf.buckets:
                 b.sq = None
@@ -472,13 +481,13 @@ class DistributedOptimizer:
             for i, b in enumerate(buf.buckets):
                 g = buf.shard_grad(i)
                 if buf.n > 1:
-                    full = torch.empty(b.size, dtype=torch.float32, device=g.device)
+                    full = torch.empty(b.size, dtype=g.dtype, device=g.device)
                     _ag(full, g.contiguous(), group=buf.group)
                 else:
                     full = g
                 for p in b.params:
                     o = buf.offset[p] - b.start
-                    out[self.names[p]] = full[o:o + p.numel()].view(p.shape).clone()
+                    out[self.names[p]] = full[o:o + p.numel()].view(p.shape).to(torch.float32, copy=True)
         return out
 
     # -- logical state for checkpoints ---------------------------------------------------------------
@@ -524,11 +533,12 @@ class FullyShardedOptimizer:
     DistributedOptimizer. TP shards are plain local tensors to FSDP, so it shards each TP shard further."""
 
     def __init__(self, modules: list[nn.Module], groups, cfg: AdamConfig | None = None,
-                 compute_dtype=torch.float32, overlap: bool = True):
+                 compute_dtype=torch.float32, overlap: bool = True, grad_dtype=torch.float32):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         self.groups, self.cfg = groups, cfg or AdamConfig()
-        self.compute_dtype = compute_dtype
-        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        self.compute_dtype, self.grad_dtype = compute_dtype, grad_dtype
+        # the gradients are reduce-scattered in grad_dtype; FSDP2 keeps the sharded result in the fp32 parameter's dtype
+        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=grad_dtype)
         self.modules = modules
         metas = [param_meta(mod) for mod in modules]
         for mod in modules:
@@ -654,7 +664,8 @@ class FullyShardedOptimizer:
 
 
 def build_optimizer(modules, groups, sharding, cfg=None, compute_dtype=torch.float32, overlap=True,
-                    bucket_elems=40_000_000):
+                    bucket_elems=40_000_000, grad_dtype=torch.float32):
+    """The optimizer for `sharding`; grad_dtype is the main gradients' precision and their reduction's."""
     if sharding == "full":
-        return FullyShardedOptimizer(modules, groups, cfg, compute_dtype, overlap)
-    return DistributedOptimizer(modules, groups, sharding, cfg, compute_dtype, bucket_elems, overlap)
+        return FullyShardedOptimizer(modules, groups, cfg, compute_dtype, overlap, grad_dtype)
+    return DistributedOptimizer(modules, groups, sharding, cfg, compute_dtype, bucket_elems, overlap, grad_dtype)

@@ -119,12 +119,13 @@ _FP32_OUT_ADDMM = [True]  # cleared once if this torch/device has no addmm with 
 
 
 def _accumulate_mm_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> None:
-    """main_grad += a @ b (or main_grad = a @ b), in main_grad's precision (fp32), by the GEMM itself."""
+    """main_grad += a @ b (or main_grad = a @ b), in main_grad's precision (fp32, or bf16 under a plan's
+    grad_dtype bf16), by the GEMM itself."""
     beta = 0.0 if overwrite else 1.0  # beta 0: the GEMM does not read main_grad (stale values, even NaN, vanish)
     if a.dtype == main_grad.dtype:
         torch.addmm(main_grad, a, b, beta=beta, out=main_grad)
         return
-    if _FP32_OUT_ADDMM[0]:
+    if _FP32_OUT_ADDMM[0] and main_grad.dtype == torch.float32:
         try:
             torch.ops.aten.addmm.dtype_out(main_grad, a, b, main_grad.dtype, beta=beta, out=main_grad)
             return
@@ -137,7 +138,7 @@ def _accumulate_mm_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, o
 
 
 def claim_main_grad(p: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
-    """(p's fp32 `main_grad` view, overwrite?) for a backward that writes p's gradient there itself, or None when
+    """(p's `main_grad` view (fp32, or bf16 under grad_dtype bf16), overwrite?) for a backward that writes p's gradient there itself, or None when
     the optimizer gave p none. The protocol every such writer follows (weight_grad, bias_grad,
     _EmbeddingLookup, runtime/norm.py): the optimizer does not zero these views between steps but sets
     `main_grad_fresh`, so the step's first write overwrites rather than adds; `grad_in_main_grad` tells its
@@ -345,6 +346,12 @@ class _EmbeddingLookup(torch.autograd.Function):
         if target is None:
             return None, torch.ops.aten.embedding_backward(g, ids, weight.shape[0], -1, False, False)
         main_grad, overwrite = target
+        if main_grad.dtype != torch.float32:
+            # bf16 main gradient: an index_add would sum a frequent token's rows in bf16; the dense backward
+            # sums each row's occurrences in fp32 and rounds once
+            dense = torch.ops.aten.embedding_backward(g, ids, weight.shape[0], -1, False, False)
+            main_grad.copy_(dense) if overwrite else main_grad.add_(dense)
+            return None, torch.empty_like(weight)
         if overwrite:
             main_grad.zero_()
         main_grad.index_add_(0, ids.reshape(-1), g.reshape(-1, g.shape[-1]).to(main_grad.dtype))

@@ -26,6 +26,27 @@ def test_bytes_per_param(sharding, d, expected):
     assert mem.bytes_per_param(sharding, d) == expected
 
 
+@pytest.mark.parametrize("sharding,d,expected", [
+    # bf16 main gradients (Layout.grad_dtype): 2 B instead of 4 where the full gradient is kept; ZeRO-2's and
+    # FSDP's sharded gradients stay fp32
+    ("none", 4, 2 + 2 + 12),
+    ("optimizer", 4, 2 + 2 + 12 / 4),
+    ("optimizer+grads", 4, 2 + (4 + 12) / 4),
+    ("full", 4, 18 / 4),
+])
+def test_bytes_per_param_with_bf16_gradients(sharding, d, expected):
+    assert mem.bytes_per_param(sharding, d, mem.grad_bytes(Layout(grad_dtype="bf16"))) == expected
+    lay = Layout(dp=d, sharding=sharding, grad_dtype="bf16")
+    assert mem.state_bytes(1000, 0, lay) == 1000 * expected
+
+
+def test_bf16_gradients_halve_the_zero1_reduce_scatter_outputs():
+    fp32, bf16 = Layout(dp=4, sharding="optimizer"), Layout(dp=4, sharding="optimizer", grad_dtype="bf16")
+    # every bucket's reduce-scatter output: the local shard, 4 B (fp32) or 2 B (bf16) per element
+    assert mem.dp_reduction_transient_bytes(4000, 0, fp32) == 4 * 1000
+    assert mem.dp_reduction_transient_bytes(4000, 0, bf16) == 2 * 1000
+
+
 def test_state_bytes_shards_experts_over_expert_data_parallel_ranks():
     lay = Layout(dp=4, ep=2, sharding="optimizer")
     # dense over dp*cp = 4 ranks (9 B), experts over 4 / 2 = 2 ranks (2 + 4 + 6 = 12 B)

@@ -124,3 +124,25 @@ def test_tp_replicated_gradient_tensors_match_the_runtime_model():
                      for _ in range(int(n)))
         assert got == want, spec.name
 
+
+
+@pytest.mark.parametrize("grad_dtype", ["fp32", "bf16"])
+def test_optimizer_state_is_what_the_planner_counts(grad_dtype):
+    """The distributed optimizer's persistent buffers per parameter (sharding 'none', one process): main
+    gradient 4 or 2 B (Layout.grad_dtype), fp32 master, m and v 12 B, as planner.memory.bytes_per_param counts
+    them beside the 2 B bf16 weight (here the CPU run's weights are fp32, so that part is left out)."""
+    from runtime.mesh import single_process_groups
+    from runtime.model import build_model
+    from runtime.parallel import data as D
+
+    spec = tiny_model("gpt", num_layers=2)
+    model = build_model(spec, single_process_groups())
+    opt = D.build_optimizer([model], single_process_groups(), "none", D.AdamConfig(),
+                            grad_dtype=D.GRAD_DTYPES[grad_dtype])
+    try:
+        (buf,) = opt.buffers
+        state = buf.main_grad.nbytes + sum(t.nbytes for ts in (buf.master, buf.m, buf.v) for t in ts)
+        planned = mem.bytes_per_param("none", 1, mem.grad_bytes(Layout(grad_dtype=grad_dtype))) - mem.BF16_BYTES
+        assert state == planned * buf.total
+    finally:
+        opt.close()
