@@ -231,8 +231,12 @@ class CostModel:
             ew_f = k(f"{norm}_fwd", 2 * row_bytes) + k(f"{norm}_add_fwd", 4 * row_bytes) \
                 + k("residual_add", 3 * row_bytes)
             ew_b = 2 * k(f"{norm}_bwd", 4 * row_bytes)
-        ew_f += k(f"{act}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows)
-        ew_b += k(f"{act}_bwd", BF16 * (5 if m.gated_mlp else 3) * act_rows)
+        # GELU with a bias (dense GPT, BERT): the bias add and its gradient inside the activation's kernels
+        # (runtime/bias_gelu.py); priced at plain GELU's rate by a profile measured before those kernels
+        bias_act = not m.gated_mlp and m.has_bias and not m.is_moe
+        act_k = "bias_gelu" if bias_act else act
+        ew_f += k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows, fallback=f"{act}_fwd")
+        ew_b += k(f"{act_k}_bwd", BF16 * (5 if m.gated_mlp else 3) * act_rows, fallback=f"{act}_bwd")
         if not m.learned_positions:
             rot_bytes = BF16 * 2 * T * (m.q_width + m.kv_width) / t
             ew_f += k("rotary_fwd", rot_bytes)
@@ -241,9 +245,11 @@ class CostModel:
             # bias gradients: dY summed over its rows (runtime/parallel/tensor.py), column-parallel over all T
             # tokens of the local columns, row-parallel over this rank's sequence shard of all columns
             # (session 4's trace of a GPT 1.3B step: 3.6 ms of 128 ms in these sums)
-            sums = [T * qkv_n, tok_t * h] + ([] if m.is_moe else [T * (f // t), tok_t * h])  # qkv, proj, fc1, fc2
+            # qkv, proj, fc1 (unless inside the activation's backward), fc2
+            sums = [T * qkv_n, tok_t * h] + ([] if m.is_moe else ([] if bias_act else [T * (f // t)]) + [tok_t * h])
             ew_b += sum(k("bias_grad", BF16 * rows_x_cols) for rows_x_cols in sums)
-        ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + k(f"{act}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows)
+        ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows,
+                                                                 fallback=f"{act}_fwd")
         comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
         moe_f = moe_b = 0.0
         if m.is_moe:

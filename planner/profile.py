@@ -325,10 +325,11 @@ class Profile:
         w = (x - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
         return (r0 + w * (r1 - r0)) * 1e12
 
-    def kernel_s(self, name: str, nbytes: float) -> float:
+    def kernel_s(self, name: str, nbytes: float, fallback: str | None = None) -> float:
         """A memory-bound kernel of the runtime measured by name (extras.elementwise / embedding_and_loss:
         layernorm_fwd, rmsnorm_bwd, gelu_fwd, swiglu_bwd, rotary_fwd, residual_add, embedding_fwd, ...),
-        scaled linearly from its measured bytes; the generic elementwise bandwidth when not measured."""
+        scaled linearly from its measured bytes; else the kernel `fallback` (a profile measured before the
+        runtime had `name`, e.g. bias_gelu_fwd, then gelu_fwd); else the generic elementwise bandwidth."""
         if nbytes <= 0:
             return 0.0
         rates = self.__dict__.get("_kernel_rates")
@@ -341,7 +342,7 @@ class Profile:
                     if isinstance(v, dict) and v.get("seconds", 0) > 0 and v.get("bytes", 0) > 0:
                         rates[k] = v["bytes"] / v["seconds"]
             self.__dict__["_kernel_rates"] = rates
-        rate = rates.get(name)
+        rate = rates.get(name, rates.get(fallback) if fallback else None)
         if rate is None:
             return self.memory_bound_s(nbytes)
         return nbytes / rate + self.kernel_launch_s

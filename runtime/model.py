@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.model import ModelSpec
 from runtime.attention import apply_rotary, attention, rotary_tables
+from runtime.bias_gelu import bias_gelu, bias_gelu_forward
 from runtime.norm import norm_forward, residual_norm
 from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
 from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
@@ -141,10 +142,21 @@ class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, groups, overlap: bool):
         super().__init__()
         f = spec.ffn_hidden
-        self.act = swiglu if spec.gated_mlp else gelu
+        self.gated = spec.gated_mlp
         self.fc1 = ColumnParallelLinear(spec.hidden, [f, f] if spec.gated_mlp else [f], spec.has_bias, groups.tp,
                                         overlap)
         self.fc2 = RowParallelLinear(f, spec.hidden, spec.has_bias, groups.tp, std=0.02 / math.sqrt(2 * spec.num_layers))
+        # GELU with a bias: fc1's bias is added with the activation, and its gradient comes with GELU's
+        # (runtime/bias_gelu.py), not from a separate sum over fc1's output gradient
+        self.bias_act = not spec.gated_mlp and spec.has_bias
+        self.fc1.skip_bias_add = self.bias_act
+
+    def act(self, a):
+        """The activation of fc1's output a (bias included where fc1 skipped it), without autograd when
+        called for selective recompute."""
+        if self.bias_act:
+            return bias_gelu(a, self.fc1.bias) if torch.is_grad_enabled() else bias_gelu_forward(a, self.fc1.bias)
+        return swiglu(a) if self.gated else gelu(a)
 
     def forward(self, x, selective: bool = False, recompute=None):
         """x: the fc1 GEMM input; recompute as for Attention.forward."""

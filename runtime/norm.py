@@ -110,7 +110,7 @@ if triton is not None:
     # The partial rows are few and short (4 x SMs rows of hidden fp32): the work is latency, not bandwidth, and
     # which tile hides it best depends on the width. A fixed 128-column tile over 32-row steps took 122 us per
     # call at 1056 x 2048 (session 10 call p2, 6 ms of a GPT-1.3B step). The tile is tuned once per shape on
-    # scratch outputs (_sum_partials, in an eager step before any CUDA-graph capture), never on main_grad.
+    # scratch outputs (sum_partials, in an eager step before any CUDA-graph capture), never on main_grad.
     @triton.jit
     def _sum_partials_kernel(part_ptr, out_ptr, out_stride, n, PARTS: tl.constexpr, ACCUMULATE: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
@@ -148,9 +148,10 @@ def _sum_launch(part, out, stride, parts, n, arrays, accumulate):
         part, out, stride, n, PARTS=parts, ACCUMULATE=accumulate)
 
 
-def _sum_partials(part: torch.Tensor, outs: list[torch.Tensor], accumulate: bool) -> None:
+def sum_partials(part: torch.Tensor, outs: list[torch.Tensor], accumulate: bool) -> None:
     """outs[a] (+)= part[a].sum(0) for the weight (and bias) partial sums, in one launch when the outputs share
-    an allocation (a norm's main_grad views in the flat gradient buffer, or one new [2, n] tensor)."""
+    an allocation (a norm's main_grad views in the flat gradient buffer, or one new [2, n] tensor). Also used by
+    runtime/bias_gelu.py for its bias gradient."""
     arrays, parts, n = part.shape
     key = (parts, n, part.device)
     if key not in _TUNED:  # autotune on scratch outputs: its trials would add to main_grad several times
@@ -238,7 +239,7 @@ class _ResidualNorm(torch.autograd.Function):
             outs, accumulate = [t for t in targets[:arrays]], targets[2]
         else:
             outs, accumulate = list(torch.empty(arrays, n, dtype=weight.dtype, device=s.device)), False
-        _sum_partials(part, outs, accumulate)
+        sum_partials(part, outs, accumulate)
         if targets is not None:  # placeholders: the optimizer's hooks find the gradients in main_grad
             return ds, (ds if ctx.has_delta else None), torch.empty_like(weight), \
                 (torch.empty_like(ctx.bias_param) if ctx.has_bias else None), None, None

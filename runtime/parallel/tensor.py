@@ -285,12 +285,15 @@ class ColumnParallelLinear(nn.Module):
         if self.bias is not None:
             self.bias.wgrad_fusable = True  # bias_grad sums straight into main_grad
         self.fp8 = False  # forward and input-gradient GEMMs in FP8 (runtime.parallel.fp8; enable_fp8 sets it)
+        self.skip_bias_add = False
+        """The GEMM leaves out the bias and the caller adds it (runtime/bias_gelu.py, with the activation)."""
 
     def forward(self, x, recompute=None, weight=None):
         """x: [s/t, b, in]. recompute=(fn, src): x == fn(src); keep src instead of x (selective recompute)."""
         fn, src = recompute if recompute is not None else (None, None)
         w = self.weight if weight is None else weight
-        return _ColumnParallelFn.apply(x, w, self.bias, self.group, self.overlap, fn, src, self.fp8)
+        bias = None if self.skip_bias_add else self.bias
+        return _ColumnParallelFn.apply(x, w, bias, self.group, self.overlap, fn, src, self.fp8)
 
 
 class RowParallelLinear(nn.Module):

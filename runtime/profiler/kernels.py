@@ -279,6 +279,13 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     N = tokens * hidden
     hd = 128 if hidden % 128 == 0 and hidden >= 128 else hidden
     swiglu, apply_rotary, residual_norm, impl = _runtime_kernels()
+    try:
+        from runtime.bias_gelu import bias_gelu, bias_gelu_forward
+        impl += ", runtime.bias_gelu"
+    except Exception:  # noqa: BLE001 - as _runtime_kernels: a stand-in moving the same bytes
+        def bias_gelu_forward(y, bias):
+            return F.gelu(y + bias, approximate="tanh")
+        bias_gelu = bias_gelu_forward
     mk = lambda cols=hidden: torch.randn(tokens, cols, device=device, dtype=dtype)  # noqa: E731
     x = [mk(), mk()]
     y = [mk(), mk()]
@@ -302,6 +309,8 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
         "layernorm_add_fwd": (lambda i: residual_norm(x[i % 2], y[i % 2], w, b, 1e-5, False), 4 * N * es),
         "rmsnorm_add_fwd": (lambda i: residual_norm(x[i % 2], y[i % 2], w, None, 1e-5, True), 4 * N * es),
         "gelu_fwd": (lambda i: F.gelu(x[i % 2], approximate="tanh"), 2 * N * es),
+        # GPT / BERT's MLP: fc1's bias added inside the activation (runtime/bias_gelu.py)
+        "bias_gelu_fwd": (lambda i: bias_gelu_forward(x[i % 2], b), 2 * N * es),
         "swiglu_fwd": (lambda i: swiglu(xx[i % 2]), 3 * N * es),
         "rotary_fwd": (lambda i: apply_rotary(as_heads(x[i % 2]), cos, sin), 2 * N * es),
     }
@@ -316,6 +325,8 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
         "rmsnorm_bwd": ([residual_norm(xs[j], None, wg, None, 1e-5, True) for j in range(2)], 4 * N * es,
                         lambda j: (xs[j], wg)),
         "gelu_bwd": ([F.gelu(xs[j], approximate="tanh") for j in range(2)], 3 * N * es, lambda j: (xs[j],)),
+        # with the bias's gradient (column partial sums, then their sum) in the same backward
+        "bias_gelu_bwd": ([bias_gelu(xs[j], bg) for j in range(2)], 3 * N * es, lambda j: (xs[j], bg)),
         "swiglu_bwd": ([swiglu(xxs[j]) for j in range(2)], 5 * N * es, lambda j: (xxs[j],)),
         "rotary_bwd": ([apply_rotary(as_heads(xs[j]), cos, sin) for j in range(2)], 2 * N * es, lambda j: (xs[j],)),
     }
