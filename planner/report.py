@@ -28,7 +28,7 @@ BREAKDOWN_ORDER = ("compute", "host", "recompute", "tp_comm", "cp_comm", "ep_com
 BREAKDOWN_LABEL = {"compute": "compute", "host": "host-bound (kernels issued slower than run)", "recompute": "recompute", "tp_comm": "exposed TP comm",
                    "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm", "pp_comm": "exposed PP comm",
                    "bubble": "pipeline bubble", "dp_comm": "exposed DP comm",
-                   "optimizer": "optimizer + fp32 grad accumulation"}
+                   "optimizer": "optimizer + grad accumulation"}
 
 
 def _stage_summary(plan: Plan) -> str:
@@ -81,7 +81,8 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
     t.add_row("micro-batch", f"{lay.micro_batch} x {best.num_micro_batches} micro-batches per step"
               + (f", interleaved 1F1B with {lay.vpp} virtual stages" if lay.vpp > 1 else
                  (", 1F1B" if lay.pp > 1 else "")))
-    t.add_row("data parallel", f"sharding: {lay.sharding}" + (", sequence parallel on" if lay.sequence_parallel else ""))
+    t.add_row("data parallel", f"sharding: {lay.sharding}; main gradients and their reduction in {lay.grad_dtype}"
+              + (", sequence parallel on" if lay.sequence_parallel else ""))
     t.add_row("layers per pipeline rank", _stage_summary(best))
     t.add_row("recompute", _recompute_summary(best))
     t.add_row("overlap", ", ".join(k for k, on in (("TP", lay.overlap_tp), ("DP", lay.overlap_dp), ("PP", lay.overlap_pp)) if on) or "off")
