@@ -50,3 +50,16 @@ def run_workers(fn, world: int, *args):
                     if f.startswith("result.pt.")]
             raise AssertionError("worker failed:\n" + "\n".join(errs)) from exc
         return torch.load(path, weights_only=False)["ok"]
+
+
+def run_interpreted(fn, monkeypatch) -> list:
+    """fn(rank, world) in one worker process under Triton's interpreter (TRITON_INTERPRET=1 must be set before
+    Triton is imported, hence the fresh process): the runtime's Triton kernels run on CPU tensors. Skips the
+    test where Triton is not installed. Returns fn's result (a list of problems, empty when all is well)."""
+    import importlib.util
+
+    import pytest
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return run_workers(fn, 1)

@@ -1,13 +1,13 @@
 """runtime/bias_gelu.py: gelu_tanh(y + b) and its gradients (y's and the bias's) against autograd through PyTorch's
 own ops in float64, on the eager path, under Triton's interpreter (a worker process with TRITON_INTERPRET=1) and on
 CUDA; and the main-gradient protocol (the step's first backward overwrites the bias's main_grad, later ones add)."""
-import importlib.util
 
 import pytest
 import torch
 import torch.nn as nn
 
 from runtime import bias_gelu as bg
+from tests.runtime.dist_util import run_interpreted
 
 
 def _reference(y, b, g):
@@ -65,11 +65,7 @@ def _interpreted(rank, world):
 
 
 def test_triton_bias_gelu_matches_autograd_interpreted(monkeypatch):
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from tests.runtime.dist_util import run_workers
-    assert run_workers(_interpreted, 1) == []
+    assert run_interpreted(_interpreted, monkeypatch) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

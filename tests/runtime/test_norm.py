@@ -1,12 +1,12 @@
 """runtime/norm.py: the fused residual add + LayerNorm / RMSNorm against autograd through PyTorch's own ops
 (outputs and every gradient: x, delta, weight, bias, with and without a gradient arriving at the residual),
 on the eager path, under Triton's interpreter (a worker process with TRITON_INTERPRET=1) and on CUDA."""
-import importlib.util
 
 import pytest
 import torch
 
 from runtime import norm as nm
+from tests.runtime.dist_util import run_interpreted
 
 
 def _reference(x, delta, w, b, eps, rms, gs, gy):
@@ -107,11 +107,7 @@ def _main_grad_case(device: str, flat) -> list[str]:
 
 
 def test_triton_residual_norm_matches_autograd_interpreted(monkeypatch):
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from tests.runtime.dist_util import run_workers
-    assert run_workers(_interpreted, 1) == []
+    assert run_interpreted(_interpreted, monkeypatch) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,11 +1,11 @@
 """runtime/swiglu.py: the SwiGLU's forward and gradient against autograd through PyTorch's own ops, on the eager
 path (chunked or not), under Triton's interpreter (a worker process with TRITON_INTERPRET=1) and on CUDA."""
-import importlib.util
 
 import pytest
 import torch
 
 from runtime import swiglu as sw
+from tests.runtime.dist_util import run_interpreted
 
 
 def _reference(x, g):
@@ -55,11 +55,7 @@ def _interpreted(rank, world):
 
 
 def test_triton_swiglu_matches_autograd_interpreted(monkeypatch):
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton is not installed")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from tests.runtime.dist_util import run_workers
-    assert run_workers(_interpreted, 1) == []
+    assert run_interpreted(_interpreted, monkeypatch) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
