@@ -96,20 +96,11 @@ class MemoryTerms:
     sel_saving_bytes: float
     full_saving_bytes: float
 
-    reduction_base_bytes: float = 0.0
-    """ZeRO-1's reduction peak without layers (0: no such peak), and per layer below."""
-    reduction_per_layer_bytes: float = 0.0
-
     def bytes(self, counts, full, sel) -> float:
         total = self.base_bytes + (self.none_bytes if any(full) else 0.0)
         for k, n, f, s in zip(self.in_flight, counts, full, sel):
             total += (self.state_per_layer_bytes + k * self.none_bytes) * n - k * (self.full_saving_bytes * f + self.sel_saving_bytes * s)
-        return max(total, self.reduction_bytes(counts))
-
-    def reduction_bytes(self, counts) -> float:
-        if not self.reduction_base_bytes:
-            return 0.0
-        return self.reduction_base_bytes + self.reduction_per_layer_bytes * sum(counts)
+        return total
 
 
 class CostModel:
@@ -430,22 +421,12 @@ class CostModel:
         return dense, layers * expert_l
 
     def rank_memory_bytes(self, rank: int, rank_stages: list[tuple[int, StagePlan]], num_micro: int) -> float:
-        """Peak bytes of one pipeline rank: the larger of its two peaks (_memory_paths)."""
-        return max(self._memory_paths(rank, rank_stages, num_micro))
-
-    def _memory_paths(self, rank: int, rank_stages: list[tuple[int, StagePlan]], num_micro: int) -> tuple[float, float]:
-        """(activation peak, reduction peak) of one pipeline rank, bytes.
-
-        Activation peak: states + every in-flight micro-batch's activations + the largest transient (a layer's
-        backward working set, the output layer's logits, a fully recomputed layer's rematerialised activations).
-        Under 'optimizer+grads' the in-flight full-size gradient buckets sit beside the activations during
-        every backward, so they add to this peak.
-        Reduction peak ('optimizer', ZeRO-1, else 0): the fp32 reduce-scatter outputs, one per bucket, are
-        allocated as the last micro-batch's backward finishes each bucket and held until the step, while that
-        backward frees the activations: the two trade off, and the rank peaks at the larger of activations
-        (end of forward) and reduction outputs (end of backward). Counted additively, as before session 9, ZeRO-1
-        plans measured 8-12% under their prediction on 2x H200 (benchmarks/results/README.md, session 9); the
-        allocator trace put the peak at the end of forward."""
+        """Peak bytes of one pipeline rank: states + every in-flight micro-batch's activations + the largest
+        transient (a layer's backward working set, the output layer's logits, a fully recomputed layer's
+        rematerialised activations). Under 'optimizer+grads' the in-flight full-size gradient buckets sit beside
+        the activations during every backward, so they add to this peak. (Until session 11 ZeRO-1 had a second,
+        end-of-backward peak: its reduce-scatter outputs, one per bucket, held until the step; it now reduces in
+        place, memory.dp_reduction_transient_bytes.)"""
         m, lay, shape = self.m, self.lay, self.shape
         dense, expert = self.rank_params(rank_stages)
         first = any(j == 0 for j, _ in rank_stages)
@@ -458,7 +439,7 @@ class CostModel:
         last = lay.pp * lay.vpp - 1
         dp_t = mem.dp_reduction_transient_bytes(dense, expert, lay, mem.largest_layer_param_local(m, lay.tp),
                                                 mem.largest_param_local(m, lay.tp))
-        beside = 0.0 if lay.sharding == "optimizer" else dp_t  # buckets alive beside the activations
+        beside = dp_t  # ZeRO-2's buckets alive beside the activations (nothing under the other levels)
         transient = acts.working_bytes + beside
         total = base
         for chunk, (j, st) in enumerate(rank_stages):
@@ -478,30 +459,24 @@ class CostModel:
             if st.full_recompute_layers:
                 transient = max(transient, acts.working_bytes + acts.none_bytes + beside)
             total += inflight * per_mb
-        reduction = base + acts.working_bytes + dp_t if lay.sharding == "optimizer" else 0.0
-        return total + transient, reduction
+        return total + transient
 
     def memory_terms(self, rank: int, num_micro: int) -> "MemoryTerms":
         """Rank memory as linear functions of its stages' layer and recompute counts (what CP-SAT and the
         greedy split use): the activation peak, base + sum_c (state + k_c * a_none) * n_c
         - k_c * (d_full * f_c + d_sel * s_c) + a_none if any layer is fully recomputed (its rematerialised
-        activations during backward); and under ZeRO-1 the reduction peak, reduction_base + sum_c
-        (state + reduction outputs) per layer * n_c (see _memory_paths). The rank must fit both."""
+        activations during backward) (see rank_memory_bytes)."""
         lay = self.lay
         js = list(range(rank, lay.pp * lay.vpp, lay.pp))
         acts = self.activations
         dense_l, expert_l = self.per_layer_params
-        act_base, red_base = self._memory_paths(rank, [(j, StagePlan(0)) for j in js], num_micro)
+        act_base = self.rank_memory_bytes(rank, [(j, StagePlan(0)) for j in js], num_micro)
         state_l = mem.state_bytes(dense_l, expert_l, lay)
-        zero1 = lay.sharding == "optimizer"
         return MemoryTerms(
             base_bytes=act_base, state_per_layer_bytes=state_l,
             in_flight=[mem.in_flight_micro_batches(rank, c, lay, num_micro) for c in range(lay.vpp)],
             none_bytes=acts.none_bytes, sel_saving_bytes=acts.none_bytes - acts.selective_bytes,
-            full_saving_bytes=acts.none_bytes - acts.full_bytes,
-            # the reduction outputs grow with the rank's parameters: charged per layer (an upper bound)
-            reduction_base_bytes=red_base,
-            reduction_per_layer_bytes=state_l + mem.dp_reduction_transient_bytes(dense_l, expert_l, lay) if zero1 else 0.0)
+            full_saving_bytes=acts.none_bytes - acts.full_bytes)
 
     # -- per step -----------------------------------------------------------------------------------------
     def dp_comm_s(self, dense: float, expert: float, window_fwd_s: float, window_bwd_s: float, num_micro: int) -> float:

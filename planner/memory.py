@@ -193,18 +193,19 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
                                  largest_layer_param: float = 0.0, largest_param: float = 0.0,
                                  bucket_elems: float = DP_BUCKET_ELEMENTS) -> float:
     """Buffers the data-parallel gradient reduction holds at the end of backward (runtime/parallel/data.py):
-    under 'optimizer' every bucket's reduce-scatter output stays allocated until the step waits for it
-    (4 B per element of the local shard, 2 B with bf16 gradients; measured: a fp32 ZeRO-1 run at micro-batch
-    1 peaked 1.5 GiB above a count without it); under 'optimizer+grads' a full bucket (gradient precision) for each of the (at most two) buckets in
-    flight and the one being filled. A bucket closes on the parameter that takes it past `bucket_elems`,
-    so it holds less than bucket_elems plus that parameter; of the three alive at most one holds a
-    vocabulary-sized tensor (those sit at the two ends of backward). tests/runtime/test_memory_model.py
-    checks this against the buckets alive in a real backward."""
+    none under 'optimizer', whose reduce-scatter runs in place (each rank's shard of a bucket receives the sum;
+    until session 11 a separate output per bucket stayed allocated until the step waited for it, 4 B per element
+    of the local shard, measured 1.5 GiB above a count without it in a ZeRO-1 run at micro-batch 1); under
+    'optimizer+grads' a full bucket (gradient precision) for each of the (at most two) buckets in flight and
+    the one being filled. A bucket closes on the parameter that takes it past `bucket_elems`, so it holds less
+    than bucket_elems plus that parameter; of the three alive at most one holds a vocabulary-sized tensor (those
+    sit at the two ends of backward). tests/runtime/test_memory_model.py checks this against the buckets alive
+    in a real backward."""
     d = lay.dp * lay.cp
     if d <= 1 or lay.sharding in ("none", "full"):
         return 0.0
     if lay.sharding == "optimizer":
-        return grad_bytes(lay) * (dense_params / d + expert_params / max(d // lay.ep, 1))
+        return 0.0  # reduced in place, into each rank's own shard of the main-gradient buffer
     return grad_bytes(lay) * (3 * bucket_elems + 2 * largest_layer_param + largest_param)
 
 

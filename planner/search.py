@@ -323,8 +323,6 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
         for j in js:
             mdl.Add(f[j] <= m.num_layers * any_full)
         mdl.Add(sum(expr) + kib(terms.base_bytes) + none_kib * any_full <= limit)
-        if terms.reduction_base_bytes:  # ZeRO-1: the end-of-backward peak must fit too
-            mdl.Add(kib(terms.reduction_base_bytes) + kib(terms.reduction_per_layer_bytes) * sum(n[j] for j in js) <= limit)
     tmax = mdl.NewIntVar(0, horizon, "tmax")
     mdl.AddMaxEquality(tmax, T)
     mdl.Minimize((num_micro * V - 1) * tmax + sum(T))

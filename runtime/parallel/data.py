@@ -321,9 +321,14 @@ class DistributedOptimizer:
             if self.sharding == "none":
                 b.work = dist.all_reduce(buf.main_grad[b.start:b.end], group=buf.group, async_op=True)
             else:
-                src = b.full if b.full is not None else buf.main_grad[b.start:b.end]
-                b.out = torch.empty(b.size // n, dtype=src.dtype, device=src.device)
-                b.work = _rs(b.out, src, group=buf.group, async_op=True)
+                if b.full is not None:  # ZeRO-2: into a new shard, added to the accumulated one when done
+                    b.out = torch.empty(b.size // n, dtype=b.full.dtype, device=b.full.device)
+                    b.work = _rs(b.out, b.full, group=buf.group, async_op=True)
+                else:  # ZeRO-1: in place, the rank's own shard of the bucket receives the sum (NCCL's in-place
+                    # reduce-scatter, output = input + rank * count, as Megatron-Core's distributed optimizer
+                    # issues it): no output buffer, no copy back after backward
+                    lo, hi = buf.shard[b.index]
+                    b.work = _rs(buf.main_grad[lo:hi], buf.main_grad[b.start:b.end], group=buf.group, async_op=True)
         self.inflight.append((buf, b))
         if not self.overlap:
             self._complete_oldest()
@@ -340,9 +345,6 @@ class DistributedOptimizer:
         if b.full is not None:   # ZeRO-2: accumulate the reduced shard, free the full bucket
             buf.grad_shard[i].add_(b.out if b.out is not None else b.full)
             b.full = None
-        elif b.out is not None:  # ZeRO-1: the reduced shard goes back into the main-grad buffer
-            lo, hi = buf.shard[i]
-            buf.main_grad[lo:hi].copy_(b.out)
         b.out = None
 
     def finish_grads(self):

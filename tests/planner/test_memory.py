@@ -40,11 +40,13 @@ def test_bytes_per_param_with_bf16_gradients(sharding, d, expected):
     assert mem.state_bytes(1000, 0, lay) == 1000 * expected
 
 
-def test_bf16_gradients_halve_the_zero1_reduce_scatter_outputs():
-    fp32, bf16 = Layout(dp=4, sharding="optimizer"), Layout(dp=4, sharding="optimizer", grad_dtype="bf16")
-    # every bucket's reduce-scatter output: the local shard, 4 B (fp32) or 2 B (bf16) per element
-    assert mem.dp_reduction_transient_bytes(4000, 0, fp32) == 4 * 1000
-    assert mem.dp_reduction_transient_bytes(4000, 0, bf16) == 2 * 1000
+def test_zero1_reduces_in_place_and_zero2_buckets_follow_the_gradient_precision():
+    # ZeRO-1: the reduce-scatter writes each rank's shard of the main-gradient buffer: nothing extra
+    assert mem.dp_reduction_transient_bytes(4000, 0, Layout(dp=4, sharding="optimizer")) == 0.0
+    # ZeRO-2: three full buckets (and the two largest parameters), 4 or 2 B per element
+    for g, nbytes in (("fp32", 4), ("bf16", 2)):
+        lay = Layout(dp=4, sharding="optimizer+grads", grad_dtype=g)
+        assert mem.dp_reduction_transient_bytes(0, 0, lay, 10, 20, bucket_elems=100) == nbytes * (300 + 20 + 20)
 
 
 def test_state_bytes_shards_experts_over_expert_data_parallel_ranks():
@@ -146,32 +148,27 @@ def test_rank_memory_of_a_small_plan_by_hand():
     none, _, full, working = _acts_by_hand(1)
     bpp = 2 + 4 + 12 / 2
     # rank 0: 2 layers + embedding (tokens and positions); 2 micro-batches in flight (1F1B: pp - 0)
-    # ZeRO-1's reduce-scatter outputs (4 B per element of the local shard, params / 2) are alive at the end of
-    # backward, when the activations are gone: the rank peaks at the larger of the two, on top of the
-    # states and the backward working set
+    # ZeRO-1 reduces in place (no reduce-scatter outputs): the reduction path at the end of backward is the
+    # states and the backward working set alone
     params0 = 2 * 33472 + 256 * 64 + 64 * 64
     # rank 0 also keeps its chunk's output (sent to rank 1) per micro-batch in flight: bf16 tokens x hidden
     out0 = 2 * (2 * 32) * 64
-    rank0 = params0 * bpp + working + max(2 * (2 * none + out0), params0 * 4 / 2)
+    rank0 = params0 * bpp + working + 2 * (2 * none + out0)
     # rank 1: 2 layers + final norm + its own copy of the tied output layer; 1 micro-batch in flight,
     # holding one plain layer, one recomputed layer's input and the head's kept tensors (final-norm input
     # and output bf16, the bf16 gradient of the logits over the vocabulary); transient: the recomputed
     # layer's activations on top of the backward working set
     head_kept = 2 * 2 * 64 * 64 + 2 * 256 * 64
     params1 = 2 * 33472 + 128 + 256 * 64
-    rank1 = params1 * bpp + max((none + full + head_kept) + (working + none), working + params1 * 4 / 2)
+    rank1 = params1 * bpp + max((none + full + head_kept) + (working + none), working)
     assert cm.rank_memory_bytes(0, [(0, stages[0])], 2) == rank0
     assert cm.rank_memory_bytes(1, [(1, stages[1])], 2) == rank1
-    # both peaks by hand: here both ranks peak at the end of forward, the reduction peak comes second
-    assert cm._memory_paths(0, [(0, stages[0])], 2) == (params0 * bpp + working + 2 * (2 * none + out0),
-                                                        params0 * bpp + working + params0 * 4 / 2)
-    assert cm._memory_paths(1, [(1, stages[1])], 2)[1] == params1 * bpp + working + params1 * 4 / 2
 
 
 @pytest.mark.parametrize("pp,vpp,sharding", [(2, 1, "none"), (2, 2, "none"), (3, 2, "none"), (2, 1, "optimizer"),
                                              (2, 2, "optimizer")])
 def test_memory_terms_agree_with_rank_memory(pp, vpp, sharding):
-    """The linear forms the search optimises (the activation peak and, under ZeRO-1, the reduction peak) give
+    """The linear form the search optimises (the rank's memory peak) gives
     the counted memory without full recompute and never less with full recompute (they add one layer's
     activations on top of the largest transient)."""
     m = tiny_model("gpt", num_layers=12)
