@@ -61,7 +61,7 @@ def _interpreted(rank, world):
     from runtime.triton_support import use_triton
     assert use_triton(torch.device("cpu"))
     # one program; several row programs (rows over _BWD_ROWS_PER_PROG) and columns over one block
-    return _check("cpu", torch.float32) + _check("cpu", torch.float32, rows=300, n=300)
+    return _check("cpu", torch.float32) + _check("cpu", torch.float32, rows=150, n=1100)
 
 
 def test_triton_bias_gelu_matches_autograd_interpreted(monkeypatch):
