@@ -52,16 +52,8 @@ if triton is not None:
         tl.store(part_ptr + p * out_width + col0 + c, acc, mask=cmask)
 
 _BLOCK = (2, 1024)
-"""Tiles as runtime/bias_gelu.py's backward (tuned there on an H200, session 11 call r5)."""
-_TARGET_PROGRAMS = 1024
-"""Programs per launch: a head group is only 1-2 tiles wide, so the rows per program shrink until there are
-about this many (with 64 rows per program, GPT-1.3B's 2048-wide groups made 256 programs, too few to keep the
-H200's memory busy: 33 us per group against 17 us for the concatenation, session 11 call r7)."""
-
-
-def _rows_per_prog(rows: int, col_blocks: int) -> int:
-    want = triton.cdiv(rows * col_blocks, _TARGET_PROGRAMS)
-    return max(_BLOCK[0], min(256, triton.next_power_of_2(want)))
+_ROWS_PER_PROG = 64
+"""As runtime/bias_gelu.py's backward (tuned there on an H200, session 11 call r5)."""
 
 
 def fused_on(device: torch.device) -> bool:
@@ -83,9 +75,7 @@ class _SplitHeadsWithBiasGrad(torch.autograd.Function):
         like = next(g for g in (dq, dk, dv) if g is not None)
         out = torch.empty(s, b, width, dtype=like.dtype, device=like.device)
         rows = s * b
-        # one rows-per-program for all three groups (they share the partial-sum table's rows)
-        rpp = _rows_per_prog(rows, triton.cdiv(kv_heads * d, _BLOCK[1]))
-        progs = triton.cdiv(rows, rpp)
+        progs = triton.cdiv(rows, _ROWS_PER_PROG)
         part = torch.empty(1, progs, width, dtype=torch.float32, device=like.device)
         col0 = 0
         for g, h in ((dq, heads), (dk, kv_heads), (dv, kv_heads)):
@@ -94,7 +84,7 @@ class _SplitHeadsWithBiasGrad(torch.autograd.Function):
                 g = torch.zeros(b, h, s, d, dtype=like.dtype, device=like.device)
             _gather_kernel[(progs, triton.cdiv(w, _BLOCK[1]))](
                 g, out, part, rows, b, w, width, col0, g.stride(0), g.stride(1), g.stride(2), g.stride(3), D=d,
-                ROWS_PER_PROG=rpp, BLOCK_M=_BLOCK[0], BLOCK_N=_BLOCK[1], num_warps=4)
+                ROWS_PER_PROG=_ROWS_PER_PROG, BLOCK_M=_BLOCK[0], BLOCK_N=_BLOCK[1], num_warps=4)
             col0 += w
         bias = ctx.bias
         target = claim_main_grad(bias)
