@@ -236,12 +236,8 @@ class CostModel:
             # bias gradients: dY summed over its rows (runtime/parallel/tensor.py), column-parallel over all T
             # tokens of the local columns, row-parallel over this rank's sequence shard of all columns
             # (session 4's trace of a GPT 1.3B step: 3.6 ms of 128 ms in these sums)
-            # qkv (unless the head split's backward takes it, runtime/qkv_split.py: models without rotary; that
-            # kernel is autograd's concatenation of the head gradients with the sum added, and the concatenation
-            # was never priced here), proj, fc1 (unless inside the activation's backward), fc2
-            qkv_in_split = m.learned_positions
-            sums = ([] if qkv_in_split else [T * qkv_n]) + [tok_t * h] \
-                + ([] if m.is_moe else ([] if bias_act else [T * (f // t)]) + [tok_t * h])
+            # qkv, proj, fc1 (unless inside the activation's backward), fc2
+            sums = [T * qkv_n, tok_t * h] + ([] if m.is_moe else ([] if bias_act else [T * (f // t)]) + [tok_t * h])
             ew_b += sum(k("bias_grad", BF16 * rows_x_cols) for rows_x_cols in sums)
         ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows,
                                                                  fallback=f"{act}_fwd")

@@ -38,7 +38,6 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.model import ModelSpec
 from runtime.attention import apply_rotary, attention, rotary_tables
-from runtime import qkv_split
 from runtime.bias_gelu import bias_gelu, bias_gelu_forward
 from runtime.norm import norm_forward, residual_norm
 from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
@@ -109,18 +108,13 @@ class Attention(nn.Module):
         self.proj = RowParallelLinear(spec.q_width, spec.hidden, spec.has_bias, groups.tp,
                                       std=0.02 / math.sqrt(2 * spec.num_layers))
 
-    def _bias_grad_in_split(self, t: torch.Tensor, rotary: bool) -> bool:
-        """Whether the head split gives the qkv bias's gradient (runtime/qkv_split.py): with a bias, without
-        rotary (which copies q and k anyway), where its Triton kernel runs."""
-        return self.qkv.bias is not None and not rotary and qkv_split.fused_on(t.device)
-
     def core(self, qkv, cos, sin):
         """qkv [s, b, (heads + 2 kv_heads) d] -> attention output [s, b, heads d] (rotary + SDPA)."""
         s, b, _ = qkv.shape
-        if self._bias_grad_in_split(qkv, cos is not None):
-            q, k, v = qkv_split.split_heads_with_bias_grad(qkv, self.qkv.bias, self.heads, self.kv_heads, self.d)
-        else:
-            q, k, v = qkv_split.split_heads(qkv, self.heads, self.kv_heads, self.d)
+        q, k, v = qkv.split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], dim=-1)
+        q = q.view(s, b, self.heads, self.d).permute(1, 2, 0, 3)
+        k = k.view(s, b, self.kv_heads, self.d).permute(1, 2, 0, 3)
+        v = v.view(s, b, self.kv_heads, self.d).permute(1, 2, 0, 3)
         if cos is not None:  # q, k become new tensors; copy v too so the qkv GEMM output is not kept alive
             q, k, v = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.contiguous()
         o = attention(q, k, v, self.spec.causal, self.groups)
@@ -130,7 +124,7 @@ class Attention(nn.Module):
         """x: [s/t, b, h], the qkv GEMM input (the norm output for pre-norm models). recompute=(fn, src):
         x == fn(src), keep src instead of x (selective recompute of the norm)."""
         cos, sin = rope if rope is not None else (None, None)
-        qkv = self.qkv(x, recompute=recompute if selective else None, bias_grad=not self._bias_grad_in_split(x, rope is not None))
+        qkv = self.qkv(x, recompute=recompute if selective else None)
         if selective:
             o = checkpoint(self.core, qkv, cos, sin, use_reentrant=False)
         else:

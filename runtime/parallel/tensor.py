@@ -195,11 +195,11 @@ class _ColumnParallelFn(torch.autograd.Function):
     from: the norm input), never the gathered one; backward re-gathers it."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, overlap, recompute_fn, recompute_input, fp8=False, bias_grad=True):
+    def forward(ctx, x, weight, bias, group, overlap, recompute_fn, recompute_input, fp8=False):
         x_full, _ = gather_seq(x, group)
         y = _fp8.linear(x_full, weight, bias) if fp8 else F.linear(x_full, weight, bias)
         ctx.group, ctx.overlap, ctx.recompute_fn, ctx.fp8 = group, overlap, recompute_fn, fp8
-        ctx.bias = bias if bias_grad else None  # bias_grad=False: the consumer of y gives the bias's gradient
+        ctx.bias = bias
         ctx.param = weight  # the Parameter itself: under activation checkpointing the saved copy lacks main_grad
         ctx.save_for_backward(recompute_input if recompute_fn is not None else x, weight)
         return y
@@ -217,7 +217,7 @@ class _ColumnParallelFn(torch.autograd.Function):
         grad_w = weight_grad(ctx.param, grad_y, x_full)
         grad_b = bias_grad(ctx.bias, grad_y) if ctx.bias is not None else None
         scatter.wait()
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 class _RowParallelFn(torch.autograd.Function):
@@ -288,14 +288,12 @@ class ColumnParallelLinear(nn.Module):
         self.skip_bias_add = False
         """The GEMM leaves out the bias and the caller adds it (runtime/bias_gelu.py, with the activation)."""
 
-    def forward(self, x, recompute=None, weight=None, bias_grad=True):
-        """x: [s/t, b, in]. recompute=(fn, src): x == fn(src); keep src instead of x (selective recompute).
-        bias_grad=False: the bias goes into the GEMM but its gradient comes from the output's consumer
-        (runtime/qkv_split.py), not from a sum here."""
+    def forward(self, x, recompute=None, weight=None):
+        """x: [s/t, b, in]. recompute=(fn, src): x == fn(src); keep src instead of x (selective recompute)."""
         fn, src = recompute if recompute is not None else (None, None)
         w = self.weight if weight is None else weight
         bias = None if self.skip_bias_add else self.bias
-        return _ColumnParallelFn.apply(x, w, bias, self.group, self.overlap, fn, src, self.fp8, bias_grad)
+        return _ColumnParallelFn.apply(x, w, bias, self.group, self.overlap, fn, src, self.fp8)
 
 
 class RowParallelLinear(nn.Module):

@@ -1,7 +1,6 @@
 """The layer's backward pays one bias-gradient reduction per linear layer with a bias (GPT, BERT; not Llama):
 dY summed over its rows, priced from the profile's measured `bias_grad` kernel (hand-computed bytes); except
-fc1's, whose gradient comes with the activation's backward (runtime/bias_gelu.py), and qkv's, which comes with
-the head split's (runtime/qkv_split.py)."""
+fc1's, whose gradient comes with the activation's backward (runtime/bias_gelu.py)."""
 import copy
 from dataclasses import replace
 
@@ -27,13 +26,13 @@ def _bwd(spec, lay, prof):
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_gpt_backward_pays_two_bias_sums_by_hand(tp):
+def test_gpt_backward_pays_three_bias_sums_by_hand(tp):
     spec, lay = resolve_model("gpt-1.3b"), Layout(tp=tp, micro_batch=2, sharding="none")
     base = load_profile("h200-sxm", "h200-sxm")
     slow, fast = _with_bias_rate(base, 1e12), _with_bias_rate(base, 2e12)
     T, h = 2 * 2048, spec.hidden
-    # bf16 dY of proj and fc2 (qkv's: in the head split's backward, runtime/qkv_split.py; fc1's: in bias_gelu_bwd)
-    nbytes = 2 * (T / tp * h + T / tp * h)
+    qkv = (spec.q_width + 2 * spec.kv_width) // tp
+    nbytes = 2 * (T * qkv + T / tp * h + T / tp * h)   # bf16 dY of qkv, proj, fc2 (fc1's: in bias_gelu_bwd)
     ce = base.eff("compute")
     assert _bwd(spec, lay, slow) - _bwd(spec, lay, fast) == pytest.approx(ce * (nbytes / 1e12 - nbytes / 2e12))
 
