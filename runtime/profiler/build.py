@@ -32,6 +32,9 @@ class Options:
     nic_gb_per_s: float = modelled.NIC_GB_PER_S
     nic_latency_us: float = modelled.NIC_LATENCY_US
     max_nvlink_group: int = 8
+    models: tuple = ()
+    """ModelSpecs whose every GEMM (shapes.model_gemm_shapes, at each model's default sequence length) is timed
+    first, before the catalogue grid (`plan profile --model`)."""
 
 
 class Reporter:
@@ -233,7 +236,16 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     # order: the bf16 powers of two, then FP8 at the common token counts, then the bf16 3 x 2^e in between
     on_lines = [s for s in grid if shapes.on_power_of_two(s)]   # gemm_grid puts them first
     grid = on_lines + fp8_grid + grid[len(on_lines):]
-    rep.stage(f"GEMMs ({len(grid)} shapes from the catalogue, {len(fp8_grid)} of them FP8)", len(grid))
+    # the models asked for (--model): all their shapes first, then the rest of the grid
+    exact = {}
+    for spec in opts.models:
+        for g in shapes.model_gemm_shapes(spec, spec.default_seq_len, grid_spec.tp_degrees,
+                                          flops_cap=grid_spec.flops_cap):
+            exact.setdefault(g.key, g)
+    if exact:
+        grid = list(exact.values()) + [g for g in grid if g.key not in exact]
+    rep.stage(f"GEMMs ({len(grid)} shapes: {len(exact)} of the models asked for, the rest from the catalogue, "
+              f"{len(fp8_grid)} of them FP8)", len(grid))
     greps = (dict(warmup=2, repeats=5) if opts.quick else dict(warmup=2, repeats=7)) if cuda else \
         dict(warmup=1, repeats=3)
     devices = gemm_devices(device, world)
@@ -258,12 +270,15 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
         "tables": "gemm.points: forward and dgrad (bf16 output); gemm.wgrad_points: wgrad (fp32 accumulation); "
                   "gemm.fp8_points: forward and dgrad through runtime/parallel/fp8.py (scaling included)",
         "fp8_shapes": len(fp8_grid),
+        "exact_models": [spec.name for spec in opts.models], "exact_shapes": len(exact),
         "convention": "as runtime/parallel/tensor.py: forward (m=tokens, n=n_out, k=k_in) = F.linear(x, W); "
                       "dgrad (tokens, k_in, n_out) = dY @ W; wgrad (n_out, k_in, tokens) = main_grad += dY^T @ X "
                       "(accumulated into an fp32 main gradient by the GEMM: gradient-accumulation fusion)",
     }
     parts.append({"part": "gemm", "status": "measured",
-                  "how": f"{len(points)} of {len(grid)} catalogue shapes (TP {list(grid_spec.tp_degrees)}, fwd/dgrad/"
+                  "how": (f"first every GEMM of {', '.join(spec.name for spec in opts.models)} ({len(exact)} shapes, "
+                          "micro-batches 1-16 x CP 1-8 at its default sequence), then " if exact else "")
+                         + f"{len(points)} of {len(grid)} catalogue shapes (TP {list(grid_spec.tp_degrees)}, fwd/dgrad/"
                          "wgrad, and fwd/dgrad in FP8 at the common token counts), median of repeats after warm-up, device time (host launch excluded), inputs "
                          f"rotated over > 2x L2; {_split_how(len(devices), cuda)}" + (f"; {skipped} shapes skipped (time budget, or operands beyond the memory pool)"
                                                    if skipped else "")})

@@ -1,4 +1,5 @@
-"""`plan profile [--out FILE] [--quick] [--gpus N] [--device cpu|cuda]`: measure this machine, write a profile.
+"""`plan profile [--out FILE] [--quick] [--gpus N] [--device cpu|cuda] [--model NAME]`: measure this machine,
+write a profile.
 
 `main(argv)` returns the exit code; bad input gets one sentence on stderr and a non-zero code.
 """
@@ -28,6 +29,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nic-gbps", type=float, default=None,
                    help="modelled network bandwidth per GPU in GB/s (default 50: 400 Gb/s NDR InfiniBand)")
     p.add_argument("--nic-latency-us", type=float, default=None, help="modelled network latency per hop (default 10)")
+    p.add_argument("--model", action="append", default=[], metavar="NAME",
+                   help="also time every GEMM this model's plans can run, before the catalogue grid (a catalogue "
+                        "name or a Hugging Face config.json; repeat or comma-separate for several)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -57,7 +61,10 @@ def run(args: argparse.Namespace) -> Path:
     if device is None:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    opts = Options(device=device, gpus=args.gpus, quick=args.quick, gpu_kind=args.gpu_kind, budget_s=args.budget)
+    from planner.model import resolve_model
+    models = tuple(resolve_model(name.strip()) for arg in args.model for name in arg.split(",") if name.strip())
+    opts = Options(device=device, gpus=args.gpus, quick=args.quick, gpu_kind=args.gpu_kind, budget_s=args.budget,
+                   models=models)
     if args.nic_gbps is not None:
         if args.nic_gbps <= 0:
             raise PlanError(f"--nic-gbps must be positive, got {args.nic_gbps}")

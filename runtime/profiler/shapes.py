@@ -126,6 +126,28 @@ def gemm_grid(spec: GridSpec) -> list[GemmShape]:
     return ordered[:spec.max_shapes]
 
 
+def model_gemm_shapes(spec: ModelSpec, seq_len: int, tp_degrees=TP_DEGREES, cp_degrees=(1, 2, 4, 8),
+                      max_micro_batch: int = 16, flops_cap: float = float("inf")) -> list[GemmShape]:
+    """Every GEMM one model's plans can run (`plan profile --model`): its linear layers at each TP degree it
+    allows, at every token count micro-batch x sequence / CP for micro-batches 1-max_micro_batch and the CP
+    degrees whose ring splits the sequence, each as forward, dgrad and wgrad. Measured before the catalogue
+    grid, so that a model's plans read measured times, not interpolated ones: between the grid's lines cuBLAS
+    runs some shapes 9-17% off the interpolated rate, repeatably (benchmarks/results/README.md, session 11).
+    Ordered small first; deduplicated."""
+    toks = sorted({mb * seq_len // cp for mb in range(1, max_micro_batch + 1) for cp in cp_degrees
+                   if seq_len % (2 * cp) == 0 or cp == 1})
+    out: dict[tuple, GemmShape] = {}
+    for tp in allowed_tp(spec, tp_degrees):
+        for name, n_out, k_in in linear_layers(spec, tp):
+            for t in toks:
+                m = t * spec.top_k if spec.is_moe and name in ("gate_up", "gate_or_up", "fc2") else t
+                for g in (GemmShape(m, n_out, k_in, "fwd"), GemmShape(m, k_in, n_out, "dgrad"),
+                          GemmShape(n_out, k_in, m, "wgrad")):
+                    if min(g.m, g.n, g.k) >= 1 and g.flops <= flops_cap:
+                        out.setdefault(g.key, g)
+    return sorted(out.values(), key=lambda g: (g.flops, g.key))
+
+
 FP8_LAYERS = ("qkv", "out_proj", "fc1", "gate_up", "fc2")
 """The linears runtime/parallel/fp8.py runs in FP8 (the dense transformer layers'; not the output layer, the
 router, BERT's head transform, or MoE experts, whose grouped GEMMs stay bf16)."""

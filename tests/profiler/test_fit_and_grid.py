@@ -106,3 +106,19 @@ def test_fp8_grid_covers_the_dense_layer_gemms_only():
     assert 50304 not in vocab_n                                                  # the output layer stays bf16
     assert all(s.kind in ("fp8fwd", "fp8dgrad") and min(s.m, s.n, s.k) % 16 == 0 for s in grid)
     assert {s.m for s in grid} <= {1024, 2048, 4096, 8192, 16384}
+
+
+def test_model_gemm_shapes_cover_every_micro_batch_and_cp_split():
+    from planner.model import tiny_model
+    gpt = tiny_model("gpt")   # hidden 64, ffn 128: out_proj is the only 64 x 64 GEMM
+    got = shapes.model_gemm_shapes(gpt, 64, (1, 2), cp_degrees=(1, 2), max_micro_batch=3)
+    toks = {g.m for g in got if g.kind == "fwd" and g.n == g.k == gpt.hidden}
+    assert toks == {32, 64, 96, 128, 192}    # micro-batch 1-3 x 64 tokens, over CP 1 and 2
+    assert {g.k for g in got if g.kind == "wgrad"} == toks   # the weight gradients reduce over the tokens
+    assert len({g.key for g in got}) == len(got)
+    moe = tiny_model("llama", name="tiny-moe", num_experts=4, top_k=2)
+    routed = {g.m for g in shapes.model_gemm_shapes(moe, 64, (1,), cp_degrees=(1,), max_micro_batch=3)
+              if g.kind != "wgrad" and g.n == moe.hidden and g.k == moe.ffn_hidden}   # the experts' fc2 (one
+    # table for forward and dgrad shapes: a dense dgrad of the same (m, n, k) stands for it)
+    assert {128, 256, 384} <= routed    # top-2: twice the tokens of micro-batches 1-3
+    assert all(g.flops <= 1e6 for g in shapes.model_gemm_shapes(moe, 64, flops_cap=1e6))

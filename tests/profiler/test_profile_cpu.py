@@ -112,3 +112,35 @@ def test_derive_h100(cpu_profile, tmp_path, capsys):
     bad.write_text("{not json")
     assert derive.main([str(bad), "--out", str(tmp_path / "y.json")]) == 1
     assert "bad.json" in capsys.readouterr().err
+
+
+def test_model_gemms_are_timed_first(tmp_path):
+    """`plan profile --model CONFIG`: every GEMM of that model's plans is in the profile's tables, measured (not
+    interpolated), including token counts between the grid's lines (micro-batch 5: 5 x sequence)."""
+    from runtime.profiler import shapes
+    from planner.model import resolve_model
+    cfg = tmp_path / "tiny-gpt2" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({"model_type": "gpt2", "n_embd": 48, "n_layer": 2, "n_head": 4, "n_positions": 16,
+                               "vocab_size": 96}))
+    out = tmp_path / "p.json"
+    assert cli.main(["--device", "cpu", "--quick", "--gpus", "1", "--model", str(cfg), "--out", str(out),
+                     "--no-progress"]) == 0
+    d = json.loads(out.read_text())
+    grid = d["extras"]["gemm_grid"]
+    assert grid["exact_models"] == ["tiny-gpt2"] and grid["exact_shapes"] > 0
+    spec = resolve_model(str(cfg))
+    want = shapes.model_gemm_shapes(spec, spec.default_seq_len, grid["tp"], flops_cap=grid["flops_cap"])
+    assert len(want) == grid["exact_shapes"]
+    measured = {(m, n, k) for m, n, k, _ in d["gemm"]["points"]}
+    wgrad = {(m, n, k) for m, n, k, _ in d["gemm"]["wgrad_points"]}
+    for g in want:
+        assert (g.m, g.n, g.k) in (wgrad if g.kind == "wgrad" else measured), g
+    assert any(g.m == 5 * 16 and g.kind == "fwd" for g in want)   # micro-batch 5, between the grid's lines
+
+
+def test_unknown_profile_model_is_one_sentence(tmp_path, capsys):
+    assert cli.main(["--device", "cpu", "--gpus", "1", "--model", "gpt-7", "--out", str(tmp_path / "x.json")]) == 1
+    err = capsys.readouterr().err
+    assert "unknown model 'gpt-7'" in err and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
