@@ -188,14 +188,29 @@ class CostModel:
     def layer(self) -> LayerCosts:
         return self._memo("layer", self._layer)
 
+    def layer_gemms(self) -> list[tuple[int, int, int]]:
+        """(m, n, k) of the dense layer's linear GEMMs on one rank, forward layout (qkv, out-projection, and
+        without MoE fc1 and fc2); each also runs as dgrad and wgrad (_gemm_fwd_bwd_s)."""
+        m, t = self.m, self.lay.tp
+        T = int(self.tokens)
+        gemms = [(T, (m.q_width + 2 * m.kv_width) // t, m.hidden), (T, m.hidden, m.q_width // t)]
+        if not m.is_moe:
+            gemms += [(T, (2 if m.gated_mlp else 1) * m.ffn_hidden // t, m.hidden), (T, m.hidden, m.ffn_hidden // t)]
+        return gemms
+
+    def interpolated_gemms(self) -> tuple[int, int]:
+        """(how many of the layer's bf16 GEMM queries, forward, dgrad and wgrad, the profile answers by
+        interpolation rather than from a measured point, of how many)."""
+        queries = [q for mm, n, k in self.layer_gemms()
+                   for q in ((False, mm, n, k), (False, mm, k, n), (True, n, k, mm))]
+        return sum(not self.prof.gemm_measured(m, n, k, wgrad) for wgrad, m, n, k in queries), len(queries)
+
     def _layer(self) -> LayerCosts:
         m, lay, prof = self.m, self.lay, self.prof
         t, h, f = lay.tp, m.hidden, m.ffn_hidden
         T = int(self.tokens)
         qkv_n = (m.q_width + 2 * m.kv_width) // t
-        gemms = [(T, qkv_n, h), (T, h, m.q_width // t)]
-        if not m.is_moe:
-            gemms += [(T, (2 if m.gated_mlp else 1) * f // t, h), (T, h, f // t)]
+        gemms = self.layer_gemms()
         fwd = bwd = 0.0
         for shape in gemms:
             a, b = self._gemm_fwd_bwd_s(*shape, fp8=lay.fp8)

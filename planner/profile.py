@@ -277,6 +277,12 @@ class Profile:
         scaling = 5.0 * (m * k + n * k) / self.copy_bandwidth_bytes_per_s + 4 * self.kernel_launch_s
         return max(bf16 / FP8_GEMM_SPEEDUP, t_mem) + scaling + 5e-6
 
+    def gemm_measured(self, m: int, n: int, k: int, wgrad: bool = False) -> bool:
+        """Whether the bf16 GEMM (weight-gradient table when wgrad) is a measured point of this profile, not
+        interpolated between points."""
+        pts = self.wgrad_points if wgrad and self.wgrad_points else self.gemm_points
+        return (m, n, k) in self._gemm_key("wgrad" if wgrad and self.wgrad_points else "mm").exact if pts else False
+
     def wgrad_s(self, m: int, n: int, k: int) -> float:
         if not self.wgrad_points:
             return self.gemm_s(m, n, k)

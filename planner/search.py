@@ -422,8 +422,13 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
         pred = c.cost.predict(stages)  # the schedule played: the figure the plan reports and is ranked by
         if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
             continue  # the solver rounds memory up and never allows this; kept as a guard
+        prov = plan_provenance(profile, c.layout.fp8)
+        off_grid, queries = c.cost.interpolated_gemms()
+        if off_grid:  # say so: between the grid's points cuBLAS can run 10-30% off the interpolated rate
+            prov["modelled"].insert(0, f"GEMMs: {off_grid} of this layout's {queries} layer GEMM shapes interpolated "
+                                       f"between profile points (`plan profile --model {model.name}` measures them)")
         plans.append(Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
-                          prediction=pred, provenance=plan_provenance(profile, c.layout.fp8)))
+                          prediction=pred, provenance=prov))
     plans.sort(key=lambda p: p.prediction.step_s)
     plans = plans[:top_k]
     if not plans:

@@ -37,3 +37,20 @@ def test_cost_model_prices_the_weight_gradient_from_the_wgrad_table(profile):
     slow_layer = CostModel(gpt_small, shape, lay, cluster, slow).layer
     assert slow_layer.fwd_compute_s == pytest.approx(fast_layer.fwd_compute_s)  # forward GEMMs never read the wgrad table
     assert slow_layer.bwd_compute_s > fast_layer.bwd_compute_s * 1.3
+
+
+def test_plans_say_when_their_gemms_are_interpolated(profile):
+    """A plan whose layer GEMMs are all measured points of the profile says nothing; one between the grid's
+    token lines (micro-batch 5: 10240 tokens) names how many are interpolated and how to measure them."""
+    from planner.cluster import ClusterSpec
+    from planner.model import CATALOGUE
+    from planner.plan import TrainingShape
+    from planner.search import Pins, search
+    gpt = CATALOGUE["gpt-1.3b"]
+    on_grid = search(gpt, TrainingShape(2048, 8), ClusterSpec(num_gpus=1), profile, Pins(micro_batch=4), top_k=1).plans[0]
+    between = search(gpt, TrainingShape(2048, 10), ClusterSpec(num_gpus=1), profile, Pins(micro_batch=5), top_k=1).plans[0]
+    note = [m for m in between.provenance["modelled"] if m.startswith("GEMMs:")]
+    assert note and "12 of this layout's 12" in note[0] and "plan profile --model gpt-1.3b" in note[0]
+    assert not [m for m in on_grid.provenance["modelled"] if m.startswith("GEMMs:")]
+    h = gpt.hidden
+    assert profile.gemm_measured(8192, 3 * h, h) and not profile.gemm_measured(10240, 3 * h, h)
