@@ -1,4 +1,4 @@
-"""Predict-vs-measure sweep: distinct plans for 1 or 2 GPUs and the script that validates each of them.
+"""Predict-vs-measure sweep: distinct plans for 1, 2, 4 or 8 GPUs and the script that validates each of them.
 
     python benchmarks/validation_sweep.py --gpus 2 --out benchmarks/validation/2gpu
     python benchmarks/validation_sweep.py --set quality --gpus 2 --out benchmarks/validation/quality
@@ -115,7 +115,36 @@ def cases(gpus: int, tiny: bool = False) -> list[Case]:
             Case("bert-dp2-opt-mb4-none", BERT, 512, 16, P(dp=2, sharding="optimizer", micro_batch=4, recompute="none")),
             Case("bert-pp2-mb2-sel", BERT, 512, 16, P(pp=2, micro_batch=2, recompute="selective")),
         ]
-    raise PlanError(f"--gpus must be 1 or 2, got {gpus}")
+    G13, L8 = "gpt-13b", "llama3-8b"
+    if gpus == 4:   # issue 8: for the 4-GPU machine (NVSwitch), none run yet
+        return [
+            Case("gpt13-tp4-mb2-none", GPT, 2048, 8, P(tp=4, micro_batch=2, recompute="none")),
+            Case("gpt13-dp4-opt-mb2-sel", GPT, 2048, 16, P(dp=4, sharding="optimizer", micro_batch=2, recompute="selective")),
+            Case("gpt13-pp4-vpp2-mb1-none", GPT, 2048, 16, P(pp=4, vpp=2, micro_batch=1, recompute="none")),
+            Case("gpt13-tp2-dp2-opt-mb2-none", GPT, 2048, 8, P(tp=2, dp=2, sharding="optimizer", micro_batch=2, recompute="none")),
+            Case("llama1b-cp4-s8192-mb1-none", LLAMA, 8192, 2, P(cp=4, micro_batch=1, recompute="none")),
+            Case("llama1b-pp2-dp2-opt-mb2-sel", LLAMA, 2048, 8, P(pp=2, dp=2, sharding="optimizer", micro_batch=2, recompute="selective")),
+            Case("moe-dp4-ep4-opt-mb2-none", MOE, 2048, 16, P(dp=4, ep=4, sharding="optimizer", micro_batch=2, recompute="none")),
+            Case("bert-tp2-dp2-opt-mb4-none", BERT, 512, 32, P(tp=2, dp=2, sharding="optimizer", micro_batch=4, recompute="none")),
+            Case("gpt-13b-tp4-mb1-sel", G13, 2048, 8, P(tp=4, micro_batch=1, recompute="selective")),
+            Case("llama3-8b-tp4-s4096-mb1-none", L8, 4096, 4, P(tp=4, micro_batch=1, recompute="none")),
+            Case("llama3-8b-tp2-pp2-vpp2-s4096-mb1-sel", L8, 4096, 8, P(tp=2, pp=2, vpp=2, micro_batch=1, recompute="selective")),
+        ]
+    if gpus == 8:   # issue 8: for the 8-GPU machine, none run yet
+        return [
+            Case("gpt-13b-tp8-mb2-none", G13, 2048, 8, P(tp=8, micro_batch=2, recompute="none")),
+            Case("gpt-13b-tp4-pp2-vpp2-mb1-none", G13, 2048, 16, P(tp=4, pp=2, vpp=2, micro_batch=1, recompute="none")),
+            Case("gpt-13b-tp2-dp4-opt-mb1-sel", G13, 2048, 16, P(tp=2, dp=4, sharding="optimizer", micro_batch=1, recompute="selective")),
+            Case("gpt13-dp8-opt-mb4-none", GPT, 2048, 32, P(dp=8, sharding="optimizer", micro_batch=4, recompute="none")),
+            Case("gpt13-tp2-pp2-dp2-opt-mb2-none", GPT, 2048, 16, P(tp=2, pp=2, dp=2, sharding="optimizer", micro_batch=2, recompute="none")),
+            Case("llama3-8b-tp8-s4096-mb1-none", L8, 4096, 8, P(tp=8, micro_batch=1, recompute="none")),
+            Case("llama3-8b-pp4-vpp2-dp2-s4096-mb1-sel", L8, 4096, 16, P(pp=4, vpp=2, dp=2, sharding="optimizer", micro_batch=1, recompute="selective")),
+            Case("llama1b-cp4-tp2-s8192-mb1-none", LLAMA, 8192, 2, P(cp=4, tp=2, micro_batch=1, recompute="none")),
+            Case("moe-dp8-ep8-opt-mb2-none", MOE, 2048, 32, P(dp=8, ep=8, sharding="optimizer", micro_batch=2, recompute="none")),
+            Case("moe-tp2-dp4-ep4-opt-mb2-none", MOE, 2048, 16, P(tp=2, dp=4, ep=4, sharding="optimizer", micro_batch=2, recompute="none")),
+            Case("bert-dp8-opt-mb4-none", BERT, 512, 64, P(dp=8, sharding="optimizer", micro_batch=4, recompute="none")),
+        ]
+    raise PlanError(f"--gpus must be 1, 2, 4 or 8, got {gpus}")
 
 
 def _model(name: str):
@@ -128,14 +157,23 @@ QUALITY_MODELS = (GPT, LLAMA)
 QUALITY_SHAPE = TrainingShape(seq_len=2048, global_batch=8)
 
 
-def quality_plans(profile_path: str | None = None, models=QUALITY_MODELS) -> list[tuple[str, Plan]]:
-    """Every layout the planner searches on 2 GPUs for each model, in the planner's order (rank 1 first)."""
-    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2)
+QUALITY_8 = (("gpt-13b", "llama3-8b"), TrainingShape(seq_len=2048, global_batch=32), 12)
+"""Issue 8's plan quality on 8 GPUs: the planner's first choice for gpt-13b and llama3-8b against the best of its
+top 12 plans measured (the issue asks for at least 10)."""
+
+
+def quality_plans(profile_path: str | None = None, models=QUALITY_MODELS, gpus: int = 2) -> list[tuple[str, Plan]]:
+    """On 2 GPUs every layout the planner searches for each model, on 8 its top QUALITY_8[2]; in the planner's
+    order (rank 1 first)."""
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=gpus, gpus_per_node=gpus)
     profile = load_profile(profile_path, cluster.gpu)
+    shape, top = (QUALITY_SHAPE, 10_000) if gpus == 2 else (QUALITY_8[1], QUALITY_8[2])
+    if gpus == 8 and models == QUALITY_MODELS:
+        models = QUALITY_8[0]
     out = []
     for name in models:
         model = _model(name)
-        res = search(model, QUALITY_SHAPE, cluster, profile, Pins(), top_k=10_000)
+        res = search(model, shape, cluster, profile, Pins(), top_k=top)
         for rank, plan in enumerate(res.plans, 1):
             lay = plan.layout
             tag = f"{model.name}-r{rank:02d}-{lay.short().replace(' ', '-').lower()}-mb{lay.micro_batch}-{lay.sharding}"
@@ -209,9 +247,10 @@ exit 0
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gpus", type=int, required=True, choices=[1, 2])
+    ap.add_argument("--gpus", type=int, required=True, choices=[1, 2, 4, 8])
     ap.add_argument("--set", choices=["cases", "quality"], default="cases",
-                    help="hand-picked cases (default) or every searched layout of two models on 2 GPUs")
+                    help="hand-picked cases (default), or the plan-quality set: every searched layout of two models "
+                         "on 2 GPUs, the planner's top 12 for gpt-13b and llama3-8b on 8")
     ap.add_argument("--out", required=True, help="folder for plans/ and run.sh (inside the repository, so it travels)")
     ap.add_argument("--tiny", action="store_true", help="3 tiny-model plans for a CPU check of the machinery")
     ap.add_argument("--steps", type=int, default=6)
@@ -223,9 +262,10 @@ def main(argv=None) -> int:
     try:
         if args.tiny and args.gpus != 2:
             raise PlanError("--tiny builds 2-rank plans; use it with --gpus 2")
-        if args.set == "quality" and args.gpus != 2:
-            raise PlanError("--set quality is defined on 2 GPUs")
-        plans = quality_plans(args.profile) if args.set == "quality" else build_plans(args.gpus, args.tiny, args.profile)
+        if args.set == "quality" and args.gpus not in (2, 8):
+            raise PlanError("--set quality is defined on 2 and 8 GPUs")
+        plans = quality_plans(args.profile, gpus=args.gpus) if args.set == "quality" else \
+            build_plans(args.gpus, args.tiny, args.profile)
         out = Path(args.out)
         pdir = out / "plans"
         run_sh = out / "run.sh"

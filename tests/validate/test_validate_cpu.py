@@ -82,13 +82,13 @@ def test_validate_refusals_are_one_sentence(tiny_plan, tmp_path):
     assert rc == 1 and "must exceed --warmup" in se and "Traceback" not in se
 
 
-@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
 def test_sweep_plans_are_legal_distinct_and_sized(gpus):
     sys.path.insert(0, str(REPO / "benchmarks"))
     import validation_sweep as vs
 
     plans = vs.build_plans(gpus)
-    assert len(plans) >= (20 if gpus == 2 else 12)
+    assert len(plans) >= {1: 12, 2: 20, 4: 10, 8: 10}[gpus]   # 4 and 8 together: issue 8's 20
     assert len({stem for stem, _ in plans}) == len(plans)
     models = {p.model.name for _, p in plans}
     assert {"gpt-1.3b", "llama-1b-gqa", "moe-small", "bert-large"} <= models
@@ -101,6 +101,23 @@ def test_sweep_plans_are_legal_distinct_and_sized(gpus):
         assert any(l.tp == 2 for l in lays) and any(l.pp == 2 and l.vpp == 1 for l in lays)
         assert any(l.vpp == 2 for l in lays) and any(l.cp == 2 for l in lays) and any(l.ep == 2 for l in lays)
         assert {l.sharding for l in lays if l.dp == 2} >= {"none", "optimizer"}
+    if gpus == 8:   # issue 8's dimensions: TP8, PP4 with virtual stages, DP8 ZeRO-1, CP4, EP8, mixes
+        lays = [p.layout for _, p in plans]
+        assert any(l.tp == 8 for l in lays) and any(l.pp == 4 and l.vpp > 1 for l in lays)
+        assert any(l.dp == 8 and l.sharding == "optimizer" for l in lays) and any(l.cp == 4 for l in lays)
+        assert any(l.ep == 8 for l in lays) and any(l.tp > 1 and l.pp > 1 and l.dp > 1 for l in lays)
+
+
+def test_quality_set_on_eight_gpus_is_the_planners_top_plans():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import validation_sweep as vs
+
+    plans = vs.quality_plans(gpus=8)
+    for name in ("gpt-13b", "llama3-8b"):
+        mine = [p for _, p in plans if p.model.name == name]
+        assert len(mine) >= 10 and all(p.layout.world_size == 8 for p in mine)
+        steps = [p.prediction.step_s for p in mine]
+        assert steps == sorted(steps)   # rank 1, the planner's first choice, first
 
 
 def test_validate_several_plans_of_two_world_sizes_in_one_call(tiny_plan, tmp_path):
