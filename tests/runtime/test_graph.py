@@ -76,6 +76,11 @@ def _losses(path: Path) -> list[float]:
         return [float(r["loss"]) for r in csv.DictReader(fh)]
 
 
+def _losses_and_norms(path: Path) -> list[tuple[float, float]]:
+    with open(path) as fh:
+        return [(float(r["loss"]), float(r["grad_norm"])) for r in csv.DictReader(fh)]
+
+
 def _train_on_cuda(tmp_path: Path, names: list[str], gpus: int, steps: int) -> None:
     """`runtime.train` over the plans tmp_path/<name>.json, one after another in one torchrun of `gpus`
     processes; each plan's rows go to tmp_path/<name>.csv."""
@@ -129,10 +134,7 @@ def test_gradient_norm_taken_beside_backward_equals_the_norm_after_it(tmp_path):
     for name, overlap in (("beside", True), ("after", False)):
         replace(plan, layout=replace(plan.layout, overlap_dp=overlap)).save(tmp_path / f"{name}.json")
     _train_on_cuda(tmp_path, ["beside", "after"], 1, 5)
-    rows = {}
-    for name in ("beside", "after"):
-        with open(tmp_path / f"{name}.csv") as fh:
-            rows[name] = [(float(r["loss"]), float(r["grad_norm"])) for r in csv.DictReader(fh)]
+    rows = {name: _losses_and_norms(tmp_path / f"{name}.csv") for name in ("beside", "after")}
     assert len(rows["beside"]) == len(rows["after"]) == 5
     for (la, na), (lb, nb) in zip(rows["beside"], rows["after"]):
         assert na == pytest.approx(nb, rel=1e-4) and la == pytest.approx(lb, rel=2e-3)
@@ -168,10 +170,7 @@ def test_bf16_main_gradients_train_as_fp32_ones_on_cuda(tmp_path, family):
     for name in ("fp32", "bf16"):
         replace(plan, layout=replace(plan.layout, grad_dtype=name)).save(tmp_path / f"{name}.json")
     _train_on_cuda(tmp_path, ["fp32", "bf16"], 1, 6)
-    rows = {}
-    for name in ("fp32", "bf16"):
-        with open(tmp_path / f"{name}.csv") as fh:
-            rows[name] = [(float(r["loss"]), float(r["grad_norm"])) for r in csv.DictReader(fh)]
+    rows = {name: _losses_and_norms(tmp_path / f"{name}.csv") for name in ("fp32", "bf16")}
     assert len(rows["fp32"]) == len(rows["bf16"]) == 6
     for (la, na), (lb, nb) in zip(rows["fp32"], rows["bf16"]):
         assert lb == pytest.approx(la, rel=5e-3) and nb == pytest.approx(na, rel=1e-2)
