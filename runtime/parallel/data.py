@@ -83,7 +83,7 @@ class _Bucket:
         self.pending = len(params)
         self.work = None
         self.full = None  # ZeRO-2: this micro-batch's full fp32 gradient of the bucket
-        self.out = None   # reduce-scatter output
+        self.out = None   # ZeRO-2: the reduce-scatter output (ZeRO-1 reduces in place)
         self.sq = None    # squared norm of the bucket's counted gradient, taken beside backward (no DP group)
 
     @property
