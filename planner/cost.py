@@ -180,9 +180,13 @@ class CostModel:
         Profile.fp8_gemm_s), wgrad in bf16 as the runtime runs it. The wgrad accumulates into fp32 (the profile's
         wgrad table) unless the gradients are bf16, where it writes bf16 like any GEMM (the bf16-output table,
         whose layouts are forward's and dgrad's: modelled)."""
-        g = self.prof.fp8_gemm_s if fp8 else self.prof.gemm_s
-        wgrad = self.prof.gemm_s if self.lay.grad_dtype == "bf16" else self.prof.wgrad_s
-        return g(m, n, k), g(m, k, n) + wgrad(n, k, m)
+        (tf, *f), (td, *d), (tw, *w) = self._gemm_queries(m, n, k, fp8)
+        return self.prof.gemm_table_s(tf, *f), self.prof.gemm_table_s(td, *d) + self.prof.gemm_table_s(tw, *w)
+
+    def _gemm_queries(self, m: int, n: int, k: int, fp8: bool = False) -> list[tuple[str, int, int, int]]:
+        """(profile table, m, n, k) of the forward, dgrad and wgrad GEMMs of a linear layer [m,k]x[k,n]."""
+        mm = "fp8" if fp8 else "mm"
+        return [(mm, m, n, k), (mm, m, k, n), ("mm" if self.lay.grad_dtype == "bf16" else "wgrad", n, k, m)]
 
     @cached_property
     def layer(self) -> LayerCosts:
@@ -199,11 +203,10 @@ class CostModel:
         return gemms
 
     def interpolated_gemms(self) -> tuple[int, int]:
-        """(how many of the layer's bf16 GEMM queries, forward, dgrad and wgrad, the profile answers by
-        interpolation rather than from a measured point, of how many)."""
-        queries = [q for mm, n, k in self.layer_gemms()
-                   for q in ((False, mm, n, k), (False, mm, k, n), (True, n, k, mm))]
-        return sum(not self.prof.gemm_measured(m, n, k, wgrad) for wgrad, m, n, k in queries), len(queries)
+        """(how many of the layer's GEMM queries, forward, dgrad and wgrad, the profile answers by interpolation
+        or a model rather than from a measured point, of how many)."""
+        queries = [q for shape in self.layer_gemms() for q in self._gemm_queries(*shape, self.lay.fp8)]
+        return sum(not self.prof.gemm_measured(*q) for q in queries), len(queries)
 
     def _layer(self) -> LayerCosts:
         m, lay, prof = self.m, self.lay, self.prof

@@ -277,11 +277,18 @@ class Profile:
         scaling = 5.0 * (m * k + n * k) / self.copy_bandwidth_bytes_per_s + 4 * self.kernel_launch_s
         return max(bf16 / FP8_GEMM_SPEEDUP, t_mem) + scaling + 5e-6
 
-    def gemm_measured(self, m: int, n: int, k: int, wgrad: bool = False) -> bool:
-        """Whether the bf16 GEMM (weight-gradient table when wgrad) is a measured point of this profile, not
-        interpolated between points."""
-        pts = self.wgrad_points if wgrad and self.wgrad_points else self.gemm_points
-        return (m, n, k) in self._gemm_key("wgrad" if wgrad and self.wgrad_points else "mm").exact if pts else False
+    def gemm_table_s(self, table: str, m: int, n: int, k: int) -> float:
+        """A GEMM from the named table: 'mm' (gemm_s), 'wgrad' (wgrad_s) or 'fp8' (fp8_gemm_s)."""
+        return getattr(self, _TABLE_LOOKUP[table])(m, n, k)
+
+    def gemm_measured(self, table: str, m: int, n: int, k: int) -> bool:
+        """Whether gemm_table_s(table, m, n, k) reads a measured point of this profile rather than interpolating
+        between points or modelling (an FP8 GEMM without an FP8 table); wgrad falls back to the 'mm' table as
+        wgrad_s does."""
+        if table == "wgrad" and not self.wgrad_points:
+            table = "mm"
+        pts = {"mm": self.gemm_points, "wgrad": self.wgrad_points, "fp8": self.fp8_points}[table]
+        return bool(pts) and (m, n, k) in self._gemm_key(table).exact
 
     def wgrad_s(self, m: int, n: int, k: int) -> float:
         if not self.wgrad_points:
@@ -493,6 +500,10 @@ class _GemmTable:
                 (x0, r0), (x1, r1) = lo[-1], hi[0]
                 return r0 if x1 == x0 else r0 + (lx - x0) / (x1 - x0) * (r1 - r0)
         return None
+
+
+_TABLE_LOOKUP = {"mm": "gemm_s", "wgrad": "wgrad_s", "fp8": "fp8_gemm_s"}
+"""GEMM table name -> the Profile method that answers from it (Profile.gemm_table_s)."""
 
 
 @lru_cache(maxsize=200_000)

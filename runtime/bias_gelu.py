@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.norm import sum_partials
-from runtime.parallel.tensor import claim_main_grad
+from runtime.parallel.tensor import claim_main_grad, store_main_grad
 from runtime.triton_support import tl, triton, use_triton
 
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -122,7 +122,7 @@ class _BiasGelu(torch.autograd.Function):
             if target is None:
                 return dy, db
             main_grad, overwrite = target
-            main_grad.copy_(db) if overwrite else main_grad.add_(db)
+            store_main_grad(main_grad, db, overwrite)
             return dy, torch.empty_like(bias)
         n = y.shape[-1]
         rows = y.numel() // n

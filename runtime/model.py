@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.model import ModelSpec
 from runtime.attention import apply_rotary, attention, rotary_tables
-from runtime.bias_gelu import bias_gelu, bias_gelu_forward
+from runtime.bias_gelu import bias_gelu
 from runtime.norm import norm_forward, residual_norm
 from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
 from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
@@ -152,10 +152,10 @@ class MLP(nn.Module):
         self.fc1.skip_bias_add = self.bias_act
 
     def act(self, a):
-        """The activation of fc1's output a (bias included where fc1 skipped it), without autograd when
-        called for selective recompute."""
+        """The activation of fc1's output a (bias included where fc1 skipped it); also what selective recompute
+        reruns, under no_grad."""
         if self.bias_act:
-            return bias_gelu(a, self.fc1.bias) if torch.is_grad_enabled() else bias_gelu_forward(a, self.fc1.bias)
+            return bias_gelu(a, self.fc1.bias)
         return swiglu(a) if self.gated else gelu(a)
 
     def forward(self, x, selective: bool = False, recompute=None):

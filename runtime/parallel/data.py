@@ -58,6 +58,14 @@ def counts_in_grad_norm(p: nn.Parameter, tp_rank: int) -> bool:
     return (p.tp_dim is not None or tp_rank == 0) and not getattr(p, "tied_copy", False)
 
 
+def _squared_norm(views: list, device) -> torch.Tensor:
+    """Sum of squares of the tensors in `views` (fp32 accumulation, any gradient precision), one foreach pass; a
+    0-d zero for none."""
+    if not views:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.stack(torch._foreach_norm(views, 2.0, dtype=torch.float32)).square().sum()
+
+
 def _complement(segments: list, size: int) -> list:
     """The parts of [0, size) not covered by the sorted, disjoint segments."""
     out, pos = [], 0
@@ -205,7 +213,7 @@ class DistributedOptimizer:
                  grad_dtype=torch.float32):
         assert sharding in ("none", "optimizer", "optimizer+grads")
         self.groups, self.sharding, self.cfg, self.overlap = groups, sharding, cfg or AdamConfig(), overlap
-        self.compute_dtype, self.grad_dtype = compute_dtype, grad_dtype
+        self.compute_dtype = compute_dtype
         self.modules = modules
         named, seen = [], set()
         for mod in modules:
@@ -309,8 +317,7 @@ class DistributedOptimizer:
         with torch.cuda.stream(self._norm_stream):
             self._norm_stream.wait_event(ready)
             views = self._bucket_norm_views(self.buffers.index(buf))[b.index]
-            b.sq = torch.stack(torch._foreach_norm(views, 2.0, dtype=torch.float32)).square().sum() if views else \
-                torch.zeros((), dtype=torch.float32, device=dev)
+            b.sq = _squared_norm(views, dev)
 
     def _launch(self, buf: _Buffer, b: _Bucket):
         b.pending = -1  # launched
@@ -381,8 +388,7 @@ class DistributedOptimizer:
                 sq = torch.stack([b.sq for b in buf.buckets]).sum()
             else:
                 views = [v for bucket in self._bucket_norm_views(k) for v in bucket]
-                sq = torch.stack(torch._foreach_norm(views, 2.0, dtype=torch.float32)).square().sum() if views else \
-                    torch.zeros((), dtype=torch.float32, device=dev)
+                sq = _squared_norm(views, dev)
             for b in buf.buckets:
                 b.sq = None
             if buf.n > 1:
@@ -538,7 +544,7 @@ class FullyShardedOptimizer:
                  compute_dtype=torch.float32, overlap: bool = True, grad_dtype=torch.float32):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         self.groups, self.cfg = groups, cfg or AdamConfig()
-        self.compute_dtype, self.grad_dtype = compute_dtype, grad_dtype
+        self.compute_dtype = compute_dtype
         # the gradients are reduce-scattered in grad_dtype; FSDP2 keeps the sharded result in the fp32 parameter's dtype
         mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=grad_dtype)
         self.modules = modules
@@ -597,11 +603,7 @@ class FullyShardedOptimizer:
         max_norm = self.cfg.grad_clip if max_norm is None else max_norm
         # one foreach norm over the local shards (not a loop of small kernels per parameter: host time)
         local = [p.grad.to_local() for p in self.norm_params if p.grad is not None]
-        dev = self.named[0][1].to_local().device
-        if local:
-            sq = torch.stack(torch._foreach_norm(local, 2.0, dtype=torch.float32)).square().sum()
-        else:
-            sq = torch.zeros((), device=dev)
+        sq = _squared_norm(local, self.named[0][1].to_local().device)
         for g in (self.groups.dp_cp, self.groups.tp, self.groups.pp):
             if group_size(g) > 1:
                 dist.all_reduce(sq, group=g)

@@ -131,10 +131,15 @@ def _accumulate_mm_(main_grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, o
             return
         except (RuntimeError, NotImplementedError):
             _FP32_OUT_ADDMM[0] = False
+    store_main_grad(main_grad, a @ b, overwrite)
+
+
+def store_main_grad(main_grad: torch.Tensor, grad: torch.Tensor, overwrite: bool) -> None:
+    """main_grad = grad (the step's first write, claim_main_grad's `overwrite`) or main_grad += grad."""
     if overwrite:
-        main_grad.copy_(a @ b)
+        main_grad.copy_(grad)
     else:
-        main_grad.add_(a @ b)
+        main_grad.add_(grad)
 
 
 def claim_main_grad(p: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
@@ -353,7 +358,7 @@ class _EmbeddingLookup(torch.autograd.Function):
             # bf16 main gradient: an index_add would sum a frequent token's rows in bf16; the dense backward
             # sums each row's occurrences in fp32 and rounds once
             dense = torch.ops.aten.embedding_backward(g, ids, weight.shape[0], -1, False, False)
-            main_grad.copy_(dense) if overwrite else main_grad.add_(dense)
+            store_main_grad(main_grad, dense, overwrite)
             return None, torch.empty_like(weight)
         if overwrite:
             main_grad.zero_()

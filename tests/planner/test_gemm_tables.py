@@ -53,4 +53,4 @@ def test_plans_say_when_their_gemms_are_interpolated(profile):
     assert note and "12 of this layout's 12" in note[0] and "plan profile --model gpt-1.3b" in note[0]
     assert not [m for m in on_grid.provenance["modelled"] if m.startswith("GEMMs:")]
     h = gpt.hidden
-    assert profile.gemm_measured(8192, 3 * h, h) and not profile.gemm_measured(10240, 3 * h, h)
+    assert profile.gemm_measured("mm", 8192, 3 * h, h) and not profile.gemm_measured("mm", 10240, 3 * h, h)
