@@ -103,6 +103,9 @@ def build_plans(tiny: bool, m: int) -> dict:
         "cp2": plan(cp, cseq, 1, Layout(cp=2, micro_batch=1), even_stages(cp.num_layers, 1), "CP2 two GPUs"),
         "dense1": plan(dense, eseq, emb * em, Layout(micro_batch=emb), even_stages(dense.num_layers, 1),
                        "dense, same active parameters, one GPU"),
+        "moe1": plan(moe, eseq, emb * em, Layout(micro_batch=emb), even_stages(moe.num_layers, 1),
+                     "MoE on one GPU (all experts local, no all-to-all): splits the EP2 gap into the MoE's own "
+                     "compute and the dispatch over the EP group"),
         "ep2dp2": plan(moe, eseq, 2 * emb * em, Layout(dp=2, ep=2, micro_batch=emb), even_stages(moe.num_layers, 1),
                        "MoE EP2 x DP2 two GPUs"),
     }
@@ -442,10 +445,14 @@ def driver(args) -> int:
 
     only = set(args.only.split(",")) if args.only else {"pp", "cp", "ep"}
     runs = [("pp2-1f1b", 2, "pp"), ("pp2-vpp2", 2, "pp"), ("cp1", 1, "cp"), ("cp2", 2, "cp"),
-            ("dense1", 1, "ep"), ("ep2dp2", 2, "ep")]
+            ("dense1", 1, "ep"), ("moe1", 1, "ep"), ("ep2dp2", 2, "ep")]
     summ = {}
     for tag, nproc, bar in runs:
         if bar not in only:
+            continue
+        if nproc > args.gpus:
+            log(f"-- {tag}: skipped, it needs {nproc} GPUs and --gpus is {args.gpus}")
+            put(dict(kind="skipped", run=tag, why=f"needs {nproc} GPUs, --gpus {args.gpus}"))
             continue
         recs = run_worker(tag, plans_dir / f"{tag}.json", nproc, args, tmp, log, deadline)
         for r in recs:
@@ -514,6 +521,13 @@ def driver(args) -> int:
 
     eff_bar("CP2 scaling (seq %d)" % plans["cp2"].training.seq_len, "cp2", "cp1", BARS["cp_eff"], "p2p_exposed_s", "ring")
     eff_bar("EP2xDP2 MoE vs dense", "ep2dp2", "dense1", BARS["ep_eff"], "p2p_exposed_s", "all-to-all")
+    # not a bar: the same MoE on one GPU, so the EP2 shortfall splits into the MoE's own cost and its dispatch
+    a, b = summ.get("moe1"), summ.get("dense1")
+    if a and b and a.get("tokens_per_s_per_gpu_median") and b.get("tokens_per_s_per_gpu_median"):
+        r = a["tokens_per_s_per_gpu_median"] / b["tokens_per_s_per_gpu_median"]
+        put(dict(kind="diagnostic", what="MoE one GPU vs dense one GPU", ratio=r))
+        rows.append(("MoE 1 GPU vs dense", f"{a['tokens_per_s_per_gpu_median']:.0f} vs "
+                     f"{b['tokens_per_s_per_gpu_median']:.0f} tok/s/GPU = {100 * r:.1f}% (no all-to-all)", "(info)", ""))
 
     log("")
     log(f"{'bar':<28} {'result':<110} {'need':<8} verdict")
@@ -536,6 +550,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-steps", type=int, default=1, help="extra profiled steps for exposed communication")
     ap.add_argument("--m", type=int, default=8, help="pipeline micro-batches")
     ap.add_argument("--only", default="", help="comma list of pp, cp, ep (default all)")
+    ap.add_argument("--gpus", type=int, default=2, help="GPUs on this machine: runs that need more are skipped")
     ap.add_argument("--budget-s", type=float, default=460.0, help="wall budget for all runs; later runs are skipped")
     ap.add_argument("--run-timeout", type=float, default=150.0, help="timeout of one torchrun")
     ap.add_argument("--plans-dir", default=None, help="also keep the plan files here (default: a temp folder)")
