@@ -99,6 +99,23 @@ class _Bucket:
         return self.end - self.start
 
 
+def _runs_together(params: list) -> list:
+    """params with each run of MoE expert weights (`stack_run`, runtime/parallel/expert.py) moved back to back
+    in `stack_index` order where the run's first member stood: the grouped GEMMs then read the weights, and
+    write their gradients, as one view of the flat buffers instead of a stacked copy per use."""
+    slots, runs = [], {}
+    for p in params:
+        key = getattr(p, "stack_run", None)
+        if key is None:
+            slots.append([p])
+        elif key in runs:
+            runs[key].append(p)
+        else:
+            runs[key] = [p]
+            slots.append(runs[key])
+    return [p for slot in slots for p in sorted(slot, key=lambda q: getattr(q, "stack_index", 0))]
+
+
 class _Buffer:
     """One reduction group's flat parameter / gradient / optimizer storage."""
 
@@ -107,15 +124,21 @@ class _Buffer:
         n = group_size(group)
         self.n = n if sharding != "none" else 1  # shards of master / Adam state
         self.r = group_rank(group) if sharding != "none" else 0
-        self.params = [p for _, p in reversed(named)]  # backward order, roughly
+        self.params = _runs_together([p for _, p in reversed(named)])  # backward order, roughly
         self.offset, self.bucket_of, self.buckets = {}, {}, []
         start = pos = 0
         current = []
         align = max(n, 1) * 64
+        # ZeRO-2 keeps whole buckets of gradients in flight (planner/memory.py bounds them by bucket_elems plus
+        # the largest parameter): there a run may be cut, and its grouped GEMMs then stack a copy
+        keep_runs = sharding != "optimizer+grads"
         for i, p in enumerate(self.params):
             pos += p.numel()
             current.append(p)
-            if pos - start >= bucket_elems or i == len(self.params) - 1:
+            nxt = self.params[i + 1] if i + 1 < len(self.params) else None
+            inside_run = keep_runs and nxt is not None and getattr(p, "stack_run", None) is not None \
+                and getattr(nxt, "stack_run", None) is p.stack_run
+            if (pos - start >= bucket_elems and not inside_run) or nxt is None:
                 # inside a bucket the weight-decayed matrices come first: each shard then has at most one
                 # decayed and one undecayed segment (two optimizer kernel launches)
                 current.sort(key=lambda q: q.dim() < 2)

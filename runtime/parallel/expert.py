@@ -70,6 +70,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from planner.model import ModelSpec
+from runtime.moe_rows import combine_backward, gather_sum
+from runtime.parallel.tensor import claim_main_grad, store_main_grad
 from runtime.swiglu import swiglu
 
 __all__ = ["MoEMLP", "collect_aux_loss", "all_to_all_single_autograd", "grouped_mm_supported"]
@@ -137,9 +139,11 @@ def _sm_major(device_index: int) -> int:
 class _GroupedLinear(torch.autograd.Function):
     """y[rows of group g] = x[rows of group g] @ W_g^T, group g owning rows offs[g-1]:offs[g], W_g the
     concatenation along the output dimension of `per_group` consecutive tensors of `weights` (all [out, in],
-    nn.Linear's layout). The weights are stacked for the kernels and each gets its own slice of the stacked
-    gradient. Backward stacks them again instead of saving the stack, as autograd through torch.stack would:
-    that would hold a copy of the local experts' weights per layer and micro-batch in flight."""
+    nn.Linear's layout). The kernels take the weights as one [G, N, K] tensor: a view where they lie back to back
+    (the optimizer's flat buffer lays each projection's expert weights out so), else a stacked copy, made again
+    in backward rather than saved. The weight gradient, one [G, N, K] tensor, goes to the weights' main
+    gradients in one pass where the optimizer gave them some (tensor.claim_main_grad's protocol), else each
+    weight gets its slice."""
 
     @staticmethod
     def forward(ctx, x, offs, per_group, *weights):
@@ -157,6 +161,16 @@ class _GroupedLinear(torch.autograd.Function):
             dw = torch._grouped_mm(dy.t(), x, offs=offs)                     # [G, N, K]
         else:  # no rows at all: CUDA's kernel rejects a zero-length contraction (pytorch#192497)
             dw = torch.zeros_like(w)
+        if all(getattr(p, "main_grad", None) is not None for p in weights):
+            claims = [claim_main_grad(p) for p in weights]
+            stacked = _adjacent_view([c[0] for c in claims], ctx.per_group)
+            if stacked is not None and len({c[1] for c in claims}) == 1:
+                store_main_grad(stacked, dw, claims[0][1])
+            else:
+                for (mg, overwrite), g in zip(claims, dw.view(len(weights), *weights[0].shape).unbind(0)):
+                    store_main_grad(mg, g, overwrite)
+            # placeholders: the optimizer's hooks find the gradients in main_grad (as tensor.weight_grad)
+            return (dx, None, None) + tuple(torch.empty_like(p) for p in weights)
         return (dx, None, None) + dw.view(len(weights), *weights[0].shape).unbind(0)
 
 
@@ -182,8 +196,25 @@ class _GroupedBias(torch.autograd.Function):
         return (dy, None, None) + db.unbind(0)
 
 
+def _adjacent_view(ts, per_group: int) -> torch.Tensor | None:
+    """ts ([out, in] each) as one [len(ts) / per_group, per_group * out, in] view when they lie back to back in
+    one storage, in order; else None."""
+    t0 = ts[0]
+    step = t0.numel() * t0.element_size()
+    if not all(t.shape == t0.shape and t.dtype == t0.dtype and t.is_contiguous()
+               and t.untyped_storage().data_ptr() == t0.untyped_storage().data_ptr()
+               and t.data_ptr() == t0.data_ptr() + i * step for i, t in enumerate(ts)):
+        return None
+    out, inp = t0.shape
+    return t0.as_strided((len(ts) // per_group, per_group * out, inp), (per_group * out * inp, inp, 1))
+
+
 def _stack(weights, per_group: int) -> torch.Tensor:
-    """[len(weights) / per_group, per_group * out, in]: group g's weights concatenated along out."""
+    """[len(weights) / per_group, per_group * out, in]: group g's weights concatenated along out (a view where
+    they lie back to back, else a copy)."""
+    view = _adjacent_view(weights, per_group)
+    if view is not None:
+        return view
     out, inp = weights[0].shape
     return torch.stack(weights).view(len(weights) // per_group, per_group * out, inp)
 
@@ -237,6 +268,14 @@ class MoEMLP(nn.Module):
         w.tp_dim, w.tp_parts, w.init, w.sequence_parallel = None, None, ("normal", 0.02), True
         self.experts = nn.ModuleDict({str(self.expert_offset + e): Expert(spec)
                                       for e in range(self.local_experts)})
+        # each projection's local expert weights form a run that the optimizer's flat buffers lay out back to
+        # back (runtime/parallel/data.py): the grouped GEMMs take them, and their gradients, as one view
+        ex = list(self.experts.values())
+        first = [w for m in ex for w in (m.w_gate, m.w_up)] if spec.gated_mlp else [m.w_up for m in ex]
+        for run in (first, [m.w_down for m in ex]):
+            key = object()
+            for i, w in enumerate(run):
+                w.stack_run, w.stack_index, w.wgrad_fusable = key, i, True
         self.aux_groups = 1
         """The load-balancing loss is the mean of the losses of this many equal, contiguous chunks of the
         rank's tokens (in [s, b, h] order: sequence chunks). 1 in training; a single-process reference of a
@@ -383,11 +422,11 @@ class MoEMLP(nn.Module):
             back = _Gather.apply(y_local, inv, perm_t, 1)
             y = all_to_all_single_autograd(back, send_counts, recv_split, self.ep_group)
 
-        w = flat_w[order].to(y.dtype).unsqueeze(-1)
+        w = flat_w[order]
         if dropless:
-            out = _Combine.apply(y * w, inv_order, sorted_t, k)
+            out = _Combine.apply(y.contiguous(), w, inv_order, sorted_t, k)
         else:
-            out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w)
+            out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w.to(y.dtype).unsqueeze(-1))
         return out.to(x.dtype).view(shape)
 
 
@@ -412,25 +451,23 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         inv, = ctx.saved_tensors
-        gx = g.index_select(0, inv)
-        if ctx.k > 1:
-            gx = gx.view(-1, ctx.k, g.size(-1)).sum(1)
-        return gx, None, None, None
+        return gather_sum(g.contiguous(), inv, ctx.k), None, None, None
 
 
 class _Combine(torch.autograd.Function):
-    """The reverse of _Gather: out[r] = sum of the k rows of y that _Gather made from row r."""
+    """The reverse of _Gather, weighted: out[r] = sum of the k rows of y that _Gather made from row r, each
+    times its router weight w (runtime/moe_rows.py: one pass each way on CUDA)."""
 
     @staticmethod
-    def forward(ctx, y, inv, src, k):
-        ctx.save_for_backward(src)
-        out = y.index_select(0, inv)
-        return out.view(-1, k, y.size(-1)).sum(1) if k > 1 else out
+    def forward(ctx, y, w, inv, src, k):
+        ctx.save_for_backward(y, w, src)
+        return gather_sum(y, inv, k, w)
 
     @staticmethod
     def backward(ctx, g):
-        src, = ctx.saved_tensors
-        return g.index_select(0, src), None, None, None
+        y, w, src = ctx.saved_tensors
+        gy, gw = combine_backward(g.contiguous(), src, y, w)
+        return gy, gw, None, None, None
 
 
 def _count_per_expert(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
