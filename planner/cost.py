@@ -270,12 +270,16 @@ class CostModel:
             # tile of each expert is not counted)
             e1f, e1b = self._gemm_fwd_bwd_s(int(routed), (2 if m.gated_mlp else 1) * f, h)
             e2f, e2b = self._gemm_fwd_bwd_s(int(routed), h, f)
-            # the grouped GEMMs take the local experts' weights as one stacked tensor, which
-            # runtime/parallel/expert.py (_GroupedLinear) copies together in forward and again in backward:
-            # a read and a write of every local expert weight (bf16) each way, per micro-batch
-            stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep))
-            moe_f = (rf + e1f + e2f + stack_s) * prof.eff("expert")
-            moe_b = (rb + e1b + e2b + stack_s) * prof.eff("expert")
+            # the grouped GEMMs take the local experts' weights as one [experts, out, in] tensor: a view of the
+            # flat parameter buffer, where runtime/parallel/data.py lays each projection's expert weights out back
+            # to back (sharding 'none' and 'optimizer'); else (ZeRO-2 may cut them, FSDP owns its own storage)
+            # _GroupedLinear stacks a copy in forward and again in backward: a read and a write of every local
+            # expert weight (bf16) each way, per micro-batch
+            stacked = lay.sharding in ("optimizer+grads", "full")
+            stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) if stacked else 0.0
+            rows_f_s, rows_b_s = self._moe_row_passes_s(tok_t, routed, h, lay.ep > 1)
+            moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * prof.eff("expert")
+            moe_b = (rb + e1b + e2b + stack_s + rows_b_s) * prof.eff("expert")
             # dispatch and combine all-to-alls, each way in forward and again in backward
             a2a = self.group_collective_s("all_to_all", BF16 * routed * h, lay.ep, self.strides["ep"]) * prof.eff("ep")
             comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
@@ -522,6 +526,21 @@ class CostModel:
                 total += num_micro * (exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
                                       + exposed_s(ag + rs, window_bwd_s, frac, lay.overlap_dp))
         return total
+
+    def _moe_row_passes_s(self, tokens: float, routed: float, h: int, regroup: bool) -> tuple[float, float]:
+        """(forward, backward) seconds of the MoE layer's row movements over [rows, hidden] bf16, as
+        runtime/parallel/expert.py and runtime/moe_rows.py issue them, at the memory-bound rate: forward the
+        dispatch gather (reads and writes every routed row) and the weighted combine (reads the routed rows,
+        writes the tokens); backward the combine's (reads the tokens' gradient per routed row and the routed
+        rows, writes their gradient) and the gather's (sums each token's k copies). Under EP the received rows
+        are regrouped by expert and back: one more gather each way, in forward and in backward."""
+        row = BF16 * h
+        fwd = row * (2 * routed + routed + tokens)
+        bwd = row * (3 * routed + routed + tokens)
+        if regroup:
+            fwd += row * 4 * routed
+            bwd += row * 4 * routed
+        return self.prof.memory_bound_s(fwd), self.prof.memory_bound_s(bwd)
 
     def fused_wgrad_params(self, layers: float, last: bool, first: bool = False) -> float:
         """Weights whose gradient goes into the fp32 main gradient without a bf16 gradient and a separate add:

@@ -11,7 +11,8 @@ bar's MoE on one H200 (8 layers, hidden 2048, top-2, 4 micro-batches of 8192 tok
 kernel table), where one pass over the rows is about 3 ms. Sums and dot products accumulate in fp32. The
 weights are rounded to the rows' precision first, as `y * w.to(y.dtype)` did.
 
-On CUDA (and under Triton's interpreter) Triton kernels; elsewhere the same arithmetic in PyTorch.
+On CUDA (and under Triton's interpreter) Triton kernels, compiled per row width (a constant, so the column loop
+has static bounds, which older interpreters need); elsewhere the same arithmetic in PyTorch.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from runtime.triton_support import tl, triton, use_triton
 
 if triton is not None:
     @triton.jit
-    def _gather_sum_kernel(src_ptr, idx_ptr, w_ptr, out_ptr, n, K: tl.constexpr, HAS_W: tl.constexpr,
+    def _gather_sum_kernel(src_ptr, idx_ptr, w_ptr, out_ptr, n: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr,
                            BLOCK: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         for c0 in range(0, n, BLOCK):
@@ -37,7 +38,7 @@ if triton is not None:
             tl.store(out_ptr + r * n + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _combine_bwd_kernel(g_ptr, src_ptr, y_ptr, w_ptr, gy_ptr, gw_ptr, n, BLOCK: tl.constexpr):
+    def _combine_bwd_kernel(g_ptr, src_ptr, y_ptr, w_ptr, gy_ptr, gw_ptr, n: tl.constexpr, BLOCK: tl.constexpr):
         i = tl.program_id(0).to(tl.int64)
         s = tl.load(src_ptr + i).to(tl.int64)
         wi = tl.load(w_ptr + i).to(tl.float32)
