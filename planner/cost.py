@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from planner import memory as mem
 from planner.cluster import ClusterSpec, place_group
+from planner.legality import GROUPED_GEMM_GPUS
 from planner.model import ModelSpec
 from planner.plan import Layout, Plan, Prediction, StagePlan, TrainingShape
 from planner.profile import Profile
@@ -553,7 +554,10 @@ class CostModel:
             return 0.0
         word = m.vocab_size * m.hidden / lay.tp
         tied_copy = last and m.tie_embeddings and lay.pp > 1  # the last stage's own copy of the tied weight
-        return layers * mem.layer_gemm_weights_local(m, lay.tp) \
+        # MoE experts on Hopper: their grouped weight-gradient GEMM accumulates into main_grad itself
+        # (runtime/grouped_wgrad.py); elsewhere their gradients are added per micro-batch
+        experts = mem.layer_expert_params_local(m, lay.ep) if m.is_moe and self.cluster.gpu in GROUPED_GEMM_GPUS else 0.0
+        return layers * (mem.layer_gemm_weights_local(m, lay.tp) + experts) \
             + (mem.head_gemm_weights_local(m, lay.tp) if last else 0.0) \
             + (word if first else 0.0) + (word if tied_copy else 0.0)
 
