@@ -46,9 +46,12 @@ if triton is not None:
             acc += tl.load(out, mask=omask, other=0.0)
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
-    _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_R": br}, num_warps=w, num_stages=s)
-                for bn, bk, br, w, s in ((128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
-                                         (256, 128, 64, 8, 3), (128, 128, 32, 4, 4), (64, 128, 64, 4, 4))]
+    # the five best of 12 tiles x 2 forms (pointers here; block pointers ran 2-5% slower) at the EP bar's shapes on
+    # one H200 (session 12 call s5, `tune.jsonl`): 128 x 256 x 64, 8 warps, 3 stages first, at 88-90% of
+    # torch._grouped_mm's CUTLASS kernel (which cannot accumulate); 4-warp and 256 x 256 tiles ran 5-8x slower
+    _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_R": br}, num_warps=8, num_stages=s)
+                for bn, bk, br, s in ((128, 256, 64, 3), (128, 256, 64, 4), (256, 128, 32, 4), (256, 128, 64, 3),
+                                      (128, 128, 64, 3))]
     _grouped_wgrad_tuned = triton.autotune(configs=_CONFIGS, key=["N", "K"])(_grouped_wgrad_kernel)
 
 _TUNED: set = set()
