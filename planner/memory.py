@@ -245,7 +245,7 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
     qkv = a * (m.q_width + 2 * m.kv_width) * tok_t
     attn_out = a * m.q_width * tok_t + FP32_BYTES * lay.micro_batch * (m.num_heads / t) * shape.seq_len / lay.cp
     if m.is_moe:
-        # as runtime/parallel/expert.py keeps them: the router's fp32 copy of its input, its fp32 logits and
+        # as runtime/parallel/expert.py keeps them: the router's input (bf16, _RouterLogits), its fp32 logits and
         # probabilities; per routed token copy the gathered expert input (and the received copy under EP),
         # the SwiGLU's input (gate and up) and its product (runtime/swiglu.py keeps only its input), or
         # GELU's input and output, and the expert output that the weighted combine keeps (once: its
@@ -253,7 +253,7 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         # selective recompute too. (checked against runtime.memory.saved_bytes_per_token in
         # tests/runtime/test_memory_model.py)
         routed = tok_t * m.top_k  # token copies this rank's experts see, on average
-        router = FP32_BYTES * tok_t * (h + 2 * m.num_experts + 2 * m.top_k * m.num_experts)
+        router = tok_t * (a * h + FP32_BYTES * (2 * m.num_experts + 2 * m.top_k * m.num_experts))
         expert_width = (3 if m.gated_mlp else 2) * f + (3 if lay.ep > 1 else 2) * h
         mlp = router + a * expert_width * routed
         act_out_total = 0.0

@@ -312,7 +312,7 @@ class MoEMLP(nn.Module):
     # -- routing -----------------------------------------------------------------------------------
     def route(self, x2d: torch.Tensor):
         """Returns (expert ids [T, k], weights [T, k] fp32, aux loss)."""
-        logits = F.linear(x2d.float(), self.router.weight.float())
+        logits = _RouterLogits.apply(x2d, self.router.weight)
         probs = torch.softmax(logits, dim=-1)
         topv, topi = probs.topk(self.top_k, dim=-1)
         if self.normalize_topk:
@@ -435,6 +435,27 @@ class MoEMLP(nn.Module):
         else:
             out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w.to(y.dtype).unsqueeze(-1))
         return out.to(x.dtype).view(shape)
+
+
+class _RouterLogits(torch.autograd.Function):
+    """fp32 router logits x @ W^T. On CUDA with bf16 x and W one bf16 GEMM with an fp32 output: the same products,
+    summed in fp32, as the fp32 GEMM of their upcast copies, without making those copies or keeping x's fp32
+    copy for backward (it keeps x as it is). Backward in fp32, as autograd through the upcast did. Why: the
+    upcast operands ran on an fp32 (non-tensor-core) kernel, 80 us a call at 8192 x 2048 x 8 on an H200
+    (session 12, s4's kernel table), and the kept fp32 copy was 4 bytes per hidden element per token."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        if x.is_cuda and x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16):
+            return torch.ops.aten.mm.dtype(x, w.t(), torch.float32)
+        return F.linear(x.float(), w.float())
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g = g.float()
+        return (g @ w.float()).to(x.dtype), (g.t() @ x.float()).to(w.dtype)
 
 
 def _inverse(perm: torch.Tensor) -> torch.Tensor:
