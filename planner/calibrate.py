@@ -347,7 +347,7 @@ def _fmt(acc: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from planner.profile import Profile
+    from planner.profile import Profile, resolve_profile_path
 
     args = build_parser().parse_args(argv)
     if not 0 <= args.holdout_fraction < 1:
@@ -357,7 +357,7 @@ def main(argv=None) -> int:
     out = Path(args.output)
     if out.exists() and not args.force:
         raise PlanError(f"'{out}' already exists; pass --force to overwrite it")
-    profile = Profile.load(Path(args.profile))
+    profile = Profile.load(resolve_profile_path(args.profile))
     results = Path(args.results)
     rows = read_results(results)
     side_path = Path(args.plans) if args.plans else sidecar_path(results)

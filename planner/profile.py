@@ -579,6 +579,13 @@ def default_profile_path(gpu: str) -> Path:
     return calibrated if calibrated.exists() else shipped_profile_path(gpu)
 
 
+def resolve_profile_path(path: str) -> Path:
+    """`path`, or the shipped profile of that bare name (e.g. h200-sxm-calibrated) where no such file exists."""
+    if not Path(path).exists() and shipped_profile_path(path).exists():
+        return shipped_profile_path(path)
+    return Path(path)
+
+
 def load_profile(path: str | None, gpu: str) -> Profile:
     """The profile at `path`, or the default for `gpu` (default_profile_path); warns when it was measured on
     another GPU."""
@@ -588,10 +595,7 @@ def load_profile(path: str | None, gpu: str) -> Profile:
             raise PlanError(f"no profile ships for GPU '{gpu}'; run `plan profile` on one and pass --profile")
         prof = Profile.load(p)
     else:
-        # a bare name of a shipped profile (e.g. h200-sxm-calibrated) works as well as a path
-        if not Path(path).exists() and shipped_profile_path(path).exists():
-            path = str(shipped_profile_path(path))
-        prof = Profile.load(Path(path))
+        prof = Profile.load(resolve_profile_path(path))
         if prof.gpu != gpu:
             warnings.warn(f"profile '{path}' was measured on {prof.gpu}, but the plan is for {gpu}", stacklevel=2)
     return prof

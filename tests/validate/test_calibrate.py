@@ -158,3 +158,14 @@ def test_calibrate_recovers_a_compute_efficiency_factor(tmp_path, capsys):
     assert d["gemm"] == profile.to_dict()["gemm"]
     rec = d["provenance"]["calibrations"][-1]
     assert rec["accuracy"]["holdout_after"]["median_abs_rel_error"] < 0.03
+
+
+def test_calibrate_takes_a_shipped_profile_by_name(tmp_path):
+    """`--profile h200-sxm` names the shipped profile, as it does for `plan` itself; a name that is neither a file
+    nor a shipped profile gets one sentence."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(PlanError, match="not a results file|columns"):   # got past the profile: it loaded
+        calibrate_main([str(bad), "--profile", "h200-sxm", "-o", str(tmp_path / "o.json")])
+    with pytest.raises(PlanError, match="does not exist"):
+        calibrate_main([str(bad), "--profile", "no-such-profile", "-o", str(tmp_path / "o.json")])
