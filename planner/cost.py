@@ -248,7 +248,9 @@ class CostModel:
         ew_f += k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows, fallback=f"{act}_fwd")
         ew_b += k(f"{act_k}_bwd", BF16 * (5 if m.gated_mlp else 3) * act_rows, fallback=f"{act}_bwd")
         if not m.learned_positions:
-            rot_bytes = BF16 * 2 * T * (m.q_width + m.kv_width) / t
+            # runtime/rotary.py: one pass each way over the whole qkv GEMM output (v is copied out beside the
+            # rotated q and k; backward also assembles the qkv gradient)
+            rot_bytes = BF16 * 2 * T * (m.q_width + 2 * m.kv_width) / t
             ew_f += k("rotary_fwd", rot_bytes)
             ew_b += k("rotary_bwd", rot_bytes)
         if m.has_bias:

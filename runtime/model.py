@@ -37,9 +37,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from planner.model import ModelSpec
-from runtime.attention import apply_rotary, attention, rotary_tables
+from runtime.attention import attention, rotary_tables
 from runtime.bias_gelu import bias_gelu
 from runtime.norm import norm_forward, residual_norm
+from runtime.rotary import qkv_rotary
 from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
 from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
                                      group_rank, group_size, local_shard)
@@ -111,12 +112,13 @@ class Attention(nn.Module):
     def core(self, qkv, cos, sin):
         """qkv [s, b, (heads + 2 kv_heads) d] -> attention output [s, b, heads d] (rotary + SDPA)."""
         s, b, _ = qkv.shape
-        q, k, v = qkv.split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], dim=-1)
-        q = q.view(s, b, self.heads, self.d).permute(1, 2, 0, 3)
-        k = k.view(s, b, self.kv_heads, self.d).permute(1, 2, 0, 3)
-        v = v.view(s, b, self.kv_heads, self.d).permute(1, 2, 0, 3)
-        if cos is not None:  # q, k become new tensors; copy v too so the qkv GEMM output is not kept alive
-            q, k, v = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.contiguous()
+        if cos is not None:  # new q, k, v tensors (runtime/rotary.py), so the qkv GEMM output is not kept alive
+            q, k, v = qkv_rotary(qkv, cos, sin, self.heads, self.kv_heads)
+        else:
+            q, k, v = qkv.split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], dim=-1)
+            q = q.view(s, b, self.heads, self.d).permute(1, 2, 0, 3)
+            k = k.view(s, b, self.kv_heads, self.d).permute(1, 2, 0, 3)
+            v = v.view(s, b, self.kv_heads, self.d).permute(1, 2, 0, 3)
         o = attention(q, k, v, self.spec.causal, self.groups)
         return o.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.d)
 

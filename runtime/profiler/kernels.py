@@ -244,18 +244,20 @@ def _runtime_kernels():
     kernel each way on CUDA), when the runtime is importable; plain equivalents otherwise (recorded in the
     result)."""
     try:
-        from runtime.attention import apply_rotary
         from runtime.norm import residual_norm
+        from runtime.rotary import qkv_rotary
         from runtime.swiglu import swiglu
-        return swiglu, apply_rotary, residual_norm, \
-            "runtime.swiglu.swiglu, runtime.attention.apply_rotary, runtime.norm.residual_norm"
+        return swiglu, qkv_rotary, residual_norm, \
+            "runtime.swiglu.swiglu, runtime.rotary.qkv_rotary, runtime.norm.residual_norm"
     except Exception:  # noqa: BLE001 - the runtime may be mid-change; the stand-ins move the same bytes
         def swiglu(a):
             gate, up = a.chunk(2, dim=-1)
             return F.silu(gate) * up
 
-        def rotary(x, cos, sin):
-            return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
+        def rotary(qkv, cos, sin, heads, kv_heads):
+            s_, b_, w_ = qkv.shape
+            x = qkv.view(s_, b_, heads + 2 * kv_heads, -1)
+            return x * cos.unsqueeze(1).unsqueeze(1).to(x.dtype) + _rotate_half(x) * sin.unsqueeze(1).unsqueeze(1).to(x.dtype)
 
         def residual_norm(x, delta, weight, bias, eps, rms):
             s = x if delta is None else x + delta
@@ -278,7 +280,7 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     es = torch.tensor([], dtype=dtype).element_size()
     N = tokens * hidden
     hd = 128 if hidden % 128 == 0 and hidden >= 128 else hidden
-    swiglu, apply_rotary, residual_norm, impl = _runtime_kernels()
+    swiglu, qkv_rotary, residual_norm, impl = _runtime_kernels()
     try:
         from runtime.bias_gelu import bias_gelu, bias_gelu_forward
         impl += ", runtime.bias_gelu"
@@ -292,10 +294,14 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
     xx = [mk(2 * hidden), mk(2 * hidden)]
     w = torch.randn(hidden, device=device, dtype=dtype)
     b = torch.randn(hidden, device=device, dtype=dtype)
-    # rotary as the runtime applies it: x [batch=1, heads, seq, head_dim], fp32 tables [seq, head_dim]
+    # rotary as the runtime applies it (runtime/rotary.py): the qkv GEMM output [seq, batch=1, (heads + 2 kv) d]
+    # split into q, k, v [1, heads, seq, d] with q and k rotated, fp32 tables [seq, d]; a quarter of the width
+    # for each of k and v (GQA)
     cos = torch.randn(tokens, hd, device=device)
     sin = torch.randn(tokens, hd, device=device)
-    as_heads = lambda t: t.view(tokens, hidden // hd, hd).permute(1, 0, 2).unsqueeze(0)  # noqa: E731
+    n_heads = hidden // hd
+    kv_h = n_heads // 4 if n_heads >= 4 else 0   # narrow test widths: q only
+    rot = lambda t: qkv_rotary(t.view(tokens, 1, hidden), cos, sin, n_heads - 2 * kv_h, kv_h)  # noqa: E731
 
     acc = [torch.zeros(tokens, hidden, device=device, dtype=torch.float32) for _ in range(2)]
     out: dict[str, tuple] = {
@@ -312,7 +318,7 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
         # GPT / BERT's MLP: fc1's bias added inside the activation (runtime/bias_gelu.py)
         "bias_gelu_fwd": (lambda i: bias_gelu_forward(x[i % 2], b), 2 * N * es),
         "swiglu_fwd": (lambda i: swiglu(xx[i % 2]), 3 * N * es),
-        "rotary_fwd": (lambda i: apply_rotary(as_heads(x[i % 2]), cos, sin), 2 * N * es),
+        "rotary_fwd": (lambda i: rot(x[i % 2]), 2 * N * es),
     }
     # backward: autograd through the same functions, graphs kept; the norms' weight (and bias) gradients
     # are computed as in training
@@ -328,7 +334,7 @@ def elementwise_kernels(device, tokens: int, hidden: int) -> tuple[dict[str, tup
         # with the bias's gradient (column partial sums, then their sum) in the same backward
         "bias_gelu_bwd": ([bias_gelu(xs[j], bg) for j in range(2)], 3 * N * es, lambda j: (xs[j], bg)),
         "swiglu_bwd": ([swiglu(xxs[j]) for j in range(2)], 5 * N * es, lambda j: (xxs[j],)),
-        "rotary_bwd": ([apply_rotary(as_heads(xs[j]), cos, sin) for j in range(2)], 2 * N * es, lambda j: (xs[j],)),
+        "rotary_bwd": ([rot(xs[j]) for j in range(2)], 2 * N * es, lambda j: (xs[j],)),
     }
     for name, (outs, nbytes, inputs) in graphs.items():
         outs = [o if isinstance(o, tuple) else (o,) for o in outs]   # the norms: (residual, normalised)
