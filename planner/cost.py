@@ -281,8 +281,13 @@ class CostModel:
             stacked = lay.sharding in ("optimizer+grads", "full")
             stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) if stacked else 0.0
             rows_f_s, rows_b_s = self._moe_row_passes_s(tok_t, routed, h, lay.ep > 1)
+            # the weight-gradient GEMMs priced above as one dense GEMM write one [out, in] gradient; the grouped one
+            # writes one per local expert, each read and written back in fp32 where it accumulates into main_grad
+            # (runtime/grouped_wgrad.py), after its tile's main loop
+            grads_out = (m.num_experts // lay.ep - 1) * mem.layer_expert_params_local(m, lay.ep) / (m.num_experts // lay.ep)
+            wgrad_out_s = prof.memory_bound_s(2 * mem.grad_bytes(lay) * grads_out)
             moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * prof.eff("expert")
-            moe_b = (rb + e1b + e2b + stack_s + rows_b_s) * prof.eff("expert")
+            moe_b = (rb + e1b + e2b + stack_s + rows_b_s + wgrad_out_s) * prof.eff("expert")
             # dispatch and combine all-to-alls, each way in forward and again in backward
             a2a = self.group_collective_s("all_to_all", BF16 * routed * h, lay.ep, self.strides["ep"]) * prof.eff("ep")
             comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
