@@ -158,27 +158,27 @@ class _GroupedLinear(torch.autograd.Function):
         dy = dy.contiguous()  # the kernels reject stride-0 (expanded) gradients
         w = _stack(weights, ctx.per_group)                                   # [G, N, K]
         dx = torch._grouped_mm(dy, w, offs=offs)
-        placeholders = tuple(torch.empty_like(p) for p in weights)  # main_grad holds the gradients (weight_grad)
-        claims = None
-        if all(getattr(p, "main_grad", None) is not None for p in weights):
-            claims = [claim_main_grad(p) for p in weights]
-            stacked = _adjacent_view([c[0] for c in claims], ctx.per_group)
-            if stacked is not None and len({c[1] for c in claims}) == 1 and grouped_wgrad.supported(stacked, dy, x):
-                grouped_wgrad.grouped_wgrad_(stacked, dy, x, offs, claims[0][1])  # the GEMM accumulates in fp32
-                return (dx, None, None) + placeholders
-        if x.size(0):
-            dw = torch._grouped_mm(dy.t(), x, offs=offs)                     # [G, N, K]
-        else:  # no rows at all: CUDA's kernel rejects a zero-length contraction (pytorch#192497)
-            dw = torch.zeros_like(w)
-        if claims is None:
-            return (dx, None, None) + dw.view(len(weights), *weights[0].shape).unbind(0)
-        stacked = _adjacent_view([c[0] for c in claims], ctx.per_group)
-        if stacked is not None and len({c[1] for c in claims}) == 1:
-            store_main_grad(stacked, dw, claims[0][1])
+        claims = [claim_main_grad(p) for p in weights] if all(
+            getattr(p, "main_grad", None) is not None for p in weights) else None
+        stacked = None
+        if claims is not None and len({overwrite for _, overwrite in claims}) == 1:
+            stacked = _adjacent_view([mg for mg, _ in claims], ctx.per_group)
+        if stacked is not None and grouped_wgrad.supported(stacked, dy, x):
+            grouped_wgrad.grouped_wgrad_(stacked, dy, x, offs, claims[0][1])  # the GEMM accumulates in fp32
         else:
-            for (mg, overwrite), g in zip(claims, dw.view(len(weights), *weights[0].shape).unbind(0)):
-                store_main_grad(mg, g, overwrite)
-        return (dx, None, None) + placeholders
+            if x.size(0):
+                dw = torch._grouped_mm(dy.t(), x, offs=offs)                     # [G, N, K]
+            else:  # no rows at all: CUDA's kernel rejects a zero-length contraction (pytorch#192497)
+                dw = torch.zeros_like(w)
+            if claims is None:
+                return (dx, None, None) + dw.view(len(weights), *weights[0].shape).unbind(0)
+            if stacked is not None:
+                store_main_grad(stacked, dw, claims[0][1])
+            else:
+                for (mg, overwrite), g in zip(claims, dw.view(len(weights), *weights[0].shape).unbind(0)):
+                    store_main_grad(mg, g, overwrite)
+        # placeholders: the optimizer's hooks find the gradients in main_grad (as tensor.weight_grad's)
+        return (dx, None, None) + tuple(torch.empty_like(p) for p in weights)
 
 
 class _GroupedBias(torch.autograd.Function):
