@@ -238,3 +238,32 @@ def test_grouped_experts_accumulate_in_the_gemm_interpreted(monkeypatch):
     """The same with the Triton kernels (the weight gradient accumulated into main_grad by the GEMM itself)."""
     from tests.runtime.dist_util import run_interpreted
     assert run_interpreted(_interpreted, monkeypatch) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_grouped_experts_accumulate_in_the_gemm_on_cuda():
+    """bf16 on CUDA under the distributed optimizer (the Triton weight-gradient kernel writes main_grad) against
+    the same MoE and inputs without an optimizer (torch._grouped_mm's gradients through autograd), two
+    micro-batches."""
+    import copy
+
+    from runtime.mesh import single_process_groups
+    from runtime.parallel.data import build_optimizer
+
+    spec = _spec("llama", experts=4)
+    torch.manual_seed(0)
+    moe = MoEMLP(spec, None).cuda()
+    ref = copy.deepcopy(moe).to(torch.bfloat16)
+    opt = build_optimizer([moe], single_process_groups(), "none", compute_dtype=torch.bfloat16)
+    batches = [tuple(t.cuda().to(torch.bfloat16) for t in _batch(r, spec, b=4, s=64)) for r in range(2)]
+    opt.zero_grad()
+    for i, (x, dy) in enumerate(batches):
+        opt.begin_micro_batch(last=i == 1)
+        _loss(moe, x, dy).backward()
+        _loss(ref, x, dy).backward()
+    opt.finish_grads()
+    buf = opt.buffer_of[next(iter(moe.experts.values())).w_down]
+    for (n, p), (_, q) in zip(moe.experts.named_parameters(), ref.experts.named_parameters()):
+        got, want = buf.grad_view(p).view_as(p).float(), q.grad.float()
+        assert (got - want).abs().max() <= 3e-2 * want.abs().max() + 1e-6, n
+    opt.close()
