@@ -6,9 +6,10 @@
 - `combine_backward(g, src, y, w)`: the combine's backward, gy[i] = w[i] * g[src[i]] and gw[i] = <g[src[i]], y[i]>.
 
 Why: PyTorch ran the combine as a broadcast multiply, a gather and a sum over the k copies, and its backward as
-a gather, two multiplies and a row reduction: about 25 ms of the 257 ms of GPU time in one step of the EP
-bar's MoE on one H200 (8 layers, hidden 2048, top-2, 4 micro-batches of 8192 tokens; session 12 call s1's
-kernel table), where one pass over the rows is about 3 ms. Sums and dot products accumulate in fp32. The
+a gather, two multiplies and a row reduction: the EP bar's MoE spent about 17 ms more than its dense twin in
+multiply, sum and gather kernels per step of 257 ms of GPU time on one H200 (8 layers, hidden 2048, top-2,
+4 micro-batches of 8192 tokens; session 12 call s1's kernel tables), where one pass over the rows takes well
+under 1 ms. Sums and dot products accumulate in fp32. The
 weights are rounded to the rows' precision first, as `y * w.to(y.dtype)` did.
 
 On CUDA (and under Triton's interpreter) Triton kernels, compiled per row width (a constant, so the column loop
