@@ -181,6 +181,19 @@ def test_regroup_permutation_matches_the_block_by_block_order():
         assert regroup_permutation(rc, int(rc.sum())).tolist() == want
 
 
+def _two_micro_batches(moe, ref, opt, batches):
+    """One step's two micro-batches through `moe` under the optimizer `opt` (main_grad overwritten, then added to)
+    and through `ref` (autograd's gradients); returns the experts' main gradients by name."""
+    opt.zero_grad()
+    for i, (x, dy) in enumerate(batches):
+        opt.begin_micro_batch(last=i == 1)
+        _loss(moe, x, dy).backward()
+        _loss(ref, x, dy).backward()
+    opt.finish_grads()
+    buf = opt.buffer_of[next(iter(moe.experts.values())).w_down]
+    return {n: buf.grad_view(p).view_as(p) for n, p in moe.experts.named_parameters()}
+
+
 def _flat_buffer_check(family, bucket_elems):
     """Under the distributed optimizer each projection's expert weights lie back to back in its flat buffer
     (also when buckets are small: a run is never cut), so the grouped GEMMs read them as one view, and their
@@ -207,15 +220,7 @@ def _flat_buffer_check(family, bucket_elems):
             bad.append("expert weights not back to back in the flat buffer")
         if ex._adjacent_view([p.main_grad for p in run], 1) is None:
             bad.append("their main gradients neither")
-    batches = [_batch(r, spec) for r in range(2)]
-    opt.zero_grad()
-    for i, (x, dy) in enumerate(batches):
-        opt.begin_micro_batch(last=i == 1)
-        _loss(moe, x, dy).backward()
-        _loss(ref, x, dy).backward()
-    opt.finish_grads()
-    buf = opt.buffer_of[experts[0].w_down]
-    got = {n: buf.grad_view(p).view_as(p) for n, p in moe.experts.named_parameters()}
+    got = _two_micro_batches(moe, ref, opt, [_batch(r, spec) for r in range(2)])
     for n, p in ref.experts.named_parameters():
         if not torch.allclose(got[n], p.grad, atol=1e-5, rtol=1e-5):
             bad.append(f"{family} {n}: max error {(got[n] - p.grad).abs().max():.3g}")
@@ -256,14 +261,8 @@ def test_grouped_experts_accumulate_in_the_gemm_on_cuda():
     ref = copy.deepcopy(moe).to(torch.bfloat16)
     opt = build_optimizer([moe], single_process_groups(), "none", compute_dtype=torch.bfloat16)
     batches = [tuple(t.cuda().to(torch.bfloat16) for t in _batch(r, spec, b=4, s=64)) for r in range(2)]
-    opt.zero_grad()
-    for i, (x, dy) in enumerate(batches):
-        opt.begin_micro_batch(last=i == 1)
-        _loss(moe, x, dy).backward()
-        _loss(ref, x, dy).backward()
-    opt.finish_grads()
-    buf = opt.buffer_of[next(iter(moe.experts.values())).w_down]
-    for (n, p), (_, q) in zip(moe.experts.named_parameters(), ref.experts.named_parameters()):
-        got, want = buf.grad_view(p).view_as(p).float(), q.grad.float()
-        assert (got - want).abs().max() <= 3e-2 * want.abs().max() + 1e-6, n
+    got = _two_micro_batches(moe, ref, opt, batches)
+    for n, q in ref.experts.named_parameters():
+        want = q.grad.float()
+        assert (got[n].float() - want).abs().max() <= 3e-2 * want.abs().max() + 1e-6, n
     opt.close()
