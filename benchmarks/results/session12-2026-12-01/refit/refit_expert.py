@@ -58,7 +58,8 @@ if "--write" in sys.argv:
         "why": "session 12 changed the MoE runtime (runtime/moe_rows.py, expert weights as views of the flat buffers, "
                "runtime/grouped_wgrad.py) and the cost model now prices its row passes and the grouped weight "
                "gradient's per-expert fp32 outputs; the old factor absorbed what was unpriced then",
-        "results": f"{FIT[1]} (median step of steps 4-16, the plan {FIT[0]})",
+        "results": f"{FIT[1]} (median step of steps 4-16, the plan {FIT[0]}); measured on one H200 (nvidia-h200), "
+                   "2026-12-01 05:50 UTC, call s6 at tree 86174dc",
         "efficiency_changed": {"expert": {"from": base.eff("expert"), "to": x}},
         "fitted_terms": ["expert"], "grid": "1.00-1.60 step 0.01",
         "accuracy": {"fitted_run": e, "held_out_before": before, "held_out_after": after},
