@@ -35,7 +35,7 @@ from planner.model import CATALOGUE, ModelSpec  # noqa: E402
 from planner.profile import Profile  # noqa: E402
 from runtime.profiler import collectives as coll  # noqa: E402
 from runtime.profiler import kernels, shapes  # noqa: E402
-from runtime.profiler.timing import time_fn  # noqa: E402
+from runtime.profiler.timing import at_power_cap, time_fn  # noqa: E402
 
 GEMM_LAUNCH_ADDER = 5e-6   # planner.profile._gemm_s_cached adds this to every GEMM
 
@@ -90,11 +90,19 @@ def held_out_gemms(profile: Profile, device, n: int, seed: int = 0, first: int =
     return uniq[first:first + n]
 
 
+def timed_at_power_cap(profile: Profile) -> bool:
+    """Whether the profile's kernels were timed with the GPU held at its power cap (runtime/profiler/timing.py;
+    profiles from before session 13 were timed in bursts): the held-out kernels are timed the same way."""
+    return any(part.get("part") == "kernel_timing" and part.get("at_power_cap")
+               for part in profile.provenance.get("parts", []))
+
+
 def _gemms_against(profile, held_out, device, csv_path):
     """Time the held-out shapes as the profiler does and compare each with the profile's lookup for its kind
     (wgrad_s, fp8_gemm_s, else gemm_s, less the lookup's launch adder); writes csv_path, returns the stats."""
     lookup = {"wgrad": profile.wgrad_s, "fp8fwd": profile.fp8_gemm_s, "fp8dgrad": profile.fp8_gemm_s}
-    pts, _, _ = kernels.time_gemms(held_out, device, warmup=2, repeats=7)
+    with at_power_cap(device, timed_at_power_cap(profile)):
+        pts, _, _ = kernels.time_gemms(held_out, device, warmup=2, repeats=7)
     rows, errs = [], []
     for m, n, k, t, kind in pts:   # the timed points themselves: a shape skipped by time_gemms has none
         pred = lookup.get(kind, profile.gemm_s)(m, n, k) - GEMM_LAUNCH_ADDER
@@ -147,8 +155,9 @@ def bench_attention(profile, device, out_dir):
         cases = [dict(batch=1, heads=2, kv_heads=kv, seq=s, head_dim=d, causal=c)
                  for s, kv in [(24, 2), (48, 1), (96, 2)] for d in (16, 32) for c in (True, False)]
     rows, errs = [], []
-    for cs in cases:
-        r = kernels.time_attention(**cs, device=device)
+    with at_power_cap(device, timed_at_power_cap(profile)):
+        timed = [kernels.time_attention(**cs, device=device) for cs in cases]
+    for cs, r in zip(cases, timed):
         for bwd, key in ((False, "fwd_s"), (True, "bwd_s")):
             pred = profile.attention_s(cs["batch"], cs["heads"], cs["seq"], cs["seq"], cs["head_dim"], cs["causal"],
                                        bwd) - profile.kernel_launch_s
@@ -212,25 +221,36 @@ def _as_in_training(stage, dtype):
 LAYER_CASES = [("gpt-1.3b", 4, 2048), ("llama3-8b", 1, 8192), ("gpt-13b", 2, 2048)]
 
 
-def _graphed_layer_s(step, repeats: int = 9) -> float:
-    """Median time of one layer step captured as a CUDA graph and replayed, as the runtime replays a whole
-    training step (Layout.cuda_graph, runtime/graph.py): the GPU's time without the host's pacing. `step(i)` has
+SUSTAINED_S = 1.5
+"""Seconds a layer is replayed back to back before and while it is timed: the clock settles at the power cap
+within ~0.15 s of sustained load (session 13, p1), as it does in training."""
+
+
+def _graphed_layer_s(step, seconds: float = SUSTAINED_S) -> float:
+    """Median time of one layer step captured as a CUDA graph and replayed back to back for `seconds`, as the
+    runtime replays a whole training step (Layout.cuda_graph, runtime/graph.py): the GPU's time without the
+    host's pacing, at the clock sustained training runs at (the median of the second half; until session 13
+    nine replays were timed right after the eager ones, at whatever clock the GPU had reached). `step(i)` has
     run eagerly before (communicators, cuBLAS and Triton initialised), as capture requires."""
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         step(0)
     g.replay()
-    times = []
-    for _ in range(repeats):
+    torch.cuda.synchronize()
+    events, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g.replay()
         b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+        events.append((a, b))
+        if len(events) % 8 == 0:
+            b.synchronize()  # keep the queue short, so that wall time tracks the GPU's
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) / 1e3 for a, b in events[len(events) // 2:])
     del g
-    return sorted(times)[len(times) // 2]
+    return times[len(times) // 2]
 
 
 def _drop_grad_after_use(xs):
@@ -276,8 +296,8 @@ def _tp_layer_rows(world: int, device, profile_path: str) -> list[dict]:
 
 
 def _layer_row(name, tp, b, s, eager_s, graph_s, pred) -> dict:
-    """rel_error: the replayed layer against the GPU time the cost model predicts (how the runtime runs a
-    CUDA-graph plan); eager_rel_error: the eagerly issued layer against max(GPU, host) time (how it runs the
+    """rel_error: the replayed layer, sustained (_graphed_layer_s), against the GPU time the cost model predicts
+    (how the runtime runs a CUDA-graph plan); eager_rel_error: the eagerly issued layer against max(GPU, host) time (how it runs the
     rest: pipelines, MoE, fully sharded). On CPU there is no graph and rel_error is the eager one."""
     eager_err = _err(pred["total_s"], eager_s)
     row = {"model": name, "tp": tp, "micro_batch": b, "seq": s, "measured_s": eager_s, "graph_s": graph_s, **pred,

@@ -7,6 +7,7 @@ across the node's GPUs, shape i on GPU i mod n (gemm_workers.py).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from planner.profile import Profile
 from runtime.profiler import collectives as coll
 from runtime.profiler import environment, kernels, modelled, shapes
 from runtime.profiler.gemm_workers import time_gemms_parallel
+from runtime.profiler.timing import at_power_cap, power_state_under_heat
 
 
 @dataclass
@@ -32,6 +34,11 @@ class Options:
     nic_gb_per_s: float = modelled.NIC_GB_PER_S
     nic_latency_us: float = modelled.NIC_LATENCY_US
     max_nvlink_group: int = 8
+    at_power_cap: bool = True
+    """Time the kernels with the GPU held at its power cap, where sustained training runs (runtime/profiler/
+    timing.py, PowerHeater); False: in short bursts at whatever clock the GPU is at (before session 13)."""
+    host: bool = True
+    """Measure the host time per layer (runtime/profiler/host.py; GPU, full profiles only)."""
     models: tuple = ()
     """ModelSpecs whose every GEMM (shapes.model_gemm_shapes, at each model's default sequence length) is timed
     first, before the catalogue grid (`plan profile --model`)."""
@@ -151,7 +158,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
 
     # -- host time per layer (GPU only: on CPU the "host" is the device) ---------------------------------------
     host = None
-    if cuda and not opts.quick:  # about a minute: --quick leaves it out (no host floor in the planner)
+    if cuda and not opts.quick and opts.host:  # about two minutes: --quick leaves it out (no host floor in the planner)
         from planner.profile import HostOverheads
         from runtime.profiler import host as host_mod
         rep.stage("host time per layer (runtime steps of a narrow probe model)", 1)
@@ -161,6 +168,11 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                       "how": f"runtime training steps of a hidden-256 probe model in {world} process(es) (and in "
                              "one, for the single-rank figures), 2 vs 6 layers (runtime/profiler/host.py)"})
         done("host")
+
+    # -- kernels, from here to the GEMM grid: timed at the power cap (timing.at_power_cap) -------------------------
+    heat = contextlib.ExitStack()
+    heat.enter_context(at_power_cap(device, opts.at_power_cap))
+    power_states = {"before_heat": environment.gpu_power_state(device) if cuda else None}
 
     # -- attention ----------------------------------------------------------------------------------------------
     att_grid = shapes.attention_grid(device.type, opts.quick)
@@ -192,6 +204,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                          "against MHA in extras.attention_gqa"})
     if cuda:
         torch.cuda.empty_cache()
+    power_states["after_attention"] = power_state_under_heat(device)
     done("attention")
 
     # -- memory-bound -------------------------------------------------------------------------------------------
@@ -251,7 +264,10 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     devices = gemm_devices(device, world)
     if cuda:
         torch.cuda.empty_cache()   # the worker on GPU 0 sizes its operand pool from the free memory
-    points, spreads, skipped = time_gemms_parallel(grid, devices, deadline=deadline, progress=rep.advance, **greps)
+    points, spreads, skipped = time_gemms_parallel(grid, devices, deadline=deadline, progress=rep.advance,
+                                                   at_power_cap=opts.at_power_cap, **greps)
+    power_states["after_gemms"] = power_state_under_heat(device)
+    heat.close()
     if not points:
         raise PlanError("the time budget ran out before any GEMM was timed; give a larger --budget")
     tables = {"mm": [], "wgrad": [], "fp8": []}   # (m, n, k, seconds) per table, spreads aligned with them
@@ -283,6 +299,14 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                          f"rotated over > 2x L2; {_split_how(len(devices), cuda)}" + (f"; {skipped} shapes skipped (time budget, or operands beyond the memory pool)"
                                                    if skipped else "")})
     done("gemm")
+    if cuda:
+        parts.append({"part": "kernel_timing", "status": "measured", "at_power_cap": opts.at_power_cap,
+                      "how": ("every kernel (attention, memory-bound, optimizer, GEMMs) timed with the GPU held at its "
+                              "power cap by bf16 heater GEMMs before each kernel and each timed batch (runtime/profiler/"
+                              "timing.py, at_power_cap): the clock sustained training runs at"
+                              if opts.at_power_cap else
+                              "kernels timed in short bursts at whatever clock the GPU was at (--burst)"),
+                      "power_states": power_states})
 
     # -- overlap --------------------------------------------------------------------------------------------------
     overlap = dict(modelled_.OVERLAP)

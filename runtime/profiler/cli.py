@@ -32,6 +32,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=[], metavar="NAME",
                    help="also time every GEMM this model's plans can run, before the catalogue grid (a catalogue "
                         "name or a Hugging Face config.json; repeat or comma-separate for several)")
+    p.add_argument("--burst", action="store_true",
+                   help="time kernels in short bursts at whatever clock the GPU is at, not held at its power cap "
+                        "where sustained training runs (the default; see runtime/profiler/timing.py)")
+    p.add_argument("--no-host", action="store_true",
+                   help="leave out the host-time stage (about two minutes on a GPU): the profile then has no host "
+                        "floor unless one is composed in (benchmarks/compose_profile.py --host-from)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -64,7 +70,8 @@ def run(args: argparse.Namespace) -> Path:
     from planner.model import resolve_model
     models = tuple(resolve_model(name.strip()) for arg in args.model for name in arg.split(",") if name.strip())
     opts = Options(device=device, gpus=args.gpus, quick=args.quick, gpu_kind=args.gpu_kind, budget_s=args.budget,
-                   models=models)
+                   models=models, at_power_cap=not args.burst,
+                   host=not args.no_host)
     if args.nic_gbps is not None:
         if args.nic_gbps <= 0:
             raise PlanError(f"--nic-gbps must be positive, got {args.nic_gbps}")

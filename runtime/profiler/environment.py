@@ -71,3 +71,30 @@ def describe(device: torch.device, gpus_used: int) -> dict:
         prov.update({"gpu_name": "cpu", "gpu_count_visible": 0, "gpus_used": gpus_used,
                      "cpu_threads_per_process": 1, "topology": "processes on one host (gloo over loopback)"})
     return prov
+
+
+def gpu_power_state(device: torch.device) -> dict | None:
+    """The GPU's SM clock, power draw and limit and its clock-event reasons now (nvidia-smi), or None where
+    nvidia-smi cannot tell. The profile records them under load at the power cap (timing.at_power_cap)."""
+    if device.type != "cuda":
+        return None
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    fields = ["clocks.sm", "clocks.max.sm", "power.draw", "power.limit", "clocks_event_reasons.active"]
+    cmd = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+    if uuid is not None:
+        cmd += ["-i", f"GPU-{uuid}"]
+    out = _run(cmd)
+    if not out:
+        return None
+    vals = [v.strip() for v in out.splitlines()[0].split(",")]
+    if len(vals) != len(fields):
+        return None
+
+    def num(v):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+
+    return {"sm_clock_mhz": num(vals[0]), "max_sm_clock_mhz": num(vals[1]), "power_w": num(vals[2]),
+            "power_limit_w": num(vals[3]), "clock_event_reasons": vals[4]}

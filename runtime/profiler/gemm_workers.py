@@ -18,6 +18,7 @@ from pathlib import Path
 from planner.errors import PlanError
 from runtime.profiler import kernels
 from runtime.profiler.shapes import GemmShape
+from runtime.profiler.timing import at_power_cap
 
 GRACE_S = 120.0
 """Seconds past the deadline before the parent gives up on the workers: process start-up (import torch, CUDA
@@ -25,17 +26,19 @@ context, the operand pool) and the last shape begun before the deadline both run
 
 
 def time_gemms_parallel(shapes: list[GemmShape], devices: list, *, warmup: int, repeats: int,
-                        deadline: float | None, progress=None
+                        deadline: float | None, progress=None, at_power_cap: bool = True
                         ) -> tuple[list[tuple[int, int, int, float, str]], list[float], int]:
     """kernels.time_gemms over `devices` (one process each; the same device may repeat, e.g. 'cpu' for
     processes on CPU): (points in the grid's order, spreads aligned with them, shapes not timed). One device
-    times in this process; `deadline` is time.monotonic() here, as for time_gemms."""
+    times in this process; `deadline` is time.monotonic() here, as for time_gemms. at_power_cap: each worker
+    times its share with its GPU held at the power cap (timing.at_power_cap; this process's caller holds its own)."""
     if len(devices) <= 1 or not shapes:
         device = devices[0] if devices else "cpu"
         return kernels.time_gemms(shapes, device, warmup=warmup, repeats=repeats, deadline=deadline,
                                   progress=progress)
     names = [str(d) for d in devices]
-    rows = _spawn_and_wait(_job(shapes, warmup, repeats, deadline), names, deadline, progress)
+    job = {**_job(shapes, warmup, repeats, deadline), "at_power_cap": at_power_cap}
+    rows = _spawn_and_wait(job, names, deadline, progress)
     rows.sort(key=lambda r: r[0])
     points = [(m, n, k, t, kind) for _, m, n, k, t, kind, _ in rows]
     spreads = [sp for *_, sp in rows]
@@ -67,11 +70,13 @@ def _worker(rank: int, devices: list[str], job: dict, out_dir: str, queue) -> No
     epoch = job["deadline_epoch_s"]
     deadline = None if epoch is None else time.monotonic() + (epoch - time.time())
     rows = []
-    for j, t in kernels.timed_gemms(share, device, warmup=job["warmup"], repeats=job["repeats"], deadline=deadline):
-        if t is not None:
-            s = share[j]
-            rows.append([rank + j * n, s.m, s.n, s.k, t.median_s, s.kind, round(t.spread, 4)])
-        queue.put(1)
+    with at_power_cap(device, job.get("at_power_cap", True)):
+        for j, t in kernels.timed_gemms(share, device, warmup=job["warmup"], repeats=job["repeats"],
+                                        deadline=deadline):
+            if t is not None:
+                s = share[j]
+                rows.append([rank + j * n, s.m, s.n, s.k, t.median_s, s.kind, round(t.spread, 4)])
+            queue.put(1)
     Path(out_dir, f"gemm-{rank}.json").write_text(json.dumps(rows))
 
 

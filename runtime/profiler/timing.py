@@ -9,9 +9,17 @@ enqueue outlasted its spin is timed once more behind a longer one. On CPU: time.
 
 Callers pass `fn(i)` where i counts calls, so they can rotate through several input sets (caches must not
 flatter the result; see kernels.RandomPool). The answer is the median over batches, with the spread recorded.
+
+Power: a GPU under sustained tensor load runs at its power cap, at a lower SM clock than in short bursts
+(session 13, p1, one H200 at 700 W: 1980 MHz in the first ~0.1 s, then 1485-1665 MHz; big bf16 GEMMs 9-23%
+slower, whole layers 14-16%, a copy not at all). Training is sustained, so the profiler times every kernel at
+that operating point: inside `at_power_cap(device)` a heater (bf16 GEMMs, `PowerHeater`) runs before each
+kernel and before each timed batch, in place of the spin, and keeps the GPU at its cap. Without it a grid's
+big shapes were timed throttled and its small ones at boost, depending on what ran just before.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -59,10 +67,96 @@ def hold_gpu(device: torch.device, seconds: float) -> None:
     torch.cuda._sleep(int(min(seconds, _MAX_SPIN_S) * 2.0e9))
 
 
+HEAT_FIRST_S = 1.0
+"""Heat from cold: the clock reached its capped level within 0.06-0.15 s of sustained GEMMs (session 13, p1)."""
+HEAT_BEFORE_S = 4e-3
+"""Heat before each kernel's warm-up: the clock falls back towards boost within ~20 ms of idle (p1)."""
+HEAT_PER_BATCH_S = 4e-4
+"""Heat before each timed batch (at least the spin's length): keeps the duty cycle, and so the power, high
+while short kernels are timed."""
+
+
+class PowerHeater:
+    """bf16 GEMMs [2048, 8192] x [8192, 8192] (0.27 TFLOP, ~0.4 ms on an H200) queued to keep the GPU at the
+    operating point sustained training holds it at (see the module doc)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.a = torch.randn(2048, 8192, device=device, dtype=torch.bfloat16)
+        self.b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        self.out = torch.empty(2048, 8192, device=device, dtype=torch.bfloat16)
+        for _ in range(3):
+            self._call()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(10):
+            self._call()
+        e.record()
+        e.synchronize()
+        # at boost: under the cap a call takes longer, so the heat queued is at least what was asked for
+        self.call_s = max(s.elapsed_time(e) / 1e3 / 10, 1e-5)
+
+    def _call(self) -> None:
+        torch.mm(self.a, self.b, out=self.out)
+
+    def run(self, seconds: float) -> None:
+        """Queue about `seconds` of heater GEMMs on the current stream (returns at once)."""
+        for _ in range(max(1, math.ceil(seconds / self.call_s))):
+            self._call()
+
+
+_HEATERS: dict[int, PowerHeater] = {}
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def active_heater(device: torch.device) -> PowerHeater | None:
+    device = torch.device(device)
+    return _HEATERS.get(_device_index(device)) if device.type == "cuda" else None
+
+
+@contextlib.contextmanager
+def at_power_cap(device, enabled: bool = True):
+    """Kernels timed inside are timed with the GPU held at its power cap (module doc); a no-op on CPU, when
+    not enabled, or inside another at_power_cap for the same device. Yields the heater or None."""
+    device = torch.device(device)
+    if device.type != "cuda" or not enabled or active_heater(device) is not None:
+        yield active_heater(device)
+        return
+    heater = PowerHeater(device)
+    heater.run(HEAT_FIRST_S)
+    _HEATERS[_device_index(device)] = heater
+    try:
+        yield heater
+    finally:
+        _HEATERS.pop(_device_index(device), None)
+
+
+def power_state_under_heat(device) -> dict | None:
+    """The GPU's clock and power (environment.gpu_power_state) read while 0.3 s of heat runs: the operating
+    point the kernels inside at_power_cap were timed at. None outside at_power_cap or without nvidia-smi."""
+    from runtime.profiler.environment import gpu_power_state
+
+    device = torch.device(device)
+    heater = active_heater(device)
+    if heater is None:
+        return None
+    heater.run(0.3)
+    time.sleep(0.15)  # read in the second half of the heat, after the clock has settled
+    state = gpu_power_state(device)
+    torch.cuda.synchronize(device)
+    return state
+
+
 def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, target_batch_s: float = 2e-4,
             max_inner: int = 64) -> Timing:
     """Median per-call time of fn(i) (see module doc)."""
     device = torch.device(device)
+    heater = active_heater(device)
+    if heater is not None:
+        heater.run(HEAT_BEFORE_S)
     calls = 0
     # warm-up; the last warm-up calls also give a first estimate of the per-call time
     synchronize(device)
@@ -95,7 +189,10 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
             # the host's pace: session 6 measured small FP8 GEMMs at 270-320 us)
             spin_s = inner * max(15e-6, 2.0 * host_call_s) + 20e-6
             for _ in range(2):  # a second attempt only if the enqueue outlasted the spin
-                hold_gpu(device, spin_s)
+                if heater is not None:
+                    heater.run(max(spin_s, HEAT_PER_BATCH_S))
+                else:
+                    hold_gpu(device, spin_s)
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 t = time.perf_counter()
                 s.record()
