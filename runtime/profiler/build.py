@@ -172,7 +172,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     # -- kernels, from here to the GEMM grid: timed at the power cap (timing.at_power_cap) -------------------------
     heat = contextlib.ExitStack()
     heat.enter_context(at_power_cap(device, opts.at_power_cap))
-    power_states = {"before_heat": environment.gpu_power_state(device) if cuda else None}
+    power_states = {"first_heat": environment.gpu_power_state(device) if cuda else None}
 
     # -- attention ----------------------------------------------------------------------------------------------
     att_grid = shapes.attention_grid(device.type, opts.quick)

@@ -70,7 +70,14 @@ def hold_gpu(device: torch.device, seconds: float) -> None:
 HEAT_FIRST_S = 1.0
 """Heat from cold: the clock reached its capped level within 0.06-0.15 s of sustained GEMMs (session 13, p1)."""
 HEAT_BEFORE_S = 4e-3
-"""Heat before each kernel's warm-up: the clock falls back towards boost within ~20 ms of idle (p1)."""
+"""Heat before each kernel's warm-up, when the previous kernel was timed just before."""
+REHEAT_AFTER_IDLE_S = 5e-3
+"""A GPU left idle longer than this (the host preparing the next kernel's inputs) has its clock back towards
+boost within ~20 ms (p1); it is heated again for REHEAT_PER_IDLE x the idle time, at most REHEAT_MAX_S (the
+clock fell to its capped level within 0.06-0.15 s of sustained load). Session 13's p2 profile heated only
+HEAT_BEFORE_S and timed its attention grid at 1840-1980 MHz where its GEMM grid ran at 1410-1500."""
+REHEAT_PER_IDLE = 5.0
+REHEAT_MAX_S = 0.15
 HEAT_PER_BATCH_S = 4e-4
 """Heat before each timed batch (at least the spin's length): keeps the duty cycle, and so the power, high
 while short kernels are timed."""
@@ -95,6 +102,13 @@ class PowerHeater:
         e.synchronize()
         # at boost: under the cap a call takes longer, so the heat queued is at least what was asked for
         self.call_s = max(s.elapsed_time(e) / 1e3 / 10, 1e-5)
+        self.idle_since = time.perf_counter()
+        """When the GPU last ran out of work the heater knows of (time_fn's final synchronisation)."""
+
+    def heat_before_kernel(self) -> None:
+        """HEAT_BEFORE_S, or longer after the GPU has idled (REHEAT_AFTER_IDLE_S)."""
+        idle_s = time.perf_counter() - self.idle_since
+        self.run(HEAT_BEFORE_S if idle_s < REHEAT_AFTER_IDLE_S else min(REHEAT_MAX_S, HEAT_BEFORE_S + REHEAT_PER_IDLE * idle_s))
 
     def _call(self) -> None:
         torch.mm(self.a, self.b, out=self.out)
@@ -156,7 +170,7 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
     device = torch.device(device)
     heater = active_heater(device)
     if heater is not None:
-        heater.run(HEAT_BEFORE_S)
+        heater.heat_before_kernel()
     calls = 0
     # warm-up; the last warm-up calls also give a first estimate of the per-call time
     synchronize(device)
@@ -206,6 +220,8 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
                 spin_s = min(2.0 * enqueue_s, _MAX_SPIN_S)  # the GPU may have run dry: once more, longer
             events.append((s, e))
         torch.cuda.synchronize(device)
+        if heater is not None:
+            heater.idle_since = time.perf_counter()
         times = [s.elapsed_time(e) / 1e3 / inner for s, e in events]
     else:
         for _ in range(repeats):
