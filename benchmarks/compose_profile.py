@@ -14,7 +14,7 @@ worse, by measurement:
     of 55 points.
 
     python benchmarks/compose_profile.py BASE.json [--host-from A.json] [--collectives-from B.json] \
-        [--elementwise-from C.json] --why "..." --out NEW.json
+        [--elementwise-from C.json] [--calibration-from D.json] --why "..." --out NEW.json
 """
 from __future__ import annotations
 
@@ -24,11 +24,16 @@ from pathlib import Path
 
 PARTS = {"host": (("host",), lambda name: name == "host_overhead"),
          "collectives": (("collectives",), lambda name: name.startswith("collectives")),
-         "elementwise": (("elementwise_efficiency", "extras.elementwise"), lambda name: name == "elementwise_efficiency")}
+         "elementwise": (("elementwise_efficiency", "extras.elementwise"), lambda name: name == "elementwise_efficiency"),
+         "calibration": (("efficiency", "overlap_hidden_fraction", "provenance.calibrations"),
+                         lambda name: name == "overlap_hidden_fraction" or name.startswith("efficiency"))}
 """part -> (the profile's keys it owns, dotted for nested ones, and which provenance parts describe it).
   * elementwise: the runtime's memory-bound kernels (norms, activations, rotary, residual add), timed again
     when the runtime changes them (session 10: the residual add fused into the norms, runtime/norm.py) while
-    the rest of the profile stays as measured."""
+    the rest of the profile stays as measured.
+  * calibration: the fitted efficiency factors and overlap fractions (with their records), carried onto newly
+    measured kernel tables so that `plan calibrate` refits only the terms the new runs can see (session 13:
+    kernels timed at the power cap; the two-GPU terms fitted in session 9 kept)."""
 
 
 def compose(base: dict, others: dict[str, dict], why: str) -> dict:
@@ -61,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--host-from", type=Path)
     ap.add_argument("--collectives-from", type=Path)
     ap.add_argument("--elementwise-from", type=Path)
+    ap.add_argument("--calibration-from", type=Path)
     ap.add_argument("--why", required=True)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
@@ -68,9 +74,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"{a.out} exists; remove it first (nothing is overwritten silently)")
     others = {part: json.loads(path.read_text()) for part, path in (("host", a.host_from),
                                                                     ("collectives", a.collectives_from),
-                                                                    ("elementwise", a.elementwise_from)) if path}
+                                                                    ("elementwise", a.elementwise_from),
+                                                                    ("calibration", a.calibration_from)) if path}
     if not others:
-        raise SystemExit("nothing to compose: give --host-from, --collectives-from and/or --elementwise-from")
+        raise SystemExit("nothing to compose: give --host-from, --collectives-from, --elementwise-from and/or "
+                         "--calibration-from")
     new = compose(json.loads(a.base.read_text()), others, a.why)
     a.out.write_text(json.dumps(new, indent=1) + "\n")
     print(f"wrote {a.out}")

@@ -197,6 +197,9 @@ def with_overlap(profile, fractions: dict, efficiency: dict | None = None):
 
 EFFICIENCY_GRID = [round(2 ** (i / 8), 4) for i in range(-16, 33)]
 """Candidate factors, 0.25x to 16x in steps of 2^(1/8) (9%) (the pipeline hop came out near 8x in session 9)."""
+EFFICIENCY_FINE = [2 ** (j / 64) for j in range(-8, 9)]
+"""Then around each factor found, steps of 2^(1/64) (1.1%) up to one coarse step either side: the compute factor
+is a few percent off 1, where the coarse grid has only 0.917, 1 and 1.09 (session 13)."""
 
 
 def sensitive_terms(runs: list[Run], profile) -> list[str]:
@@ -219,21 +222,22 @@ def fit_efficiency(runs: list[Run], profile, terms: list[str], passes: int = 4) 
     cur = {t: profile.eff(t) for t in terms}
     cur = {**profile.efficiency, **cur}
 
-    def best_over(t):
+    def best_over(t, values):
         scored = []
-        for v in EFFICIENCY_GRID:
+        for v in values:
             med, mean = _objective(runs, with_overlap(profile, profile.overlap_hidden_fraction, {**cur, t: v}))
             scored.append((round(med, 12), round(mean, 12), abs(math.log(v)), v))
         return min(scored)[3]
 
-    for _ in range(passes):
-        changed = False
-        for t in terms:
-            v = best_over(t)
-            if v != cur.get(t, 1.0):
-                cur[t], changed = v, True
-        if not changed:
-            break
+    for grid in (lambda t: EFFICIENCY_GRID, lambda t: [round(cur.get(t, 1.0) * f, 4) for f in EFFICIENCY_FINE]):
+        for _ in range(passes):
+            changed = False
+            for t in terms:
+                v = best_over(t, grid(t))
+                if v != cur.get(t, 1.0):
+                    cur[t], changed = v, True
+            if not changed:
+                break
     return {k: v for k, v in cur.items() if abs(v - 1.0) > 1e-12}
 
 
@@ -336,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     ap.add_argument("--no-efficiency", action="store_true",
                     help="fit only the overlap fractions, not the efficiency factors of the cost terms")
+    ap.add_argument("--terms", default="",
+                    help="comma-separated efficiency terms to fit (default: every term the calibration runs are "
+                         "sensitive to); the others keep the input profile's factors. With few runs, fitting "
+                         "fewer terms keeps one from trading against another")
     return ap
 
 
@@ -380,6 +388,15 @@ def main(argv=None) -> int:
     fitted = fit_overlap(cal, profile, dims, args.grid_step) if dims else dict(profile.overlap_hidden_fraction)
     new = with_overlap(profile, fitted)
     terms = [] if args.no_efficiency else sensitive_terms(cal, new)
+    if args.terms:
+        from planner.profile import EFFICIENCY_TERMS
+
+        asked = [t.strip() for t in args.terms.split(",") if t.strip()]
+        unknown = [t for t in asked if t not in EFFICIENCY_TERMS]
+        if unknown:
+            raise PlanError(f"--terms: unknown efficiency term(s) {', '.join(unknown)}; the terms are "
+                            f"{', '.join(EFFICIENCY_TERMS)}")
+        terms = [t for t in terms if t in asked]
     if terms:
         new = with_overlap(new, fitted, fit_efficiency(cal, new, terms))
     after_cal, after_hold = accuracy(cal, new), accuracy(hold, new)

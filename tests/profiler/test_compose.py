@@ -48,3 +48,19 @@ def test_an_existing_output_is_not_overwritten(tmp_path):
     with pytest.raises(SystemExit):
         compose_profile.main([src, "--host-from", src, "--why", "x", "--out", str(out)])
     assert out.read_text() == "keep"
+
+
+def test_calibration_moves_onto_new_tables(tmp_path):
+    measured = json.loads((ROOT / "profiles" / "h200-sxm.json").read_text())
+    calibrated = json.loads((ROOT / "profiles" / "h200-sxm-calibrated.json").read_text())
+    out = compose_profile.compose(measured, {"calibration": calibrated}, "new tables")
+    assert out["efficiency"] == calibrated["efficiency"]
+    assert out["overlap_hidden_fraction"] == calibrated["overlap_hidden_fraction"]
+    assert out["provenance"]["calibrations"] == calibrated["provenance"]["calibrations"]
+    assert out["gemm"] == measured["gemm"] and out["attention"] == measured["attention"]
+    names = [p["part"] for p in out["provenance"]["parts"]]
+    assert names.count("overlap_hidden_fraction") == 1   # the measured profile's modelled one is replaced
+    assert any(n.startswith("efficiency") for n in names)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(out))
+    assert Profile.load(path).eff("compute") == pytest.approx(calibrated["efficiency"]["compute"])

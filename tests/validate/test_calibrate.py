@@ -124,14 +124,13 @@ def test_calibrate_rejects_foreign_csv(tmp_path):
         calibrate_main([str(bad), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(tmp_path / "o.json")])
 
 
-def test_calibrate_recovers_a_compute_efficiency_factor(tmp_path, capsys):
-    """One-GPU runs whose 'measured' step is the prediction with every compute kernel 1.3x slower (what a
-    runtime spending time beyond its kernels looks like): the efficiency factor comes back, the overlap
-    fractions (no communication in these runs) and the measured tables stay."""
+def _synthetic_results(tmp_path, efficiency: dict):
+    """One-GPU gpt-1.3b runs whose 'measured' step is the shipped profile's prediction with these efficiency
+    factors (what a runtime spending time beyond its kernels looks like); returns (results path, profile)."""
     from dataclasses import replace
 
     profile = load_profile("h200-sxm", "h200-sxm")
-    truth = replace(profile, efficiency={"compute": 1.3})
+    truth = replace(profile, efficiency={**profile.efficiency, **efficiency})
     model = resolve_model("gpt-1.3b")
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1)
     rows = []
@@ -150,6 +149,13 @@ def test_calibrate_recovers_a_compute_efficiency_factor(tmp_path, capsys):
         w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
         w.writeheader()
         w.writerows(rows)
+    return path, profile
+
+
+def test_calibrate_recovers_a_compute_efficiency_factor(tmp_path, capsys):
+    """The efficiency factor comes back; the overlap fractions (no communication in these runs) and the
+    measured tables stay."""
+    path, profile = _synthetic_results(tmp_path, {"compute": 1.3})
     out = tmp_path / "cal.json"
     assert calibrate_main([str(path), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(out)]) == 0
     d = json.loads(out.read_text())
@@ -158,6 +164,26 @@ def test_calibrate_recovers_a_compute_efficiency_factor(tmp_path, capsys):
     assert d["gemm"] == profile.to_dict()["gemm"]
     rec = d["provenance"]["calibrations"][-1]
     assert rec["accuracy"]["holdout_after"]["median_abs_rel_error"] < 0.03
+
+
+def test_calibrate_fine_grid_and_chosen_terms(tmp_path):
+    """A factor between the coarse grid's points (1.04: the coarse grid has 1.0 and 1.09) is found within about
+    1%; with --terms compute only that term is fitted and the others keep the input's factors."""
+    path, profile = _synthetic_results(tmp_path, {"compute": 1.04, "optimizer": 1.5})
+    out = tmp_path / "cal.json"
+    assert calibrate_main([str(path), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(out),
+                           "--terms", "compute", "--holdout-fraction", "0"]) == 0
+    d = json.loads(out.read_text())
+    assert d["efficiency"].get("optimizer", 1.0) == pytest.approx(profile.eff("optimizer"))
+    assert d["provenance"]["calibrations"][-1]["fitted_terms"] == ["compute"]
+    out2 = tmp_path / "cal2.json"
+    path, _ = _synthetic_results(tmp_path, {"compute": 1.04})
+    assert calibrate_main([str(path), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(out2),
+                           "--terms", "compute", "--holdout-fraction", "0"]) == 0
+    assert json.loads(out2.read_text())["efficiency"]["compute"] == pytest.approx(1.04, rel=0.012)
+    with pytest.raises(PlanError, match="unknown efficiency term"):
+        calibrate_main([str(path), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(tmp_path / "x.json"),
+                        "--terms", "compute,warp"])
 
 
 def test_calibrate_takes_a_shipped_profile_by_name(tmp_path):
