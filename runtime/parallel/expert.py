@@ -437,23 +437,33 @@ class MoEMLP(nn.Module):
         return out.to(x.dtype).view(shape)
 
 
+def _tensor_core_router(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return x.is_cuda and x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16)
+
+
 class _RouterLogits(torch.autograd.Function):
     """fp32 router logits x @ W^T. On CUDA with bf16 x and W one bf16 GEMM with an fp32 output: the same products,
     summed in fp32, as the fp32 GEMM of their upcast copies, without making those copies or keeping x's fp32
-    copy for backward (it keeps x as it is). Backward in fp32, as autograd through the upcast did. Why: the
-    upcast operands ran on an fp32 (non-tensor-core) kernel, 80 us a call at 8192 x 2048 x 8 on an H200
-    (session 12, s4's kernel table), and the kept fp32 copy was 4 bytes per hidden element per token."""
+    copy for backward (it keeps x as it is). Why: the upcast operands ran on an fp32 (non-tensor-core) kernel,
+    80 us a call at 8192 x 2048 x 8 on an H200 (session 12, s4's kernel table), and the kept fp32 copy was 4 bytes
+    per hidden element per token. Backward likewise: the logits' gradient rounded to x's dtype (the rest of the
+    backward runs in it) and both GEMMs on tensor cores summing in fp32; the weight gradient comes out in fp32
+    before its cast. Through the upcast copies they were two fp32 GEMMs and an fp32 copy of x, about 4 ms of a
+    232 ms MoE step (session 12). On CPU (the tests' fp32 models) everything stays fp32."""
 
     @staticmethod
     def forward(ctx, x, w):
         ctx.save_for_backward(x, w)
-        if x.is_cuda and x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16):
+        if _tensor_core_router(x, w):
             return torch.ops.aten.mm.dtype(x, w.t(), torch.float32)
         return F.linear(x.float(), w.float())
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
+        if _tensor_core_router(x, w):
+            gl = g.to(x.dtype)
+            return gl @ w, torch.ops.aten.mm.dtype(gl.t(), x, torch.float32).to(w.dtype)
         g = g.float()
         return (g @ w.float()).to(x.dtype), (g.t() @ x.float()).to(w.dtype)
 

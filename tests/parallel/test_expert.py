@@ -266,3 +266,24 @@ def test_grouped_experts_accumulate_in_the_gemm_on_cuda():
         want = q.grad.float()
         assert (got[n].float() - want).abs().max() <= 3e-2 * want.abs().max() + 1e-6, n
     opt.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_router_logits_on_tensor_cores_match_float64():
+    """The router's logits and both gradients in bf16 on tensor cores (fp32 sums) against float64 autograd of
+    the same operands, at bf16's precision."""
+    from runtime.parallel.expert import _RouterLogits
+
+    torch.manual_seed(0)
+    x = torch.randn(4096, 1024, device="cuda").to(torch.bfloat16).requires_grad_()
+    w = (0.02 * torch.randn(8, 1024, device="cuda")).to(torch.bfloat16).requires_grad_()
+    g = torch.randn(4096, 8, device="cuda")
+    y = _RouterLogits.apply(x, w)
+    assert y.dtype == torch.float32
+    y.backward(g)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y64 = x64 @ w64.t()
+    y64.backward(g.double())
+    for got, want in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad)):
+        err = (got.double() - want).abs().max().item()
+        assert err <= 1e-2 * want.abs().max().item(), (err, want.abs().max().item())
