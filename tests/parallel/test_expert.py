@@ -269,7 +269,7 @@ def test_grouped_experts_accumulate_in_the_gemm_on_cuda():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_router_logits_on_tensor_cores_match_float64():
+def test_router_logits_on_cuda_tensor_cores_match_float64():
     """The router's logits and both gradients in bf16 on tensor cores (fp32 sums) against float64 autograd of
     the same operands, at bf16's precision."""
     from runtime.parallel.expert import _RouterLogits
