@@ -35,7 +35,7 @@ from planner.model import CATALOGUE, ModelSpec  # noqa: E402
 from planner.profile import Profile  # noqa: E402
 from runtime.profiler import collectives as coll  # noqa: E402
 from runtime.profiler import kernels, shapes  # noqa: E402
-from runtime.profiler.timing import at_power_cap, time_fn  # noqa: E402
+from runtime.profiler.timing import at_power_cap, back_to_back_s, time_fn  # noqa: E402
 
 GEMM_LAUNCH_ADDER = 5e-6   # planner.profile._gemm_s_cached adds this to every GEMM
 
@@ -236,21 +236,9 @@ def _graphed_layer_s(step, seconds: float = SUSTAINED_S) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         step(0)
-    g.replay()
-    torch.cuda.synchronize()
-    events, start = [], time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        events.append((a, b))
-        if len(events) % 8 == 0:
-            b.synchronize()  # keep the queue short, so that wall time tracks the GPU's
-    torch.cuda.synchronize()
-    times = sorted(a.elapsed_time(b) / 1e3 for a, b in events[len(events) // 2:])
+    t = back_to_back_s(g.replay, seconds)
     del g
-    return times[len(times) // 2]
+    return t
 
 
 def _drop_grad_after_use(xs):

@@ -148,6 +148,24 @@ def at_power_cap(device, enabled: bool = True):
         _HEATERS.pop(_device_index(device), None)
 
 
+def back_to_back_s(fn, seconds: float, sync_every: int = 8) -> float:
+    """Median per-call device time of fn() called back to back for `seconds` (CUDA), over the second half of the
+    calls: the clock under sustained load, as in training, after it has settled (the first ~0.15 s run at boost).
+    Waits every `sync_every` calls so that the wall clock tracks the GPU's."""
+    torch.cuda.synchronize()
+    events, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        events.append((a, b))
+        if len(events) % sync_every == 0:
+            b.synchronize()
+    torch.cuda.synchronize()
+    return _median([a.elapsed_time(b) / 1e3 for a, b in events[len(events) // 2:]])
+
+
 def power_state_under_heat(device) -> dict | None:
     """The GPU's clock and power (environment.gpu_power_state) read while 0.3 s of heat runs: the operating
     point the kernels inside at_power_cap were timed at. None outside at_power_cap or without nvidia-smi."""

@@ -1,12 +1,10 @@
 """The profiler times kernels with the GPU held at its power cap (runtime/profiler/timing.py): a no-op on CPU;
 on a GPU a kernel timed inside at_power_cap takes what it takes sustained, back to back."""
-import time
-
 import pytest
 import torch
 
 from runtime.profiler import timing
-from runtime.profiler.timing import active_heater, at_power_cap, power_state_under_heat, time_fn
+from runtime.profiler.timing import active_heater, at_power_cap, back_to_back_s, power_state_under_heat, time_fn
 
 
 def test_cpu_has_no_heater_and_times_as_before():
@@ -27,23 +25,6 @@ def test_disabled_power_cap_is_a_no_op():
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
-def _sustained_s(fn, seconds: float) -> float:
-    """Median per-call time over the second half of `seconds` of back-to-back calls."""
-    torch.cuda.synchronize()
-    events, start = [], time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        events.append((a, b))
-        if len(events) % 32 == 0:
-            b.synchronize()
-    torch.cuda.synchronize()
-    ts = sorted(a.elapsed_time(b) for a, b in events[len(events) // 2:])
-    return ts[len(ts) // 2] / 1e3
-
-
 @cuda
 def test_heated_timing_matches_sustained_gemm():
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -56,7 +37,7 @@ def test_heated_timing_matches_sustained_gemm():
             assert inner is heater
         heated = time_fn(fn, dev, warmup=2, repeats=7).median_s
     assert active_heater(dev) is None
-    sustained = _sustained_s(fn, 2.0)
+    sustained = back_to_back_s(fn, 2.0, sync_every=32)
     # session 13, p1: at the cap such GEMMs ran 9-23% slower than in cold bursts; heated, within a few percent
     assert abs(heated / sustained - 1) < 0.08, (heated, sustained)
 
