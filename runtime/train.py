@@ -34,10 +34,11 @@ GC_EVERY_STEPS = 50
 """Steps between the training loop's own garbage collections (automatic collection is off while it runs)."""
 
 CSV_FIELDS = ["step", "loss", "grad_norm", "step_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib",
-              "data_wait_s", "lr", "peak_mem_max_gib", "peak_mem_by_rank", "optimizer_s", "bubble_frac"]
+              "data_wait_s", "lr", "peak_mem_max_gib", "peak_mem_by_rank", "optimizer_s", "bubble_frac", "end_unix_s"]
 """peak_mem_gib is rank 0's; peak_mem_max_gib the max over all ranks and peak_mem_by_rank every rank's
 (';'-joined, global rank order), both CUDA only. optimizer_s: clip + AdamW of the slowest rank (CUDA events,
-no extra synchronisation). bubble_frac: the pipeline's measured bubble (pp > 1, from its action timeline)."""
+no extra synchronisation). bubble_frac: the pipeline's measured bubble (pp > 1, from its action timeline).
+end_unix_s: wall clock when rank 0 saw the step finish (plan validate matches the GPUs' clock samples to it)."""
 
 
 def stage_ranges(plan: Plan) -> list[tuple[int, int]]:
@@ -264,9 +265,10 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                    peak_mem_by_rank=";".join(f"{m:.4g}" for m, _ in per_rank) if cuda else "",
                    # a replayed CUDA graph has no event between backward and the optimizer: not measured
                    optimizer_s=f"{max(o for _, o in per_rank):.4g}" if rec.optimizer_start is not None else "",
-                   bubble_frac=f"{bubble:.4g}" if bubble is not None else "")
+                   bubble_frac=f"{bubble:.4g}" if bubble is not None else "",
+                   end_unix_s=f"{time.time():.3f}")
         if rank0:
-            print(" ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+            print(" ".join(f"{k} {v}" for k, v in row.items() if k != "end_unix_s"), flush=True)
             if writer:
                 writer.writerow(row)
                 results.flush()

@@ -25,6 +25,7 @@ needs to re-predict the row exactly (the CSV's columns do not carry the sharding
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
@@ -41,6 +42,7 @@ from planner.errors import PlanError
 from planner.report import host_paced, host_paced_note
 from planner.plan import Plan
 from planner.provenance import commit_label
+from runtime import gpu_monitor
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,7 +127,18 @@ def _steady(rows: list[dict], warmup: int) -> dict:
 
     mem = col("peak_mem_max_gib") or col("peak_mem_gib")
     opt, bubble = col("optimizer_s"), col("bubble_frac")
-    return {"steps": len(steady), "step_s": statistics.median(col("step_s")),
+    ends = col("end_unix_s")
+    # the measured steps' wall-clock span: from the end of the last warm-up step (or the first measured step's
+    # start, its end less its time) to the end of the last
+    window = None
+    if ends and len(ends) == len(steady):
+        first_start = ends[0] - col("step_s")[0]
+        try:
+            first_start = float(rows[warmup - 1]["end_unix_s"]) if warmup > 0 else first_start
+        except (KeyError, TypeError, ValueError):
+            pass
+        window = (first_start, ends[-1])
+    return {"steps": len(steady), "step_s": statistics.median(col("step_s")), "window_unix_s": window,
             "step_s_min": min(col("step_s")), "step_s_max": max(col("step_s")),
             "mem_gib": max(mem) if mem else None,
             "mem_by_rank": steady[-1].get("peak_mem_by_rank", ""),
@@ -177,6 +190,9 @@ def report(plan: Plan, pred, meas: dict) -> str:
                      + ", ".join(f"{k} {b[k]:.4g}" for k in untimed))
     if host_paced(pred):
         lines.append(host_paced_note(pred))
+    gpu_line = gpu_monitor.describe(meas.get("gpu_state"))
+    if gpu_line:
+        lines.append(gpu_line)
     return "\n".join(lines)
 
 
@@ -193,8 +209,9 @@ def result_row(plan: Plan, pred, meas: dict, gpu: str, profile_label: str) -> di
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def append_row(path: Path, row: dict, plan: Plan) -> int:
-    """Append the row (header first when the file is new) and its plan to the sidecar; returns the row number."""
+def append_row(path: Path, row: dict, plan: Plan, gpu_state: dict | None = None) -> int:
+    """Append the row (header first when the file is new) and its plan to the sidecar, with the GPUs' clock and
+    power during the measured steps where they were sampled (runtime/gpu_monitor.py); returns the row number."""
     n = _check_results_file(path) + 1
     new = not path.exists()
     if new:
@@ -205,7 +222,10 @@ def append_row(path: Path, row: dict, plan: Plan) -> int:
             w.writeheader()
         w.writerow(row)
     with open(sidecar_path(path), "a") as fh:
-        fh.write(json.dumps({"row": n, "plan": plan.to_dict()}) + "\n")
+        rec = {"row": n, "plan": plan.to_dict()}
+        if gpu_state:
+            rec["gpu_state"] = gpu_state
+        fh.write(json.dumps(rec) + "\n")
     return n
 
 
@@ -234,6 +254,12 @@ def _run_plans(args, files: list[Path], out: Path) -> dict[str, str]:
         failed[left[0].stem] = f"the training run {why} (its output is above); nothing was recorded"
         remaining = left[1:]
     return failed
+
+
+def _worker_env(device: str) -> dict:
+    from runtime import launch
+
+    return launch.worker_env(device)
 
 
 def validate(args) -> int:
@@ -267,16 +293,19 @@ def validate(args) -> int:
             files.append(f)
         failed: dict[str, str] = {}
         stopped, ran = None, set()
+        monitor = gpu_monitor.GpuMonitor() if args.device == "cuda" else None
         try:
-            for world in dict.fromkeys(p.layout.world_size for p in plans):
-                group = [f for f, p in zip(files, plans) if p.layout.world_size == world]
-                failed.update(_run_plans(args, group, tmp))
-                ran.update(f.stem for f in group)
+            with monitor or contextlib.nullcontext():
+                for world in dict.fromkeys(p.layout.world_size for p in plans):
+                    group = [f for f, p in zip(files, plans) if p.layout.world_size == world]
+                    failed.update(_run_plans(args, group, tmp))
+                    ran.update(f.stem for f in group)
         except SystemExit as exc:  # SIGTERM (a wall-clock limit, say): still report and append what finished
             stopped = exc.code if isinstance(exc.code, int) else 143
             for f in files:
                 if f.stem not in failed and f.stem not in ran and not (tmp / f"{f.stem}.done").exists():
                     failed[f.stem] = "validation was stopped (SIGTERM) before this plan finished"
+        samples = monitor.samples() if monitor else []
         for src, f, plan, pred in zip(args.plan, files, plans, preds):
             head = f"--- {src}" if len(plans) > 1 else None
             try:
@@ -293,13 +322,17 @@ def validate(args) -> int:
                 if args.keep_steps:
                     Path(args.keep_steps).write_text(steps_csv.read_text())
                 meas = _steady(rows, args.warmup)
+                if samples and meas["window_unix_s"]:
+                    meas["gpu_state"] = gpu_monitor.summarize(
+                        samples, *meas["window_unix_s"],
+                        gpu_monitor.visible_gpu_indexes(plan.layout.world_size, _worker_env(args.device)))
                 if head:
                     print(head)
                 print(report(plan, pred, meas), flush=True)
                 if append:
                     label = profile_label or f"shipped:{ClusterSpec.from_dict(plan.cluster).gpu}"
                     row = result_row(plan, pred, meas, _gpu_name(args.device), label)
-                    n = append_row(append, row, plan)
+                    n = append_row(append, row, plan, meas.get("gpu_state"))
                     print(f"appended row {n} to {append}")
             except PlanError as exc:
                 if len(plans) == 1:
