@@ -15,7 +15,8 @@ Power: a GPU under sustained tensor load runs at its power cap, at a lower SM cl
 slower, whole layers 14-16%, a copy not at all). Training is sustained, so the profiler times every kernel at
 that operating point: inside `at_power_cap(device)` a heater (bf16 GEMMs, `PowerHeater`) runs before each
 kernel and before each timed batch, in place of the spin, and keeps the GPU at its cap. Without it a grid's
-big shapes were timed throttled and its small ones at boost, depending on what ran just before.
+big shapes were timed throttled and its small ones at boost, depending on what ran just before. It does not
+hold every kernel at one clock: runtime/profiler/README.md, "Timing at the power cap", says how far it gets.
 """
 from __future__ import annotations
 
