@@ -230,9 +230,13 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     prefetch = Prefetcher(make_step, start, device)
     writer, results = None, None
     if rank0 and results_path:
-        new = not Path(results_path).exists()
+        new = not Path(results_path).exists() or Path(results_path).stat().st_size == 0
+        fields = CSV_FIELDS
+        if not new:  # a resumed run appends under the file's own header (one written before a column was added)
+            with open(results_path, newline="") as fh:
+                fields = next(csv.reader(fh), None) or CSV_FIELDS
         results = open(results_path, "a", newline="")
-        writer = csv.DictWriter(results, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(results, fieldnames=fields, extrasaction="ignore")
         if new:
             writer.writeheader()
     tokens = shape.global_batch * shape.seq_len

@@ -45,11 +45,23 @@ def test_cpu_launch_checkpoint_and_resume(tmp_path):
     assert main([str(plan), "--steps", "4", "--results", str(tmp_path / "a.csv")] + base) == 0
     ck = str(tmp_path / "ck")
     assert main([str(plan), "--steps", "2", "--results", str(tmp_path / "b.csv"), "--ckpt-dir", ck] + base) == 0
+    # the first half as a run from before the step CSV had end_unix_s wrote it: the resumed run keeps that header
+    with open(tmp_path / "b.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    old_fields = [k for k in rows[0] if k != "end_unix_s"]
+    with open(tmp_path / "b.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=old_fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
     assert main([str(plan), "--steps", "2", "--results", str(tmp_path / "b.csv"), "--ckpt-dir", ck,
                  "--resume"] + base) == 0
     a, b = _losses(tmp_path / "a.csv"), _losses(tmp_path / "b.csv")
     assert len(a) == len(b) == 4
     assert a == pytest.approx(b, abs=2e-6)
+    with open(tmp_path / "b.csv", newline="") as f:
+        assert all(None not in r for r in csv.DictReader(f))   # no values beyond the header
+    with open(tmp_path / "a.csv", newline="") as f:
+        assert all(float(r["end_unix_s"]) > 1.7e9 for r in csv.DictReader(f))
 
 
 def test_mid_run_checkpoint_holds_its_own_step(tmp_path):
