@@ -144,3 +144,20 @@ def test_unknown_profile_model_is_one_sentence(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown model 'gpt-7'" in err and "Traceback" not in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_burst_and_no_host_reach_the_options(tmp_path, monkeypatch):
+    """`plan profile --burst --no-host` turn off the power-cap heater and the host stage; by default both are on."""
+    from runtime.profiler import build
+
+    seen = []
+
+    def fake_build(opts, reporter=None):
+        seen.append(opts)
+        raise build.PlanError("stop here")
+
+    monkeypatch.setattr(build, "build_profile", fake_build)
+    for extra, cap, host in (([], True, True), (["--burst", "--no-host"], False, False)):
+        assert cli.main(["--device", "cpu", "--quick", "--out", str(tmp_path / "p.json"), "--no-progress"] + extra) != 0
+        assert (seen[-1].at_power_cap, seen[-1].host) == (cap, host)
+    assert not (tmp_path / "p.json").exists()
