@@ -40,21 +40,56 @@ def visible_gpu_indexes(count: int, env: dict | None = None) -> list[int] | None
     return ids[:count]
 
 
-def parse_samples(text: str) -> list[dict]:
-    """nvidia-smi CSV lines (noheader, nounits) -> samples with unix time; lines that do not parse are skipped."""
-    out = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != len(FIELDS):
-            continue
+def parse_line(line: str) -> dict | None:
+    """One nvidia-smi CSV line of FIELDS (noheader, nounits) -> a sample with unix time; a value nvidia-smi cannot
+    tell ('[N/A]') becomes None; None for a line of other fields or an unreadable time or index."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != len(FIELDS):
+        return None
+
+    def num(v):
         try:
-            t = _dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()  # nvidia-smi prints local time
-            out.append({"t": t, "index": int(parts[1]), "sm_mhz": float(parts[2]), "max_sm_mhz": float(parts[3]),
-                        "power_w": float(parts[4]), "power_limit_w": float(parts[5]),
-                        "reasons": int(parts[6], 16)})
+            return float(v)
         except ValueError:
-            continue
-    return out
+            return None
+
+    try:
+        t = _dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()  # nvidia-smi prints local time
+        index = int(parts[1])
+    except ValueError:
+        return None
+    try:
+        reasons = int(parts[6], 16)
+    except ValueError:
+        reasons = None
+    return {"t": t, "index": index, "sm_mhz": num(parts[2]), "max_sm_mhz": num(parts[3]), "power_w": num(parts[4]),
+            "power_limit_w": num(parts[5]), "reasons": reasons}
+
+
+def _query_command(exe: str) -> list[str]:
+    return [exe, f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits"]
+
+
+def query_once(gpu: str | None = None) -> dict | None:
+    """One sample of GPU `gpu` (an nvidia-smi -i argument; default the first GPU), or None where nvidia-smi
+    cannot tell."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    cmd = _query_command(exe) + (["-i", gpu] if gpu else [])
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = r.stdout.strip().splitlines() if r.returncode == 0 else []
+    return parse_line(lines[0]) if lines else None
+
+
+def parse_samples(text: str) -> list[dict]:
+    """nvidia-smi CSV lines (noheader, nounits) -> samples with unix time; lines that do not parse in full are
+    skipped."""
+    samples = (parse_line(line) for line in text.splitlines())
+    return [s for s in samples if s is not None and None not in s.values()]
 
 
 def summarize(samples: list[dict], t0: float, t1: float, indexes: list[int] | None = None) -> dict | None:
@@ -97,8 +132,8 @@ class GpuMonitor:
         self.path = Path(path)
         with open(self.path, "w") as out:
             try:
-                self.proc = subprocess.Popen([exe, f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits",
-                                              "-lms", str(INTERVAL_MS)], stdout=out, stderr=subprocess.DEVNULL)
+                self.proc = subprocess.Popen(_query_command(exe) + ["-lms", str(INTERVAL_MS)], stdout=out,
+                                             stderr=subprocess.DEVNULL)
             except OSError:
                 self.proc = None
         return self

@@ -74,27 +74,17 @@ def describe(device: torch.device, gpus_used: int) -> dict:
 
 
 def gpu_power_state(device: torch.device) -> dict | None:
-    """The GPU's SM clock, power draw and limit and its clock-event reasons now (nvidia-smi), or None where
-    nvidia-smi cannot tell. The profile records them under load at the power cap (timing.at_power_cap)."""
+    """The GPU's SM clock, power draw and limit and its clock-event reasons now (nvidia-smi, through
+    runtime/gpu_monitor.py), or None where nvidia-smi cannot tell. The profile records them under load at the
+    power cap (timing.at_power_cap)."""
+    from runtime.gpu_monitor import query_once
+
     if device.type != "cuda":
         return None
     uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    fields = ["clocks.sm", "clocks.max.sm", "power.draw", "power.limit", "clocks_event_reasons.active"]
-    cmd = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
-    if uuid is not None:
-        cmd += ["-i", f"GPU-{uuid}"]
-    out = _run(cmd)
-    if not out:
+    s = query_once(f"GPU-{uuid}" if uuid is not None else None)
+    if s is None:
         return None
-    vals = [v.strip() for v in out.splitlines()[0].split(",")]
-    if len(vals) != len(fields):
-        return None
-
-    def num(v):
-        try:
-            return float(v)
-        except ValueError:
-            return None
-
-    return {"sm_clock_mhz": num(vals[0]), "max_sm_clock_mhz": num(vals[1]), "power_w": num(vals[2]),
-            "power_limit_w": num(vals[3]), "clock_event_reasons": vals[4]}
+    return {"sm_clock_mhz": s["sm_mhz"], "max_sm_clock_mhz": s["max_sm_mhz"], "power_w": s["power_w"],
+            "power_limit_w": s["power_limit_w"],
+            "clock_event_reasons": None if s["reasons"] is None else f"0x{s['reasons']:016x}"}
