@@ -55,6 +55,9 @@ class ParallelGroups:
     tp_mesh: DeviceMesh | None
     cpu_tp_mesh: DeviceMesh | None = None
     """A gloo (CPU) mesh over the same TP ranks: checkpoints stage tensors through host memory."""
+    cp_tp: dist.ProcessGroup | None = None
+    """The context x tensor ranks of one (pp, dp) coordinate: together they hold one micro-batch's sequences,
+    each a shard of them (MoE load-balancing statistics are summed over it)."""
     rank: int = 0
     tp_rank: int = 0
     cp_rank: int = 0
@@ -118,6 +121,7 @@ def build_groups(lay: Layout, device_type: str) -> ParallelGroups:
     rank = dist.get_rank()
     mesh = init_device_mesh(device_type, (lay.pp, lay.dp, lay.cp, lay.tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
     dp_cp_mesh = mesh["dp", "cp"]._flatten("dp_cp")
+    cp_tp = mesh["cp", "tp"]._flatten("cp_tp").get_group()
     ep_lists, edp_lists = expert_rank_lists(lay)
     ep = edp = None
     if lay.ep > 1:  # every rank creates every group, in the same order (new_group's contract)
@@ -139,5 +143,5 @@ def build_groups(lay: Layout, device_type: str) -> ParallelGroups:
     return ParallelGroups(
         layout=lay, mesh=mesh, tp=mesh.get_group("tp"), cp=mesh.get_group("cp"), dp=mesh.get_group("dp"),
         pp=mesh.get_group("pp"), dp_cp=dp_cp_mesh.get_group(), ep=ep, expert_dp=edp,
-        dp_cp_mesh=dp_cp_mesh, tp_mesh=mesh["tp"], cpu_tp_mesh=cpu_tp_mesh,
+        dp_cp_mesh=dp_cp_mesh, tp_mesh=mesh["tp"], cpu_tp_mesh=cpu_tp_mesh, cp_tp=cp_tp,
         rank=rank, **c)

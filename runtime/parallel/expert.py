@@ -29,10 +29,13 @@ Routing: softmax over the experts (fp32), top-k, weights renormalised to sum to 
 `normalize_topk=False` keeps the raw softmax weights, as Qwen2-MoE's default). Load-balancing loss (Switch
 Transformer / Mixtral's `load_balancing_loss_func`): aux = E * sum_e f_e * P_e with f_e the fraction of the
 (token, slot) assignments sent to expert e, summed over the k slots, and P_e the mean router probability of
-e, both over this rank's local tokens. After each forward `self.aux_loss` holds it (a tensor in the graph)
-divided by the TP degree (so that summing gradients over TP gives the mean over the sequence shards). The
-training loop adds it to each micro-batch's loss, scaled to a mean over micro-batches and dp*cp ranks
-since gradients are summed over both:
+e, over the micro-batch's tokens. Under TP (sequence parallel) and CP each rank holds a shard of them: f is
+summed over the cp x tp group (`groups.cp_tp`, a [k, E] all-reduce of counts, no gradient) and P stays local,
+so the rank's loss E * sum_e f_e * P_e(local) averaged over the tp * cp shards is exactly the loss of the whole
+micro-batch, whatever the layout. After each forward `self.aux_loss` holds the rank's loss (a tensor in the
+graph) divided by the TP degree (summing gradients over TP averages over TP). The training loop adds it to
+each micro-batch's loss, scaled to a mean over micro-batches and dp*cp ranks since gradients are summed over
+both:
     loss = loss_sum / global_label_count + collect_aux_loss(stage) / (num_micro_batches * dp * cp)
 (`collect_aux_loss` multiplies by each layer's `aux_coeff`). It must be collected right after the
 forward that produced it (a later forward, or a recompute, replaces the attribute).
@@ -283,10 +286,11 @@ class MoEMLP(nn.Module):
             key = object()
             for i, w in enumerate(run):
                 w.stack_run, w.stack_index, w.wgrad_fusable = key, i, True
-        self.aux_groups = 1
-        """The load-balancing loss is the mean of the losses of this many equal, contiguous chunks of the
-        rank's tokens (in [s, b, h] order: sequence chunks). 1 in training; a single-process reference of a
-        TP t run sets t to reproduce the per-TP-rank (sequence-shard) losses exactly."""
+        seq_group = getattr(groups, "cp_tp", None)
+        self.seq_group = seq_group if isinstance(seq_group, dist.ProcessGroup) and \
+            dist.get_world_size(seq_group) > 1 else None
+        """The ranks holding shards of this rank's micro-batch (cp x tp): the assignment fractions of the
+        load-balancing loss are summed over them; None when the rank holds whole sequences."""
         self.aux_loss: torch.Tensor | None = None
         self.last_tokens_per_expert: torch.Tensor | None = None
         self.grouped_mm: bool | None = None
@@ -318,12 +322,12 @@ class MoEMLP(nn.Module):
         if self.normalize_topk:
             topv = topv / topv.sum(-1, keepdim=True)
         E = self.num_experts
-        mask = F.one_hot(topi, E).to(probs.dtype)          # [T, k, E]
-        g = self.aux_groups
-        T = probs.size(0)
-        tokens_per_expert = mask.view(g, T // g, *mask.shape[1:]).mean(1)   # [g, k, E]
-        prob_per_expert = probs.view(g, T // g, E).mean(1)                  # [g, E]
-        aux = E * (tokens_per_expert * prob_per_expert.unsqueeze(1)).sum() / g
+        with torch.no_grad():  # f_e: no gradient flows through the top-k choice
+            tokens_per_expert = F.one_hot(topi, E).to(probs.dtype).mean(0)   # [k, E]
+            if self.seq_group is not None:  # the shards are equal (sequence parallel, CP's mirrored chunks)
+                dist.all_reduce(tokens_per_expert, group=self.seq_group)
+                tokens_per_expert /= dist.get_world_size(self.seq_group)
+        aux = E * (tokens_per_expert * probs.mean(0)).sum()
         return topi, topv, aux
 
     # -- experts -----------------------------------------------------------------------------------

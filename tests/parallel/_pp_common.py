@@ -34,16 +34,11 @@ def micro_batches(spec, step, dp, dp_rank, mb, cp=1, cp_rank=0):
     return out
 
 
-def reference(spec, mb=2, steps=2, lr=1e-3, aux_groups=1):
+def reference(spec, mb=2, steps=2, lr=1e-3):
     """Single process, no recompute: losses of `steps` steps and the first step's gradients (by name).
-    Each micro-batch loss: sum / global labelled tokens + MoE aux / micro-batches (aux over `aux_groups`
-    sequence chunks, as TP ranks compute it on their sequence shards)."""
-    from runtime.parallel.expert import MoEMLP
+    Each micro-batch loss: sum / global labelled tokens + MoE aux / micro-batches."""
     groups = single_process_groups()
     model = build_model(spec, groups)
-    for m in model.modules():
-        if isinstance(m, MoEMLP):
-            m.aux_groups = aux_groups
     opt = build_optimizer([model], groups, "none", AdamConfig(lr=lr))
     losses, grads = [], {}
     for step in range(steps):

@@ -1,5 +1,5 @@
-"""Mixed layouts with the core runtime (runtime.model / tensor / data / mesh): TP2 x PP2, CP2 x TP2 and
-TP2 x EP2 x DP2 x PP2 against a single-process run of the same model: losses of two steps and gradients."""
+"""Mixed layouts with the core runtime (runtime.model / tensor / data / mesh): TP2 x PP2, CP2 x TP2 (dense, and
+MoE with EP2) and TP2 x EP2 x DP2 x PP2 against a single-process run of the same model: losses of two steps and gradients."""
 import _launch
 from planner.model import tiny_model
 from planner.plan import Layout, StagePlan, even_stages
@@ -20,16 +20,20 @@ def _four(rank, world):
     ref = C.reference(llama)
     got = _cp_tp(llama)
     C.compare(ref, got, f"rank {rank} cp2xtp2 llama")
+    # MoE with its EP group across the CP ranks: the load-balancing loss sums its assignment counts over the
+    # four sequence shards (cp x tp), so it is the whole micro-batch's loss
+    moe = tiny_model("llama", num_experts=4, top_k=2)
+    C.compare(C.reference(moe), _cp_tp(moe, ep=2), f"rank {rank} cp2xtp2xep2 moe")
 
 
-def _cp_tp(spec):
-    """CP2 x TP2 through runtime.step.train_step (pp == 1)."""
+def _cp_tp(spec, ep=1):
+    """CP2 x TP2 (EP over the CP ranks) through runtime.step.train_step (pp == 1)."""
     from runtime.mesh import build_groups
     from runtime.model import build_model
     from runtime.parallel.data import AdamConfig, build_optimizer
     from runtime.parallel.tensor import gather_logical
     from runtime.step import train_step
-    lay = Layout(tp=2, cp=2, micro_batch=2, sharding="optimizer")
+    lay = Layout(tp=2, cp=2, ep=ep, micro_batch=2, sharding="optimizer")
     groups = build_groups(lay, "cpu")
     model = build_model(spec, groups)
     opt = build_optimizer([model], groups, lay.sharding, AdamConfig(lr=1e-3), bucket_elems=20_000)
@@ -53,7 +57,7 @@ def test_tp2xpp2_and_cp2xtp2_match_single_process():
 
 def _eight(rank, world):
     moe = tiny_model("llama", num_experts=4, top_k=2)
-    ref = C.reference(moe, aux_groups=2)  # TP ranks compute the aux loss on their sequence shards
+    ref = C.reference(moe)  # the load-balancing loss of the whole micro-batch, from sequence shards
     # EP2 x DP2 x PP2 with TP2 on top (8 processes): the MoE input is sequence-parallel-sharded, each TP
     # rank routes its own tokens; expert weights replicated over TP, sharded over EP
     lay = Layout(tp=2, pp=2, dp=2, ep=2, micro_batch=2, sharding="optimizer")
