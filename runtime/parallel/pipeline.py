@@ -375,6 +375,10 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
                 recvs[key] = (buf, batch)
             batches.append(batch)
             sends.extend((batch, tensor) for tensor in sent)
+            if sent and not lay.overlap_pp:
+                # the plan turned the overlap off (planner/cost.py p2p_s prices it): the sender waits for its
+                # transfer before its next action, as Megatron's --no-overlap-p2p-communication does
+                batch.wait()
         # drop sent activations and gradients as soon as their transfer is done: holding them to the end of
         # the step kept every micro-batch's boundary tensors alive (m x chunks of them). While a CUDA graph
         # captures the step nothing has run and a captured transfer cannot be polled: a batch counts as done

@@ -23,6 +23,8 @@ def _cases():
         ("interleaved uneven llama", llama, 2, [StagePlan(2, 1), StagePlan(1, 0, 1), StagePlan(1), StagePlan(2, 0, 2)]),
         # interleaved with tied embeddings (first and last virtual stage on different ranks)
         ("interleaved gpt", gpt, 2, [StagePlan(1), StagePlan(1), StagePlan(1, 1), StagePlan(1)]),
+        # interleaved with the p2p overlap off (each send waited for before the next action)
+        ("interleaved llama no overlap", llama, 2, [StagePlan(1), StagePlan(2), StagePlan(2), StagePlan(1)]),
     ]
 
 
@@ -31,7 +33,7 @@ def _worker(rank, world):
     for tag, spec, vpp, plans in _cases():
         if spec.name + str(spec.num_layers) not in refs:
             refs[spec.name + str(spec.num_layers)] = C.reference(spec)
-        lay = Layout(pp=2, vpp=vpp, micro_batch=2, sharding="none")
+        lay = Layout(pp=2, vpp=vpp, micro_batch=2, sharding="none", overlap_pp="no overlap" not in tag)
         losses, grads, _ = C.pipelined(spec, lay, plans)
         C.compare(refs[spec.name + str(spec.num_layers)], (losses, grads), f"rank {rank} {tag}")
 
