@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     pins.add_argument("--no-cuda-graph", action="store_true",
                       help="run every plan's step eagerly instead of as a replayed CUDA graph where one is legal")
     pins.add_argument("--no-overlap", default="", metavar="DIMS",
-                      help="comma list of tp, dp, pp whose communication is not overlapped with compute")
+                      help="comma list of tp, dp, pp, ep whose communication is not overlapped with compute "
+                           "(ep: MoE tokens never dispatched in overlapped chunks)")
     ap.add_argument("--top", type=_positive_int("--top"), default=4, help="plans to show (default 4)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("-o", "--output", help="write the best plan to this file")
@@ -135,8 +136,9 @@ def run_plan(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     model, cluster, shape, profile = resolve_inputs(args)
     no_overlap = frozenset(d.strip() for d in args.no_overlap.split(",") if d.strip())
-    if no_overlap - {"tp", "dp", "pp"}:
-        raise PlanError(f"--no-overlap takes tp, dp and pp, not {', '.join(sorted(no_overlap - {'tp', 'dp', 'pp'}))}")
+    if no_overlap - {"tp", "dp", "pp", "ep"}:
+        raise PlanError(f"--no-overlap takes tp, dp, pp and ep, not "
+                        f"{', '.join(sorted(no_overlap - {'tp', 'dp', 'pp', 'ep'}))}")
     pins = Pins(tp=args.tp, pp=args.pp, vpp=args.vpp, dp=args.dp, cp=args.cp, ep=args.ep,
                 micro_batch=args.micro_batch, sharding=args.sharding, recompute=args.recompute,
                 no_overlap=no_overlap, fp8=args.fp8, grad_dtype=args.grad_dtype,

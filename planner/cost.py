@@ -52,6 +52,14 @@ def exposed_s(comm_s: float, beside_s: float, hidden_fraction: float, overlap: b
     return comm_s - min(hidden_fraction * comm_s, beside_s)
 
 
+def two_chunk_exposed_s(transfer_s: float, experts_s: float) -> float:
+    """What an MoE layer's all-to-alls add to its experts' time, one direction (forward or backward), with the
+    tokens dispatched in two chunks (Layout.overlap_ep, runtime/parallel/expert.py): chunk 0's dispatch alone,
+    chunk 1's beside chunk 0's experts, chunk 0's combine beside chunk 1's experts, chunk 1's combine alone.
+    transfer_s: one chunk's all-to-all; experts_s: one chunk's experts. The transfers share one stream."""
+    return 2 * transfer_s + 2 * max(experts_s, transfer_s) - 2 * experts_s
+
+
 @dataclass(frozen=True)
 class LayerCosts:
     """One transformer layer, one micro-batch, one rank; seconds."""
@@ -115,7 +123,12 @@ class CostModel:
         # search shares them
         self._shared = shared if shared is not None else {}
         self._key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8,
-                     layout.grad_dtype)
+                     layout.grad_dtype, self.dispatch_chunks)
+
+    @property
+    def dispatch_chunks(self) -> int:
+        """Chunks an MoE layer dispatches its tokens in (runtime/parallel/expert.py, MoEMLP.dispatch_chunks)."""
+        return 2 if self.lay.overlap_ep and self.lay.ep > 1 and self.m.is_moe else 1
 
     def _memo(self, name, fn):
         k = (name, self._key)
@@ -266,13 +279,14 @@ class CostModel:
         moe_f = moe_b = 0.0
         if m.is_moe:
             routed = tok_t * m.top_k  # token copies per rank after dispatch (on average, whatever the EP degree)
+            chunks = self.dispatch_chunks  # the experts run once per chunk, on its share of the rows
             rf, rb = self._gemm_fwd_bwd_s(int(tok_t), m.num_experts, h)
             # the local experts run as grouped GEMMs (runtime/parallel/expert.py: one torch._grouped_mm per
             # projection for all of them), priced as one GEMM over all the routed rows: the kernel tiles every
             # expert's rows in one launch, so it runs close to a dense GEMM of that many rows (the partial last
             # tile of each expert is not counted)
-            e1f, e1b = self._gemm_fwd_bwd_s(int(routed), (2 if m.gated_mlp else 1) * f, h)
-            e2f, e2b = self._gemm_fwd_bwd_s(int(routed), h, f)
+            e1f, e1b = (chunks * t for t in self._gemm_fwd_bwd_s(int(routed / chunks), (2 if m.gated_mlp else 1) * f, h))
+            e2f, e2b = (chunks * t for t in self._gemm_fwd_bwd_s(int(routed / chunks), h, f))
             # the grouped GEMMs take the local experts' weights as one [experts, out, in] tensor: a view of the
             # flat parameter buffer, where runtime/parallel/data.py lays each projection's expert weights out back
             # to back (sharding 'none' and 'optimizer'); else (ZeRO-2 may cut them, FSDP owns its own storage)
@@ -289,8 +303,13 @@ class CostModel:
             moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * prof.eff("expert")
             moe_b = (rb + e1b + e2b + stack_s + rows_b_s + wgrad_out_s) * prof.eff("expert")
             # dispatch and combine all-to-alls, each way in forward and again in backward
-            a2a = self.group_collective_s("all_to_all", BF16 * routed * h, lay.ep, self.strides["ep"]) * prof.eff("ep")
-            comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
+            a2a = self.group_collective_s("all_to_all", BF16 * routed * h / chunks, lay.ep,
+                                          self.strides["ep"]) * prof.eff("ep")
+            if chunks == 1:
+                comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
+            else:  # each chunk's transfers beside the other chunk's experts: the schedule's own timeline
+                experts_f, experts_b = (e1f + e2f) / chunks * prof.eff("expert"), (e1b + e2b) / chunks * prof.eff("expert")
+                comm["ep"] = two_chunk_exposed_s(a2a, experts_f) + two_chunk_exposed_s(a2a, experts_b)
         ce = prof.eff("compute")  # calibrated: what the runtime spends beyond its measured kernels
         fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel = (x * ce for x in (fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel))
         compute_f = fwd + attn_f + ew_f + moe_f
@@ -382,7 +401,10 @@ class CostModel:
         host, m, lay = self.prof.host, self.m, self.lay
         if host is None or not m.is_moe or lay.ep == 1:
             return 0.0
-        return st.layers * host.moe_layer_s() * self.prof.eff("host")
+        # a second dispatch chunk issues its transfers and experts after the same synchronisation: modelled
+        # as EP's host time once more (not measured)
+        extra_chunks_s = (self.dispatch_chunks - 1) * host.ep_extra_s
+        return st.layers * (host.moe_layer_s() + extra_chunks_s) * self.prof.eff("host")
 
     def stage_gpu_s(self, j: int, st: StagePlan) -> float:
         L = self.layer
@@ -416,9 +438,11 @@ class CostModel:
 
         data_parallel = lay.dp * lay.cp > 1
 
+        extra_chunks_s = (self.dispatch_chunks - 1) * host.ep_extra_s  # as in stage_expert_host_s
+
         def per_layer(mode):
             return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.family,
-                                     self.prof.eff("host_tp"), self.prof.eff("host_cp"), data_parallel)
+                                     self.prof.eff("host_tp"), self.prof.eff("host_cp"), data_parallel) + extra_chunks_s
 
         none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
         t = none * per_layer("none") + st.full_recompute_layers * per_layer("full") \

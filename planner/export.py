@@ -170,6 +170,10 @@ def megatron_args(plan: Plan) -> MegatronExport:
                      "transformer_engine); drop it on the local layer implementation")
     if not lay.overlap_pp and lay.pp > 1:
         add("--no-overlap-p2p-communication")
+    if lay.overlap_ep and lay.ep > 1:
+        notes.append("the plan dispatches MoE tokens in two chunks whose all-to-alls overlap the other chunk's "
+                     "experts (this runtime's); Megatron's --overlap-moe-expert-parallel-comm overlaps across "
+                     "micro-batches instead and is not exported")
     if lay.cuda_graph:
         # not exported as a flag: Megatron's CUDA graphs capture per layer through Transformer Engine, not the
         # whole step, and their flags have changed between releases

@@ -85,7 +85,8 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
               + (", sequence parallel on" if lay.sequence_parallel else ""))
     t.add_row("layers per pipeline rank", _stage_summary(best))
     t.add_row("recompute", _recompute_summary(best))
-    t.add_row("overlap", ", ".join(k for k, on in (("TP", lay.overlap_tp), ("DP", lay.overlap_dp), ("PP", lay.overlap_pp)) if on) or "off")
+    t.add_row("overlap", ", ".join(k for k, on in (("TP", lay.overlap_tp), ("DP", lay.overlap_dp), ("PP", lay.overlap_pp),
+                                                         ("EP", lay.overlap_ep and lay.ep > 1)) if on) or "off")
     t.add_row("CUDA graph", "on: the step is captured once and replayed (no host time)" if lay.cuda_graph else
               f"off: {cuda_graph_violation(best.model, lay, best.cluster.get('gpu')) or 'not asked for'}")
     t.add_row("step time", f"{p.step_s:.3f} s")

@@ -343,6 +343,20 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
     return SolveResult(stages, status == cp_model.OPTIMAL, bound_s)
 
 
+def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> CostModel:
+    """The layout's MoE dispatch, at once or in two overlapped chunks (Layout.overlap_ep), whichever costs a
+    layer less: smaller expert GEMMs and one more round of host work against hidden all-to-alls. Only the MoE
+    layer differs between the two, so the choice needs no search of its own."""
+    lay2 = Layout(**{**cm.lay.__dict__, "overlap_ep": not cm.lay.overlap_ep})
+    cm2 = CostModel(model, shape, lay2, cluster, profile, shared)
+    one_layer = StagePlan(1)
+
+    def layer_s(c):
+        return c.layer.fwd_bwd_s + c.stage_expert_host_s(one_layer)
+
+    return cm2 if layer_s(cm2) < layer_s(cm) else cm
+
+
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
            pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_time_s: float = 0.03,
            progress=None) -> SearchResult:
@@ -365,6 +379,9 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
             continue
         stats.layouts_legal += 1
         cm = CostModel(model, shape, lay, cluster, profile, shared)
+        if lay.ep > 1 and "ep" not in pins.no_overlap:
+            cm = _cheaper_dispatch(cm, model, shape, cluster, profile, shared)
+            lay = cm.lay
         t_lb, m_lb = _bounds(cm, shape, pins)
         if min_mem is None or m_lb < min_mem[0]:
             min_mem = (m_lb, lay)

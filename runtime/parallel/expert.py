@@ -98,6 +98,59 @@ class _AllToAll(torch.autograd.Function):
         return out, None, None, None
 
 
+class _Pending:
+    """The in-flight all-to-all between an _AllToAllStart and its _AllToAllWait, one each way: forward's
+    transfer of the rows, and backward's of their gradient."""
+    work = None
+    reverse = None
+    """(splits out, splits in, group, input shape) of the reverse transfer, for backward."""
+    bwd_work = None
+    bwd_out = None
+
+
+class _AllToAllStart(torch.autograd.Function):
+    """Launch all_to_all_single (async) and return its output buffer, not yet filled: _AllToAllWait on the
+    same `pending` makes it safe to read. Backward waits for the reverse transfer that _AllToAllWait's
+    backward launched, so whatever autograd runs between the two overlaps it."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group, pending):
+        ctx.pending = pending
+        x = x.contiguous()
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        pending.work = dist.all_to_all_single(out, x, out_splits, in_splits, group=group, async_op=True)
+        pending.reverse = (in_splits, out_splits, group, x.shape)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        p = ctx.pending
+        p.bwd_work.wait()
+        out, p.bwd_out, p.bwd_work = p.bwd_out, None, None
+        return out, None, None, None, None
+
+
+class _AllToAllWait(torch.autograd.Function):
+    """Identity once the transfer started by _AllToAllStart on `pending` has arrived (on CUDA the stream
+    waits, not the host). Backward launches the reverse transfer of the gradient and returns at once."""
+
+    @staticmethod
+    def forward(ctx, out, pending):
+        ctx.pending = pending
+        pending.work.wait()
+        pending.work = None
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        p = ctx.pending
+        out_splits, in_splits, group, shape = p.reverse
+        g = g.contiguous()
+        p.bwd_out = g.new_empty((sum(out_splits),) + tuple(shape[1:]))
+        p.bwd_work = dist.all_to_all_single(p.bwd_out, g, out_splits, in_splits, group=group, async_op=True)
+        return g, None
+
+
 def all_to_all_single_autograd(x, out_splits: list[int], in_splits: list[int], group):
     """all_to_all_single along dim 0 with variable splits; backward is the reverse all-to-all."""
     return _AllToAll.apply(x, out_splits, in_splits, group)
@@ -150,8 +203,8 @@ class _GroupedLinear(torch.autograd.Function):
     weight gets its slice."""
 
     @staticmethod
-    def forward(ctx, x, offs, per_group, *weights):
-        ctx.per_group = per_group
+    def forward(ctx, x, offs, per_group, placeholders, *weights):
+        ctx.per_group, ctx.placeholders = per_group, placeholders
         ctx.save_for_backward(x, offs, *weights)
         return torch._grouped_mm(x, _stack(weights, per_group).transpose(1, 2), offs=offs)
 
@@ -174,14 +227,18 @@ class _GroupedLinear(torch.autograd.Function):
             else:  # no rows at all: CUDA's kernel rejects a zero-length contraction (pytorch#192497)
                 dw = torch.zeros_like(w)
             if claims is None:
-                return (dx, None, None) + dw.view(len(weights), *weights[0].shape).unbind(0)
+                return (dx, None, None, None) + dw.view(len(weights), *weights[0].shape).unbind(0)
             if stacked is not None:
                 store_main_grad(stacked, dw, claims[0][1])
             else:
                 for (mg, overwrite), g in zip(claims, dw.view(len(weights), *weights[0].shape).unbind(0)):
                     store_main_grad(mg, g, overwrite)
-        # placeholders: the optimizer's hooks find the gradients in main_grad (as tensor.weight_grad's)
-        return (dx, None, None) + tuple(torch.empty_like(p) for p in weights)
+        # placeholders: the optimizer's hooks find the gradients in main_grad (as tensor.weight_grad's). When
+        # the experts run once per dispatch chunk, only one call returns them: autograd would add the
+        # chunks' placeholders, a pass over every expert weight for nothing
+        if not ctx.placeholders:
+            return (dx, None, None, None) + (None,) * len(weights)
+        return (dx, None, None, None) + tuple(torch.empty_like(p) for p in weights)
 
 
 class _GroupedBias(torch.autograd.Function):
@@ -293,6 +350,10 @@ class MoEMLP(nn.Module):
         load-balancing loss are summed over them; None when the rank holds whole sequences."""
         self.aux_loss: torch.Tensor | None = None
         self.last_tokens_per_expert: torch.Tensor | None = None
+        lay = getattr(groups, "layout", None)
+        self.dispatch_chunks = 2 if self.ep > 1 and getattr(lay, "overlap_ep", False) else 1
+        """Chunks of this rank's tokens dispatched one after the other, so that all-to-alls overlap the
+        experts (Layout.overlap_ep); 1 sends them at once."""
         self.grouped_mm: bool | None = None
         """None: run the experts as grouped GEMMs where grouped_mm_supported says so, else as a loop;
         True / False forces one path (tests compare them on CPU)."""
@@ -336,13 +397,15 @@ class MoEMLP(nn.Module):
         return self.experts[str(self.expert_offset + e)](x)
 
     def _run_local_experts(self, x: torch.Tensor, counts: torch.Tensor,
-                           host_counts: list[int] | None = None) -> torch.Tensor:
+                           host_counts: list[int] | None = None, placeholders: bool = True) -> torch.Tensor:
         """x holds rows grouped by local expert, counts[e] (on the device) rows for local expert e;
         host_counts is the same as a list where the caller already waited for it. Every expert runs, on
         zero rows if it got none, so every expert parameter always receives a gradient (possibly zero):
-        bucketed gradient hooks in the data-parallel code then fire on every rank."""
+        bucketed gradient hooks in the data-parallel code then fire on every rank. `placeholders`: whether
+        this call's backward hands autograd the grouped path's placeholder weight gradients (exactly one
+        call per forward does, when the experts run once per dispatch chunk)."""
         if self.use_grouped_mm(x):
-            return self._grouped_experts(x, counts)
+            return self._grouped_experts(x, counts, placeholders)
         return self._looped_experts(x, counts.tolist() if host_counts is None else host_counts)
 
     def use_grouped_mm(self, x: torch.Tensor) -> bool:
@@ -360,21 +423,21 @@ class MoEMLP(nn.Module):
             start += n
         return torch.cat(outs, 0)
 
-    def _grouped_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _grouped_experts(self, x: torch.Tensor, counts: torch.Tensor, placeholders: bool = True) -> torch.Tensor:
         """The same MLPs as Expert.forward, each projection one grouped GEMM over all the local experts with
         the offsets on the device: no host synchronisation and no per-expert kernels. The biases of GELU
         experts are added per row (_GroupedBias)."""
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         ex = list(self.experts.values())                                      # local experts in order
         if self.spec.gated_mlp:
-            gate_up = _GroupedLinear.apply(x, offs, 2, *(w for m in ex for w in (m.w_gate, m.w_up)))
-            return _GroupedLinear.apply(swiglu(gate_up), offs, 1, *(m.w_down for m in ex))
-        h = _GroupedLinear.apply(x, offs, 1, *(m.w_up for m in ex))
+            gate_up = _GroupedLinear.apply(x, offs, 2, placeholders, *(w for m in ex for w in (m.w_gate, m.w_up)))
+            return _GroupedLinear.apply(swiglu(gate_up), offs, 1, placeholders, *(m.w_down for m in ex))
+        h = _GroupedLinear.apply(x, offs, 1, placeholders, *(m.w_up for m in ex))
         ids = None
         if ex[0].b_up is not None:
             ids = torch.repeat_interleave(torch.arange(len(ex), device=x.device), counts, output_size=x.size(0))
             h = _GroupedBias.apply(h, offs, ids, *(m.b_up for m in ex))
-        y = _GroupedLinear.apply(F.gelu(h, approximate="tanh"), offs, 1, *(m.w_down for m in ex))
+        y = _GroupedLinear.apply(F.gelu(h, approximate="tanh"), offs, 1, placeholders, *(m.w_down for m in ex))
         return y if ids is None else _GroupedBias.apply(y, offs, ids, *(m.b_down for m in ex))
 
     # -- forward -----------------------------------------------------------------------------------
@@ -401,37 +464,26 @@ class MoEMLP(nn.Module):
             keep = torch.empty_like(keep_sorted)
             keep[order] = keep_sorted
             flat_e, flat_w, flat_t = flat_e[keep], flat_w[keep], flat_t[keep]
-        order = torch.argsort(flat_e, stable=True)
-        sorted_e = flat_e[order]
+        # rows sorted by (dispatch chunk, expert): each chunk's rows contiguous, grouped by destination rank
+        C = self.dispatch_chunks
+        key = flat_e if C == 1 else (flat_t * C // T) * E + flat_e
+        order = torch.argsort(key, stable=True)
         sorted_t = flat_t[order]
-        counts = _count_per_expert(sorted_e, E)                            # [E] local assignments per expert
-        self.last_tokens_per_expert = counts.detach()
+        counts = _count_per_expert(key[order], C * E)                      # [C * E] local rows per chunk, expert
+        self.last_tokens_per_expert = counts.view(C, E).sum(0).detach()
         # dropless: every (token, slot) pair is a row, so the rows' inverse order turns the gather's backward
         # and the combine into gathers and a sum over the k slots, without atomics or index sorting
         dropless = self.capacity_factor is None
         inv_order = _inverse(order) if dropless else None
         if dropless:
-            tokens = _Gather.apply(x2d, sorted_t, inv_order, k)              # grouped by global expert
+            tokens = _Gather.apply(x2d, sorted_t, inv_order, k)              # grouped by chunk, global expert
         else:
             tokens = x2d[sorted_t]
 
         if self.ep == 1:
             y = self._run_local_experts(tokens, counts)
         else:
-            ep, El = self.ep, self.local_experts
-            recv_counts = torch.empty_like(counts)
-            dist.all_to_all_single(recv_counts, counts, group=self.ep_group)  # [ep * El]: from src s, expert e
-            rc = recv_counts.view(ep, El)
-            local_counts = rc.sum(0)
-            # the layer's one host synchronisation: all_to_all_single takes its split sizes as lists
-            sizes = torch.cat([counts.view(ep, El).sum(1), rc.sum(1), local_counts]).tolist()
-            send_counts, recv_split = sizes[:ep], sizes[ep:2 * ep]
-            recv = all_to_all_single_autograd(tokens, recv_split, send_counts, self.ep_group)
-            perm_t = regroup_permutation(rc, sum(recv_split))
-            inv = _inverse(perm_t)
-            y_local = self._run_local_experts(_Gather.apply(recv, perm_t, inv, 1), local_counts, sizes[2 * ep:])
-            back = _Gather.apply(y_local, inv, perm_t, 1)
-            y = all_to_all_single_autograd(back, send_counts, recv_split, self.ep_group)
+            y = self._dispatch_compute_combine(tokens, counts.view(C, E))
 
         w = flat_w[order]
         if dropless:
@@ -439,6 +491,42 @@ class MoEMLP(nn.Module):
         else:
             out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w.to(y.dtype).unsqueeze(-1))
         return out.to(x.dtype).view(shape)
+
+    def _dispatch_compute_combine(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """tokens: this rank's rows grouped by (chunk, global expert), counts [C, E] rows per group. Each chunk
+        goes to its experts' ranks by all-to-all, through the local experts and back. With C > 1 the transfers
+        run beside the experts of the other chunk, forward and backward (_AllToAllStart / _AllToAllWait):
+        chunk c + 1's dispatch beside chunk c's experts, chunk c's combine beside chunk c + 1's experts."""
+        ep, El, C = self.ep, self.local_experts, counts.size(0)
+        # [dest rank, chunk, local expert] out, [source rank, chunk, local expert] in
+        recv_counts = torch.empty(ep * C * El, dtype=counts.dtype, device=counts.device)
+        dist.all_to_all_single(recv_counts, counts.view(C, ep, El).transpose(0, 1).contiguous().view(-1),
+                               group=self.ep_group)
+        rc = recv_counts.view(ep, C, El)
+        local_counts = rc.sum(0)                                             # [C, El]
+        # the layer's one host synchronisation: all_to_all_single takes its split sizes as lists
+        sizes = torch.cat([counts.view(C, ep, El).sum(2).view(-1), rc.sum(2).t().reshape(-1),
+                           local_counts.view(-1)]).tolist()
+        send = [sizes[c * ep:(c + 1) * ep] for c in range(C)]
+        recv = [sizes[(C + c) * ep:(C + c + 1) * ep] for c in range(C)]
+        host_local = [sizes[2 * C * ep + c * El:2 * C * ep + (c + 1) * El] for c in range(C)]
+        chunks = tokens.split([sum(sc) for sc in send])
+        dispatched = []
+        for c in range(C):  # every dispatch goes out first: the link works while the experts compute
+            pending = _Pending()
+            dispatched.append((_AllToAllStart.apply(chunks[c], recv[c], send[c], self.ep_group, pending), pending))
+        outs = []
+        for c, (rows, pending) in enumerate(dispatched):
+            rows = _AllToAllWait.apply(rows, pending)
+            perm_t = regroup_permutation(rc[:, c], sum(recv[c]))
+            inv = _inverse(perm_t)
+            y_local = self._run_local_experts(_Gather.apply(rows, perm_t, inv, 1), local_counts[c], host_local[c],
+                                              placeholders=c == C - 1)
+            back = _Gather.apply(y_local, inv, perm_t, 1)
+            pending = _Pending()
+            outs.append((_AllToAllStart.apply(back, send[c], recv[c], self.ep_group, pending), pending))
+        ys = [_AllToAllWait.apply(y, pending) for y, pending in outs]
+        return ys[0] if C == 1 else torch.cat(ys)
 
 
 def _tensor_core_router(x: torch.Tensor, w: torch.Tensor) -> bool:

@@ -40,15 +40,16 @@ def _worker(rank, world, configs):
         _check(rank, world, *cfg)
 
 
-def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None):
+def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None, overlap=False):
     from runtime.mesh import build_groups
     spec = _spec(family, experts, top_k)
     ref, ref_losses = _reference(spec, world, capacity, grouped)
-    lay = Layout(dp=world, ep=ep, sharding="none")
+    lay = Layout(dp=world, ep=ep, sharding="none", overlap_ep=overlap)
     groups = build_groups(lay, "cpu")
     moe = MoEMLP(spec, groups, capacity_factor=capacity)
     moe.grouped_mm = grouped
     assert moe.local_experts == experts // ep and moe.ep_rank == groups.ep_rank
+    assert moe.dispatch_chunks == (2 if overlap else 1)
     # names carry the global expert index and init is seeded by name: same weights as the reference
     ref_params = dict(ref.named_parameters())
     for name, p in moe.named_parameters():
@@ -64,15 +65,55 @@ def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None):
         g /= n  # this test's losses are per-rank means
         want = ref_params[name].grad
         torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-4,
-                                   msg=f"{family} ep{ep} cap={capacity} grouped={grouped} {name}")
+                                   msg=f"{family} ep{ep} cap={capacity} grouped={grouped} overlap={overlap} {name}")
 
 
 def test_moe_ep_matches_single_process():
     """4 processes (DP4 layouts): EP2 x expert-DP2 dropless; EP4 with capacity factor 1 (drops tokens);
     GELU experts with biases, top-1, EP2 x expert-DP2; the last two again with the experts as grouped GEMMs
-    (forced: on CPU the default is the loop)."""
+    (forced: on CPU the default is the loop); then three with the dispatch in two overlapped chunks."""
     _launch.run(_worker, 4, [("llama", 8, 2, 2, None), ("llama", 8, 2, 4, 1.0), ("gpt", 4, 1, 2, None),
-                             ("llama", 8, 2, 4, 1.0, True), ("gpt", 4, 1, 2, None, True)])
+                             ("llama", 8, 2, 4, 1.0, True), ("gpt", 4, 1, 2, None, True),
+                             ("llama", 8, 2, 2, None, None, True), ("llama", 8, 2, 4, 1.0, True, True),
+                             ("gpt", 4, 1, 2, None, True, True)])
+
+
+def _overlapped_main_grads(rank, world):
+    """EP2 with the dispatch in two chunks, grouped experts, under the optimizer (main gradients in its flat
+    buffers): two micro-batches per rank against one MoE that sees all four batches. The experts run once per
+    chunk and only one of the two calls hands autograd placeholder gradients; the main gradients still hold
+    both chunks' (overwritten by the step's first write, added to after)."""
+    from runtime.mesh import build_groups
+    from runtime.parallel.data import build_optimizer
+    spec = _spec("llama", experts=4)
+    torch.manual_seed(0)
+    ref = MoEMLP(spec, None)
+    ref.grouped_mm = True
+    groups = build_groups(Layout(dp=2, ep=2, sharding="none", overlap_ep=True), "cpu")
+    moe = MoEMLP(spec, groups)
+    moe.grouped_mm = True
+    opt = build_optimizer([moe], groups, "none", bucket_elems=100)
+    opt.zero_grad()
+    for i in range(2):
+        opt.begin_micro_batch(last=i == 1)
+        _loss(moe, *_batch(rank + 2 * i, spec)).backward()
+        for r in range(2):
+            _loss(ref, *_batch(r + 2 * i, spec)).backward()
+    opt.finish_grads()
+    ref_params = dict(ref.named_parameters())
+    bad = []
+    for n, p in moe.named_parameters():
+        if getattr(p, "expert", False):
+            got = opt.buffer_of[p].grad_view(p).view_as(p)
+            want = ref_params[n].grad
+            if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
+                bad.append(f"rank {rank} {n}: max error {(got - want).abs().max():.3g}")
+    opt.close()
+    assert not bad, bad
+
+
+def test_overlapped_dispatch_fills_main_grads_under_the_optimizer():
+    _launch.run(_overlapped_main_grads, 2)
 
 
 @pytest.mark.parametrize("family,dtype", [("llama", torch.float32), ("gpt", torch.float32), ("llama", torch.bfloat16),

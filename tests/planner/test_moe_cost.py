@@ -40,3 +40,43 @@ def test_row_passes_by_hand(ep):
     f, b = cm._moe_row_passes_s(tokens, routed, h, ep > 1)
     assert f == pytest.approx(PROF.memory_bound_s(fwd), rel=1e-12)
     assert b == pytest.approx(PROF.memory_bound_s(bwd), rel=1e-12)
+
+
+def test_two_chunk_exposure_by_hand():
+    """Dispatch 0 alone, dispatch 1 beside experts 0, combine 0 beside experts 1, combine 1 alone."""
+    from planner.cost import two_chunk_exposed_s
+    assert two_chunk_exposed_s(1.0, 3.0) == pytest.approx(2.0)    # experts hide the middle transfers
+    assert two_chunk_exposed_s(3.0, 1.0) == pytest.approx(10.0)   # transfers bound: 4 x 3 - 2 x 1
+    assert two_chunk_exposed_s(0.0, 5.0) == 0.0
+
+
+def test_chunked_dispatch_prices_half_the_rows_twice_and_its_timeline():
+    """overlap_ep: the expert GEMMs at half the routed rows, twice; the all-to-alls of half the bytes exposed as
+    two_chunk_exposed_s says, each direction; the rest of the layer as without it."""
+    from planner.cost import two_chunk_exposed_s
+    spec = resolve_model("mixtral-8x7b")
+    cl = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=1, inter_node_gb_per_s=25)
+    one = CostModel(spec, TrainingShape(2048, 8), Layout(dp=2, ep=2, micro_batch=1), cl, PROF)
+    two = CostModel(spec, TrainingShape(2048, 8), Layout(dp=2, ep=2, micro_batch=1, overlap_ep=True), cl, PROF)
+    assert (one.dispatch_chunks, two.dispatch_chunks) == (1, 2)
+    routed, h, f = 2048 * spec.top_k, spec.hidden, spec.ffn_hidden
+    gemms = [(2 * f, h), (h, f)]
+    full = [one._gemm_fwd_bwd_s(routed, n, k) for n, k in gemms]
+    half = [two._gemm_fwd_bwd_s(routed // 2, n, k) for n, k in gemms]
+    eff = PROF.eff("expert")
+    d_fwd = sum(2 * hf - ff for (hf, _), (ff, _) in zip(half, full)) * eff
+    assert two.layer.fwd_compute_s - one.layer.fwd_compute_s == pytest.approx(d_fwd, rel=1e-9, abs=1e-12)
+    a2a = two.group_collective_s("all_to_all", BF16 * routed * h / 2, 2, two.strides["ep"]) * PROF.eff("ep")
+    want = two_chunk_exposed_s(a2a, sum(x for x, _ in half) * eff) + two_chunk_exposed_s(a2a, sum(x for _, x in half) * eff)
+    assert two.layer.comm_by_dim_s["ep"] == pytest.approx(want, rel=1e-9)
+
+
+def test_search_chunks_the_dispatch_where_it_pays_and_never_when_told_not_to():
+    from planner.search import Pins, search
+    spec = resolve_model("mixtral-8x7b")
+    slow = ClusterSpec(gpu="h200-sxm", num_gpus=16, gpus_per_node=2, inter_node_gb_per_s=25)
+    best = search(spec, TrainingShape(4096, 1024), slow, PROF, Pins(ep=8)).plans[0]
+    assert best.layout.overlap_ep   # EP8 across nodes at 25 GB/s: the transfers are worth hiding
+    off = search(spec, TrainingShape(4096, 1024), slow, PROF, Pins(ep=8, no_overlap=frozenset({"ep"}))).plans[0]
+    assert not off.layout.overlap_ep
+    assert off.prediction.step_s > best.prediction.step_s
