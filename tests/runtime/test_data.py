@@ -88,3 +88,79 @@ def test_batches_are_a_function_of_the_step_and_cp_split():
     mbs, wait = pf.next()
     pf.close()
     assert set(mbs[0]) == {"tokens", "labels", "token_types"} and wait >= 0
+
+
+def one_sentence(exc_info) -> str:
+    msg = str(exc_info.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("dtype,code,bad", [(np.int32, 4, -1), (np.int16, 3, -7), (np.int64, 5, 256),
+                                            (np.uint16, 8, 300)])
+def test_indexed_ids_outside_the_vocabulary_are_refused(tmp_path, dtype, code, bad):
+    write_mmidx(tmp_path / "d", [[1, 2, 3] * 20, [4, 5, bad] * 20], dtype=dtype, code=code)
+    with pytest.raises(DataError) as exc:
+        open_source(str(tmp_path / "d"), vocab=256, seq_len=16)
+    msg = one_sentence(exc)
+    assert f"'{tmp_path / 'd.bin'}'" in msg and f"token id {bad} at token 62" in msg and "vocabulary of 256" in msg
+
+
+def test_every_token_is_checked_not_only_the_first_chunk(tmp_path, monkeypatch):
+    n = (1 << 20) + 100  # past the old 2^20-token sample, with the real chunk size
+    tokens = np.full(n, 5, dtype=np.uint16)
+    tokens[-1] = 256
+    tokens.tofile(tmp_path / "long.u16")
+    with pytest.raises(DataError, match=f"token id 256 at token {n - 1},"):
+        open_source(str(tmp_path / "long.u16"), vocab=256, seq_len=16)
+    import runtime.data
+    monkeypatch.setattr(runtime.data, "_SCAN_CHUNK", 64)  # a bad id in a later chunk, reported at its position
+    write_mmidx(tmp_path / "neg", [[3] * 1000, [3] * 10 + [-1]], dtype=np.int32, code=4)
+    with pytest.raises(DataError, match="token id -1 at token 1010,"):
+        open_source(str(tmp_path / "neg"), vocab=256, seq_len=16)
+
+
+def test_ids_up_to_the_last_of_the_vocabulary_pass(tmp_path):
+    write_mmidx(tmp_path / "i", [[0, 255] * 20], dtype=np.int32, code=4)
+    assert open_source(str(tmp_path / "i"), vocab=256, seq_len=16).sequence(0, 17).max() == 255
+    write_mmidx(tmp_path / "u8", [[255] * 40], dtype=np.uint8, code=1)  # dtype fits the vocabulary: no scan
+    assert open_source(str(tmp_path / "u8"), vocab=256, seq_len=16).sequence(0, 17).max() == 255
+
+
+@pytest.mark.parametrize("docs,needle", [([], "holds no sequences"), ([[]], "holds no tokens")])
+def test_empty_indexed_dataset_gets_one_sentence(tmp_path, docs, needle):
+    write_mmidx(tmp_path / "e", docs, dtype=np.int32, code=4)
+    with pytest.raises(DataError) as exc:
+        open_source(str(tmp_path / "e"), vocab=256, seq_len=16)
+    assert needle in one_sentence(exc)
+
+
+@pytest.mark.parametrize("dtype,code", [(np.float64, 6), (np.float32, 7)])
+def test_float_token_dtypes_are_refused(tmp_path, dtype, code):
+    write_mmidx(tmp_path / "f", [[1, 2, 3] * 20], dtype=dtype, code=code)
+    with pytest.raises(DataError) as exc:
+        open_source(str(tmp_path / "f"), vocab=256, seq_len=16)
+    assert f"dtype code {code} ({np.dtype(dtype).name})" in one_sentence(exc) and "integers" in str(exc.value)
+
+
+def test_uint32_flat_file_without_a_suffix_is_not_read_as_uint16(tmp_path):
+    p = tmp_path / "tokens.bin"
+    (np.arange(1000, dtype=np.uint32) % 200 + 1).tofile(p)
+    with pytest.raises(DataError) as exc:
+        open_source(str(p), vocab=256, seq_len=16)
+    assert "looks like uint32" in one_sentence(exc) and "--data-dtype uint32" in str(exc.value)
+    assert list(open_source(str(p), 256, 16, dtype="uint32").sequence(0, 17)[:4]) == [1, 2, 3, 4]
+    p.rename(tmp_path / "tokens.u32")
+    assert list(open_source(str(tmp_path / "tokens.u32"), 256, 16).sequence(0, 17)[:4]) == [1, 2, 3, 4]
+
+
+def test_uint16_flat_files_still_work_without_a_suffix(tmp_path):
+    p = tmp_path / "tokens.bin"
+    np.random.default_rng(0).integers(0, 256, size=1000, dtype=np.uint16).tofile(p)
+    assert open_source(str(p), vocab=256, seq_len=16).sequence(0, 17).max() < 256
+    pairs = np.zeros(1000, dtype=np.uint16)
+    pairs[::2] = 9  # looks like uint32, but the user said uint16
+    pairs.tofile(p)
+    assert list(open_source(str(p), 256, 16, dtype="uint16").sequence(0, 17)[:4]) == [9, 0, 9, 0]
+    pairs.tofile(tmp_path / "pairs.u16")
+    assert list(open_source(str(tmp_path / "pairs.u16"), 256, 16).sequence(0, 17)[:4]) == [9, 0, 9, 0]
