@@ -97,25 +97,68 @@ def timed_at_power_cap(profile: Profile) -> bool:
                for part in profile.provenance.get("parts", []))
 
 
-def _gemms_against(profile, held_out, device, csv_path):
+def _in_passes(items: list, passes: int, time_all) -> list[list]:
+    """time_all(items) -> one result per item, run `passes` times, every other pass in reverse order (a case's
+    place in the sequence, and so the clock it meets, changes between passes); results[pass][item]."""
+    out = []
+    for p in range(passes):
+        order = list(range(len(items)))[::(-1 if p % 2 else 1)]
+        got = time_all([items[i] for i in order])
+        res = [None] * len(items)
+        for i, r in zip(order, got):
+            res[i] = r
+        out.append(res)
+    return out
+
+
+def _pass_columns(times: list[float]) -> dict:
+    """measured_s: the median over the passes (with one pass, its time); each pass's time and their spread."""
+    cols = {"measured_s": statistics.median(times)}
+    if len(times) > 1:
+        cols.update({f"pass{i + 1}_s": t for i, t in enumerate(times)})
+        cols["pass_spread"] = max(times) / min(times) - 1.0
+    return cols
+
+
+def _with_first_pass(stats: dict, first_errs: list[float], passes: int) -> dict:
+    if passes > 1 and stats.get("n"):
+        stats["passes"] = passes
+        stats["first_pass_only"] = _stats(first_errs, stats.get("median_bar"), stats.get("worst_bar"))
+    return stats
+
+
+def _gemms_against(profile, held_out, device, csv_path, passes: int = 1):
     """Time the held-out shapes as the profiler does and compare each with the profile's lookup for its kind
-    (wgrad_s, fp8_gemm_s, else gemm_s, less the lookup's launch adder); writes csv_path, returns the stats."""
+    (wgrad_s, fp8_gemm_s, else gemm_s, less the lookup's launch adder); writes csv_path, returns the stats.
+    passes > 1: the whole set timed that many times (_in_passes), each shape's median compared."""
     lookup = {"wgrad": profile.wgrad_s, "fp8fwd": profile.fp8_gemm_s, "fp8dgrad": profile.fp8_gemm_s}
+
+    def time_all(shapes_):
+        pts, _, _ = kernels.time_gemms(shapes_, device, warmup=2, repeats=7)
+        by_key = {(m, n, k, kind): t for m, n, k, t, kind in pts}
+        return [by_key.get((s.m, s.n, s.k, s.kind)) for s in shapes_]
+
     with at_power_cap(device, timed_at_power_cap(profile)):
-        pts, _, _ = kernels.time_gemms(held_out, device, warmup=2, repeats=7)
-    rows, errs = [], []
-    for m, n, k, t, kind in pts:   # the timed points themselves: a shape skipped by time_gemms has none
-        pred = lookup.get(kind, profile.gemm_s)(m, n, k) - GEMM_LAUNCH_ADDER
-        e = _err(pred, t)
+        runs = _in_passes(held_out, passes, time_all)
+    rows, errs, first = [], [], []
+    for i, s in enumerate(held_out):
+        times = [r[i] for r in runs]
+        if any(t is None for t in times):  # skipped by time_gemms (beyond the memory pool)
+            continue
+        pred = lookup.get(s.kind, profile.gemm_s)(s.m, s.n, s.k) - GEMM_LAUNCH_ADDER
+        cols = _pass_columns(times)
+        e = _err(pred, cols["measured_s"])
         errs.append(e)
-        rows.append({"m": m, "n": n, "k": k, "kind": kind, "measured_s": t, "predicted_s": pred,
-                     "rel_error": e, "measured_tflops": 2.0 * m * n * k / t / 1e12})
+        first.append(_err(pred, times[0]))
+        rows.append({"m": s.m, "n": s.n, "k": s.k, "kind": s.kind, **cols, "predicted_s": pred, "rel_error": e,
+                     "measured_tflops": 2.0 * s.m * s.n * s.k / cols["measured_s"] / 1e12})
     _csv(csv_path, rows)
-    return _stats(errs, 0.05, 0.15)
+    return _with_first_pass(_stats(errs, 0.05, 0.15), first, passes)
 
 
-def bench_gemm(profile, device, n, out_dir, first=0):
-    return _gemms_against(profile, held_out_gemms(profile, device, n, first=first), device, out_dir / "gemm.csv")
+def bench_gemm(profile, device, n, out_dir, first=0, passes=1):
+    return _gemms_against(profile, held_out_gemms(profile, device, n, first=first), device, out_dir / "gemm.csv",
+                          passes)
 
 
 def held_out_fp8_gemms(profile: Profile, n: int, seed: int = 0) -> list[shapes.GemmShape]:
@@ -145,7 +188,7 @@ def bench_fp8(profile, device, n, out_dir):
     return _gemms_against(profile, held_out_fp8_gemms(profile, n), device, out_dir / "fp8.csv")
 
 
-def bench_attention(profile, device, out_dir):
+def bench_attention(profile, device, out_dir, passes=1):
     if device.type == "cuda":
         cases = [dict(batch=b, heads=h, kv_heads=kv, seq=s, head_dim=d, causal=c)
                  for s, b, h, kv in [(1536, 8, 32, 8), (3072, 4, 16, 16), (6144, 2, 32, 8), (12288, 1, 16, 16),
@@ -154,18 +197,21 @@ def bench_attention(profile, device, out_dir):
     else:
         cases = [dict(batch=1, heads=2, kv_heads=kv, seq=s, head_dim=d, causal=c)
                  for s, kv in [(24, 2), (48, 1), (96, 2)] for d in (16, 32) for c in (True, False)]
-    rows, errs = [], []
+    rows, errs, first = [], [], []
     with at_power_cap(device, timed_at_power_cap(profile)):
-        timed = [kernels.time_attention(**cs, device=device) for cs in cases]
-    for cs, r in zip(cases, timed):
+        runs = _in_passes(cases, passes, lambda cs_: [kernels.time_attention(**c, device=device) for c in cs_])
+    for i, cs in enumerate(cases):
         for bwd, key in ((False, "fwd_s"), (True, "bwd_s")):
             pred = profile.attention_s(cs["batch"], cs["heads"], cs["seq"], cs["seq"], cs["head_dim"], cs["causal"],
                                        bwd) - profile.kernel_launch_s
-            e = _err(pred, r[key])
+            times = [r[i][key] for r in runs]
+            cols = _pass_columns(times)
+            e = _err(pred, cols["measured_s"])
             errs.append(e)
-            rows.append({**cs, "backward": bwd, "measured_s": r[key], "predicted_s": pred, "rel_error": e})
+            first.append(_err(pred, times[0]))
+            rows.append({**cs, "backward": bwd, **cols, "predicted_s": pred, "rel_error": e})
     _csv(out_dir / "attention.csv", rows)
-    return _stats(errs, 0.05, 0.15)
+    return _with_first_pass(_stats(errs, 0.05, 0.15), first, passes)
 
 
 def bench_collectives(profile, device, gpus, out_dir):
@@ -370,6 +416,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm-shapes", type=int, default=150)
     ap.add_argument("--gemm-first", type=int, default=0, help="skip this many of the shuffled held-out shapes")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: gemm,fp8,attention,collectives,layer")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="time the held-out GEMMs and attention cases this many times (every other pass in reverse "
+                         "order) and compare each case's median; the first pass alone is reported beside it")
     a = ap.parse_args(argv)
     coll.force_env()
     prof = Profile.load(Path(a.profile))
@@ -385,9 +434,9 @@ def main(argv=None) -> int:
                "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": " ".join(["python", "benchmarks/profile_accuracy.py"] + (argv or sys.argv[1:]))}
     t0 = time.monotonic()
-    for name, fn in (("gemm", lambda: bench_gemm(prof, device, a.gemm_shapes, out, a.gemm_first)),
+    for name, fn in (("gemm", lambda: bench_gemm(prof, device, a.gemm_shapes, out, a.gemm_first, a.passes)),
                      ("fp8", lambda: bench_fp8(prof, device, max(a.gemm_shapes // 3, 10), out)),
-                     ("attention", lambda: bench_attention(prof, device, out)),
+                     ("attention", lambda: bench_attention(prof, device, out, a.passes)),
                      ("collectives", lambda: bench_collectives(prof, device, gpus, out)),
                      ("layer", lambda: bench_layer(prof, device, out, a.profile, gpus))):
         if name in skip:
