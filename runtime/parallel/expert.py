@@ -470,7 +470,7 @@ class MoEMLP(nn.Module):
         order = torch.argsort(key, stable=True)
         sorted_t = flat_t[order]
         counts = _count_per_expert(key[order], C * E)                      # [C * E] local rows per chunk, expert
-        self.last_tokens_per_expert = counts.view(C, E).sum(0).detach()
+        self.last_tokens_per_expert = (counts if C == 1 else counts.view(C, E).sum(0)).detach()
         # dropless: every (token, slot) pair is a row, so the rows' inverse order turns the gather's backward
         # and the combine into gathers and a sum over the k slots, without atomics or index sorting
         dropless = self.capacity_factor is None

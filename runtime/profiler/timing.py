@@ -188,8 +188,6 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
     """Median per-call time of fn(i) (see module doc)."""
     device = torch.device(device)
     heater = active_heater(device)
-    if heater is not None:
-        heater.heat_before_kernel()
     calls = 0
     # warm-up; the last warm-up calls also give a first estimate of the per-call time
     synchronize(device)
@@ -213,6 +211,12 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
         e.synchronize()
         est = max(s.elapsed_time(e) / 1e3, 1e-7)
     inner = int(min(max_inner, max(1, math.ceil(target_batch_s / max(est, 1e-9)))))
+    # heat after the warm-up, right before the timed batches: a kernel's first calls can keep the host busy
+    # for tenths of a second (cuDNN builds its attention graphs per shape) while the GPU idles back to boost.
+    # Heated before them, session 14's q1 timed its first pass of attention cases at 1980 MHz and the
+    # next two at 1600-1700 MHz, 13% slower
+    if heater is not None:
+        heater.heat_before_kernel()
     times: list[float] = []
     if device.type == "cuda":
         events = []

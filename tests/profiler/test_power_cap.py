@@ -17,6 +17,26 @@ def test_cpu_has_no_heater_and_times_as_before():
     assert power_state_under_heat("cpu") is None
 
 
+def test_heat_comes_after_the_warm_up_calls(monkeypatch):
+    """A kernel's first calls may keep the host busy (cuDNN builds attention graphs per shape) while the GPU
+    idles back to boost: the heater runs after the warm-up, right before the timed batches."""
+    log = []
+
+    class Recorder:
+        idle_since = 0.0
+
+        def heat_before_kernel(self):
+            log.append("heat")
+
+        def run(self, seconds):
+            log.append("heat batch")
+
+    monkeypatch.setattr(timing, "active_heater", lambda device: Recorder())
+    time_fn(lambda i: log.append("call"), torch.device("cpu"), warmup=3, repeats=2)
+    assert log.index("heat") == 3 and log.count("heat") == 1
+    assert log[4:] and set(log[4:]) == {"call"}
+
+
 def test_disabled_power_cap_is_a_no_op():
     with at_power_cap("cpu", enabled=False) as heater:
         assert heater is None
