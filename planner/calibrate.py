@@ -1,16 +1,26 @@
-"""`plan calibrate RESULTS.csv --profile IN -o OUT`: refit the profile's overlap fractions from measured runs.
+"""`plan calibrate RESULTS.csv --profile IN -o OUT`: refit a profile's overlap fractions and efficiency factors
+from measured runs.
 
-The measured kernel and collective times stay as they are; what calibration changes is the one set of
-numbers in the profile that is a stated model rather than a measurement: `overlap_hidden_fraction` per
-dimension (tp, dp, pp, cp, ep), the share of a dimension's communication that overlapped compute hides.
+The measured kernel and collective times stay as they are; what calibration changes are the numbers in the
+profile that are a stated model rather than a measurement: `overlap_hidden_fraction` per dimension (tp, dp,
+pp, cp, ep), the share of a dimension's communication that overlapped compute hides, and `efficiency`, the
+multipliers on the cost model's terms (compute, expert, tp, ..., host, ring: planner.profile.EFFICIENCY_TERMS)
+that absorb what the runtime spends beyond its measured kernels. `--terms` picks which factors are fitted,
+`--no-efficiency` fits the overlap fractions alone.
 
-Rows of the results CSV (written by `plan validate --append`) are split at random (seeded) into calibration
-rows and held-out rows. Each fraction that changes any calibration row's prediction is searched on a grid
-(coordinate descent, then a finer grid around the best), minimising the median absolute relative error of
-the predicted step time; ties go to the smaller mean error, then to the value nearest the original. The
-output profile's provenance records what changed, from which rows (1-based data-row numbers of the CSV),
-and the accuracy before and after on both the calibration and the held-out rows; the report printed is
-the held-out accuracy, which calibration never saw.
+Every row must have been measured on the profile's GPU (the CSV's `gpu` column, mapped by
+planner.profile.gpu_kind_of_device); a file with rows of another GPU is refused, not filtered (see
+check_rows_gpu).
+
+Runs are split at random (seeded) into calibration and held-out runs, plan by plan: repeat runs of one plan
+(same model, layout, micro-batch, recompute, batch and sequence) stay on one side, so no held-out plan was
+seen by the fit. `--holdout-models` holds out every run of the models named instead. Each fraction that
+changes any calibration run's prediction is searched on a grid (coordinate descent, then a finer grid around
+the best), then each efficiency factor the same way, minimising the median absolute relative error of the
+predicted step time; ties go to the smaller mean error, then to the value nearest the original. The output
+profile's provenance records what changed, from which rows (1-based data-row numbers of the CSV), and the
+accuracy before and after on both the calibration and the held-out rows; the report printed is the held-out
+accuracy, which calibration never saw.
 
 Each row is re-predicted from its exact plan: `plan validate --append FILE` also appends the plan to
 FILE's sidecar `<FILE stem>.plans.jsonl` (row number -> plan JSON), since the CSV's fixed columns do not
@@ -308,35 +318,72 @@ def fit_overlap(runs: list[Run], profile, dims: list[str], step: float = 0.05, p
     return cur
 
 
+def plan_key(run: Run) -> str:
+    """What makes two runs repeats of one plan: model, layout (micro-batch, sharding, overlap switches...),
+    batch and sequence, and per-stage recompute; not the prediction or the provenance."""
+    d = run.plan.to_dict()
+    return json.dumps([run.plan.model.name, d["layout"], d["training"], d["stages"]], sort_keys=True)
+
+
 def split_rows(runs: list[Run], holdout_fraction: float, seed: int) -> tuple[list[Run], list[Run]]:
-    order = list(runs)
-    random.Random(seed).shuffle(order)
-    n_hold = int(round(len(order) * holdout_fraction))
-    if holdout_fraction > 0 and len(order) >= 2:
-        n_hold = max(n_hold, 1)
-    n_hold = min(n_hold, len(order) - 1)
-    hold = sorted(order[:n_hold], key=lambda r: r.row)
-    cal = sorted(order[n_hold:], key=lambda r: r.row)
-    return cal, hold
+    """(calibration runs, held-out runs): whole plans drawn at random (seeded) until about holdout_fraction of
+    the runs are held out, at least one plan on each side. Whole plans, not rows: a plan measured twice with
+    one repeat on each side would let the fit see the held-out plan and flatter the held-out accuracy."""
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(plan_key(r), []).append(r)
+    plans = list(groups.values())
+    if len(plans) < 2:
+        raise PlanError(f"all {len(runs)} usable runs repeat one plan; held-out accuracy needs runs of at least "
+                        "two different plans")
+    random.Random(seed).shuffle(plans)
+    target = max(1, int(round(len(runs) * holdout_fraction)))
+    hold: list[Run] = []
+    for g in plans[:-1]:  # the last plan drawn always calibrates
+        if len(hold) >= target:
+            break
+        hold += g
+    held = {r.row for r in hold}
+    cal = [r for r in runs if r.row not in held]
+    return sorted(cal, key=lambda r: r.row), sorted(hold, key=lambda r: r.row)
+
+
+def check_rows_gpu(rows: list[dict], profile_gpu: str, results: Path, profile_name: str) -> None:
+    """Refuses a results file with rows measured on another GPU than the profile's (or on an unnamed one).
+    Refused rather than skipped: such rows mean the wrong file or the wrong profile (CPU rows calibrated into
+    an H200 profile once wrote pp x22.6 into it), and a silent skip would shrink the fit unnoticed; a file
+    that mixes GPUs on purpose is split by its `gpu` column first."""
+    from planner.profile import gpu_kind_of_device
+
+    other = [r for r in rows if not (r.get("gpu") or "").strip() or gpu_kind_of_device(r["gpu"]) != profile_gpu]
+    if other:
+        first = other[0]
+        device = first.get("gpu") or "an unnamed device"
+        raise PlanError(f"'{results}' has {len(other)} row(s) measured on another GPU than profile '{profile_name}' "
+                        f"({profile_gpu}), the first row {first['_row']} on '{device}'; calibrate each GPU's rows "
+                        "against a profile of that GPU")
 
 
 # -- command line --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from planner.cli import _Parser
 
-    ap = _Parser(prog="plan calibrate", description="Refit a profile's overlap fractions from measured runs "
-                 "(results CSV of `plan validate --append`); accuracy is reported on held-out runs.")
+    ap = _Parser(prog="plan calibrate", description="Refit a profile's overlap fractions and the efficiency "
+                 "factors of its cost terms from measured runs (results CSV of `plan validate --append`, all rows "
+                 "measured on the profile's GPU); accuracy is reported on held-out runs, split plan by plan.")
     ap.add_argument("results", help="results CSV written by `plan validate --append`")
     ap.add_argument("--profile", required=True, help="the profile to start from (IN)")
     ap.add_argument("-o", "--output", required=True, help="the calibrated profile to write (OUT)")
-    ap.add_argument("--holdout-fraction", type=float, default=0.3, help="share of runs kept out of the fit (default 0.3)")
+    ap.add_argument("--holdout-fraction", type=float, default=0.3,
+                    help="share of runs kept out of the fit, whole plans at a time; in (0, 1) (default 0.3)")
     ap.add_argument("--holdout-models", default="",
                     help="comma-separated model names whose runs are all held out (instead of a random share)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the calibration / held-out split (default 0)")
     ap.add_argument("--plans", help="sidecar of plans (default: <results stem>.plans.jsonl beside the CSV)")
     ap.add_argument("--models", action="append", default=[],
                     help="folder of <name>/config.json model configs for rows without a sidecar plan (repeatable)")
-    ap.add_argument("--grid-step", type=float, default=0.05, help="grid step of the fractions (default 0.05)")
+    ap.add_argument("--grid-step", type=float, default=0.05,
+                    help="grid step of the overlap fractions (default 0.05; efficiency factors use their own grid)")
     ap.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     ap.add_argument("--no-efficiency", action="store_true",
                     help="fit only the overlap fractions, not the efficiency factors of the cost terms")
@@ -354,20 +401,34 @@ def _fmt(acc: dict) -> str:
             f"median signed {acc['median_signed_rel_error']:+.1%}")
 
 
+def asked_terms(text: str) -> list[str]:
+    """--terms as a list; an unknown term is refused before any fitting."""
+    from planner.profile import EFFICIENCY_TERMS
+
+    asked = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in asked if t not in EFFICIENCY_TERMS]
+    if unknown:
+        raise PlanError(f"--terms: unknown efficiency term(s) {', '.join(unknown)}; the terms are "
+                        f"{', '.join(EFFICIENCY_TERMS)}")
+    return asked
+
+
 def main(argv=None) -> int:
-    from planner.profile import Profile, resolve_profile_path
+    from planner.profile import Profile, check_output_file, resolve_profile_path
 
     args = build_parser().parse_args(argv)
-    if not 0 <= args.holdout_fraction < 1:
-        raise PlanError(f"--holdout-fraction must be in [0, 1), got {args.holdout_fraction}")
+    if not args.holdout_models and not 0 < args.holdout_fraction < 1:
+        # 0 would report "held-out" accuracy on no runs at all: the fit's own accuracy is no guarantee
+        raise PlanError(f"--holdout-fraction must be in (0, 1), got {args.holdout_fraction} (or name the held-out "
+                        "models with --holdout-models)")
     if not 0 < args.grid_step <= 0.5:
         raise PlanError(f"--grid-step must be in (0, 0.5], got {args.grid_step}")
-    out = Path(args.output)
-    if out.exists() and not args.force:
-        raise PlanError(f"'{out}' already exists; pass --force to overwrite it")
+    asked = asked_terms(args.terms)
+    # Profile.load checks every number; which GPU the profile must match is the rows' business (check_rows_gpu)
     profile = Profile.load(resolve_profile_path(args.profile))
     results = Path(args.results)
     rows = read_results(results)
+    check_rows_gpu(rows, profile.gpu, results, args.profile)
     side_path = Path(args.plans) if args.plans else sidecar_path(results)
     sidecar = read_sidecar(side_path)
     model_dirs = [Path(d) for d in args.models] + [Path(__file__).resolve().parent.parent / "benchmarks" / "models"]
@@ -383,19 +444,14 @@ def main(argv=None) -> int:
             raise PlanError(f"--holdout-models {args.holdout_models} leaves no {'held-out' if not hold else 'calibration'} runs")
     else:
         cal, hold = split_rows(runs, args.holdout_fraction, args.seed)
+    out = Path(args.output)
+    check_output_file(out, "-o", overwrite=args.force)  # before the fit, which takes minutes on a large file
     dims = sensitive_dims(cal, profile)
     before_cal, before_hold = accuracy(cal, profile), accuracy(hold, profile)
     fitted = fit_overlap(cal, profile, dims, args.grid_step) if dims else dict(profile.overlap_hidden_fraction)
     new = with_overlap(profile, fitted)
     terms = [] if args.no_efficiency else sensitive_terms(cal, new)
-    if args.terms:
-        from planner.profile import EFFICIENCY_TERMS
-
-        asked = [t.strip() for t in args.terms.split(",") if t.strip()]
-        unknown = [t for t in asked if t not in EFFICIENCY_TERMS]
-        if unknown:
-            raise PlanError(f"--terms: unknown efficiency term(s) {', '.join(unknown)}; the terms are "
-                            f"{', '.join(EFFICIENCY_TERMS)}")
+    if asked:
         terms = [t for t in terms if t in asked]
     if terms:
         new = with_overlap(new, fitted, fit_efficiency(cal, new, terms))
@@ -409,6 +465,10 @@ def main(argv=None) -> int:
         "tool": "plan calibrate", "results": str(results), "plans": str(side_path) if sidecar else "",
         "from_profile": str(args.profile), "seed": args.seed, "holdout_fraction": args.holdout_fraction,
         "holdout_models": args.holdout_models,
+        "split": "by model (--holdout-models)" if args.holdout_models else
+                 "by plan: repeat runs of one plan stay on one side (plan_key)",
+        "plans": len({plan_key(r) for r in runs}),
+        "measured_on": sorted({r["gpu"] for r in rows}),
         "grid_step": args.grid_step, "objective": "median |predicted - measured| / measured step time",
         "changed": changed, "fitted_dims": dims, "efficiency_changed": eff_changed, "fitted_terms": terms, "unchanged": "measured kernel and collective times",
         "calibration_rows": [r.row for r in cal], "holdout_rows": [r.row for r in hold],
@@ -427,10 +487,11 @@ def main(argv=None) -> int:
                       "status": f"calibrated on {len(cal)} measured runs of {results} (rows: provenance.calibrations)"})
     prov["parts"] = parts
     new.provenance = prov
+    out.parent.mkdir(parents=True, exist_ok=True)
     new.save(out)
 
-    print(f"calibrated {args.profile} -> {out} from {results} ({len(runs)} runs: {len(cal)} calibration, "
-          f"{len(hold)} held out; seed {args.seed})")
+    print(f"calibrated {args.profile} -> {out} from {results} ({len(runs)} runs of {record['plans']} plans: "
+          f"{len(cal)} calibration, {len(hold)} held out; seed {args.seed})")
     for s in skipped:
         print(f"  skipped {s}")
     if not dims:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -405,31 +407,31 @@ class Profile:
         if d.get("version") != PROFILE_VERSION:
             raise PlanError(f"{where} has version {d.get('version')!r}; this build reads version {PROFILE_VERSION}")
         try:
-            gemm = [tuple(p) for p in d["gemm"]["points"]]
+            gemm = d["gemm"]
             prof = Profile(
                 gpu=str(d["gpu"]), provenance=dict(d["provenance"]),
-                gemm_points=[(int(m), int(n), int(k), float(t)) for m, n, k, t in gemm],
-                attention_points=[dict(seq=int(p["seq"]), head_dim=int(p["head_dim"]), causal=bool(p["causal"]),
-                                       fwd_tflops=float(p["fwd_tflops"]), bwd_tflops=float(p["bwd_tflops"]))
+                gemm_points=_gemm_points(gemm["points"]),
+                attention_points=[dict(seq=_whole(p["seq"]), head_dim=_whole(p["head_dim"]), causal=bool(p["causal"]),
+                                       fwd_tflops=_number(p["fwd_tflops"]), bwd_tflops=_number(p["bwd_tflops"]))
                                   for p in d["attention"]["points"]],
-                copy_bandwidth_bytes_per_s=float(d["copy_bandwidth_bytes_per_s"]),
-                elementwise_efficiency=float(d["elementwise_efficiency"]),
-                optimizer_s_per_param=float(d["optimizer_s_per_param"]),
-                kernel_launch_s=float(d.get("kernel_launch_s", 5e-6)),
-                collectives=[CollectiveFit(op=str(c["op"]), link=str(c["link"]), group_size=int(c["group_size"]),
-                                           latency_s=float(c["latency_s"]),
-                                           bus_bandwidth_bytes_per_s=float(c["bus_bandwidth_bytes_per_s"]),
+                copy_bandwidth_bytes_per_s=_number(d["copy_bandwidth_bytes_per_s"]),
+                elementwise_efficiency=_number(d["elementwise_efficiency"]),
+                optimizer_s_per_param=_number(d["optimizer_s_per_param"]),
+                kernel_launch_s=_number(d.get("kernel_launch_s", 5e-6)),
+                collectives=[CollectiveFit(op=str(c["op"]), link=str(c["link"]), group_size=_whole(c["group_size"]),
+                                           latency_s=_number(c["latency_s"]),
+                                           bus_bandwidth_bytes_per_s=_number(c["bus_bandwidth_bytes_per_s"]),
                                            measured=bool(c["measured"]),
-                                           points=tuple(sorted((float(p[0]), float(p[1])) for p in c.get("points", ()))))
+                                           points=_collective_points(c.get("points", ())))
                              for c in d["collectives"]],
-                overlap_hidden_fraction={str(k): float(v) for k, v in d["overlap_hidden_fraction"].items()},
-                efficiency={str(k): float(v) for k, v in (d.get("efficiency") or {}).items()},
+                overlap_hidden_fraction={str(k): _number(v) for k, v in d["overlap_hidden_fraction"].items()},
+                efficiency={str(k): _number(v) for k, v in (d.get("efficiency") or {}).items()},
                 source_path=source, extras=dict(d.get("extras") or {}),
                 host=HostOverheads.from_measurement(d["host"]) if d.get("host") is not None else None,
-                wgrad_points=[(int(m), int(n), int(k), float(t)) for m, n, k, t in d["gemm"].get("wgrad_points", [])],
-                fp8_points=[(int(m), int(n), int(k), float(t)) for m, n, k, t in d["gemm"].get("fp8_points", [])],
+                wgrad_points=_gemm_points(gemm.get("wgrad_points", [])),
+                fp8_points=_gemm_points(gemm.get("fp8_points", [])),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanError(f"{where} is corrupted ({exc.__class__.__name__}: {exc})") from None
         _validate(prof, where)
         return prof
@@ -440,30 +442,143 @@ class Profile:
         return Profile.from_dict(d, str(path))
 
 
+def _number(v):
+    """A measured number as a float; a value that is not one is kept as it is, for _validate to name."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def _whole(v):
+    """A size (GEMM dimension, sequence, head_dim, group size) as an int; anything but a whole finite number is
+    kept as it is, for _validate to name (int() would truncate 1.5 and raise on NaN)."""
+    f = _number(v)
+    if isinstance(f, float) and math.isfinite(f) and f == int(f):
+        return int(f)
+    return v
+
+
+def _gemm_points(points) -> list[tuple]:
+    return [(_whole(m), _whole(n), _whole(k), _number(t)) for m, n, k, t in points]
+
+
+def _collective_points(points) -> tuple:
+    pts = [(_number(p[0]), _number(p[1])) for p in points]
+    return tuple(sorted(pts, key=lambda p: p[0] if isinstance(p[0], float) else -math.inf))
+
+
+def _is_finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+class _Checker:
+    """Range checks of a profile's numbers: the first bad one raises one sentence naming the file and the field."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, field_name: str, value, want: str):
+        raise PlanError(f"{self.where} is corrupted: {field_name} is {value!r}, not {want}")
+
+    def positive(self, field_name: str, v) -> None:
+        if not (_is_finite(v) and v > 0):
+            self.fail(field_name, v, "a finite number above 0")
+
+    def non_negative(self, field_name: str, v) -> None:
+        if not (_is_finite(v) and v >= 0):
+            self.fail(field_name, v, "a finite number >= 0")
+
+    def within(self, field_name: str, v, lo: float, hi: float, want: str) -> None:
+        if not (_is_finite(v) and lo <= v <= hi):
+            self.fail(field_name, v, want)
+
+    def size(self, field_name: str, v) -> None:
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            self.fail(field_name, v, "a whole number >= 1")
+
+
 def _validate(p: Profile, where: str) -> None:
-    if not p.gemm_points or any(t <= 0 or min(m, n, k) <= 0
-                                for m, n, k, t in p.gemm_points + p.wgrad_points + p.fp8_points):
-        raise PlanError(f"{where} is corrupted: its GEMM table is empty or holds non-positive entries")
-    if not p.attention_points or any(a["fwd_tflops"] <= 0 or a["bwd_tflops"] <= 0 for a in p.attention_points):
-        raise PlanError(f"{where} is corrupted: its attention table is empty or holds non-positive rates")
-    if p.copy_bandwidth_bytes_per_s <= 0 or not 0 < p.elementwise_efficiency <= 1 or p.optimizer_s_per_param <= 0:
-        raise PlanError(f"{where} is corrupted: bandwidth, efficiency or optimizer time out of range")
+    """Every number the cost model reads, checked on load: a NaN or a zero size would otherwise come out as a
+    'nan s' step time, an absurd one, or a traceback deep in the cost model."""
+    check = _Checker(where)
+    _check_gemms(p, check)
+    _check_attention(p, check)
+    check.positive("copy_bandwidth_bytes_per_s", p.copy_bandwidth_bytes_per_s)
+    if not (_is_finite(p.elementwise_efficiency) and 0 < p.elementwise_efficiency <= 1):
+        check.fail("elementwise_efficiency", p.elementwise_efficiency, "a fraction within (0, 1]")
+    check.positive("optimizer_s_per_param", p.optimizer_s_per_param)
+    check.non_negative("kernel_launch_s", p.kernel_launch_s)
+    _check_collectives(p, check)
+    _check_kernel_tables(p, check)
     if p.host is not None:
-        vals = [*p.host.layer_s.values(), *p.host.tp_extra_s.values(), p.host.cp_extra_s, p.host.fsdp_extra_s,
-                *(v for m in p.host.family_layer_s.values() for v in m.values()), p.host.ends_s,
-                *p.host.family_ends_s.values(),
-                p.host.expert_s, p.host.ep_extra_s, p.host.pp_chunk_s]
-        if any(not 0 <= v < 1.0 for v in vals):
-            raise PlanError(f"{where} is corrupted: a host overhead is negative or above a second per layer")
-    for c in p.collectives:
-        if c.op not in COLLECTIVE_OPS or c.latency_s < 0 or c.bus_bandwidth_bytes_per_s <= 0:
-            raise PlanError(f"{where} is corrupted: collective entry {c.op}/{c.link}/{c.group_size} is invalid")
+        _check_host(p.host, check)
     for k, v in p.efficiency.items():
-        if k not in EFFICIENCY_TERMS or not 0.1 <= v <= 50:
-            raise PlanError(f"{where} is corrupted: efficiency '{k}' = {v} is not a known term in [0.1, 50]")
+        if k not in EFFICIENCY_TERMS:
+            raise PlanError(f"{where} is corrupted: efficiency '{k}' is not a known term "
+                            f"({', '.join(EFFICIENCY_TERMS)})")
+        check.within(f"efficiency.{k}", v, 0.1, 50.0, "within [0.1, 50]")
     for k, v in p.overlap_hidden_fraction.items():
-        if not 0 <= v <= 1:
-            raise PlanError(f"{where} is corrupted: overlap fraction for '{k}' is {v}, not within [0, 1]")
+        check.within(f"overlap_hidden_fraction.{k}", v, 0.0, 1.0, "a fraction within [0, 1]")
+
+
+def _check_gemms(p: Profile, check: _Checker) -> None:
+    if not p.gemm_points:
+        raise PlanError(f"{check.where} is corrupted: its GEMM table (gemm.points) is empty")
+    for table, points in (("points", p.gemm_points), ("wgrad_points", p.wgrad_points), ("fp8_points", p.fp8_points)):
+        for i, (m, n, k, t) in enumerate(points):
+            for name, v in (("m", m), ("n", n), ("k", k)):
+                check.size(f"gemm.{table}[{i}] {name}", v)
+            check.positive(f"gemm.{table}[{i}] seconds", t)
+
+
+def _check_attention(p: Profile, check: _Checker) -> None:
+    if not p.attention_points:
+        raise PlanError(f"{check.where} is corrupted: its attention table (attention.points) is empty")
+    for i, a in enumerate(p.attention_points):
+        check.size(f"attention.points[{i}].seq", a["seq"])
+        check.size(f"attention.points[{i}].head_dim", a["head_dim"])
+        check.positive(f"attention.points[{i}].fwd_tflops", a["fwd_tflops"])
+        check.positive(f"attention.points[{i}].bwd_tflops", a["bwd_tflops"])
+
+
+def _check_collectives(p: Profile, check: _Checker) -> None:
+    for i, c in enumerate(p.collectives):
+        name = f"collectives[{i}]"
+        if c.op not in COLLECTIVE_OPS:
+            raise PlanError(f"{check.where} is corrupted: {name}.op is '{c.op}', not one of "
+                            f"{', '.join(COLLECTIVE_OPS)}")
+        check.size(f"{name}.group_size", c.group_size)
+        check.non_negative(f"{name}.latency_s", c.latency_s)
+        check.positive(f"{name}.bus_bandwidth_bytes_per_s", c.bus_bandwidth_bytes_per_s)
+        for j, (nbytes, t) in enumerate(c.points):
+            check.positive(f"{name}.points[{j}] bytes", nbytes)
+            check.positive(f"{name}.points[{j}] seconds", t)
+
+
+def _check_kernel_tables(p: Profile, check: _Checker) -> None:
+    """The named memory-bound kernels kernel_s reads (extras.elementwise, extras.embedding_and_loss)."""
+    for section in ("elementwise", "embedding_and_loss"):
+        kernels = p.extras.get(section, {})
+        kernels = kernels.get("kernels", kernels) if isinstance(kernels, dict) else {}
+        for name, v in kernels.items():
+            if isinstance(v, dict) and ("seconds" in v or "bytes" in v):
+                check.positive(f"extras.{section}.{name}.seconds", v.get("seconds"))
+                check.positive(f"extras.{section}.{name}.bytes", v.get("bytes"))
+
+
+def _check_host(h: HostOverheads, check: _Checker) -> None:
+    fields = {**{f"layer_s.{k}": v for k, v in h.layer_s.items()},
+              **{f"tp_extra_s.{k}": v for k, v in h.tp_extra_s.items()},
+              **{f"family_layer_s.{f}.{k}": v for f, m in h.family_layer_s.items() for k, v in m.items()},
+              **{f"family_ends_s.{k}": v for k, v in h.family_ends_s.items()},
+              **{f"family_single_rank_layer_s.{k}": v for k, v in h.family_single_rank_layer_s.items()},
+              **{f"family_single_rank_ends_s.{k}": v for k, v in h.family_single_rank_ends_s.items()},
+              **{k: getattr(h, k) for k in ("cp_extra_s", "fsdp_extra_s", "expert_s", "ep_extra_s", "pp_chunk_s",
+                                            "ends_s")}}
+    for name, v in fields.items():
+        if not (_is_finite(v) and 0 <= v < 1.0):
+            check.fail(f"host.{name}", v, "a host overhead within [0, 1) s per layer")
 
 
 class _GemmTable:
@@ -566,6 +681,31 @@ def fit_collective(points: list[tuple[float, float]], op: str, group_size: int, 
                          measured=measured, points=tuple((float(b), float(t)) for b, t in points))
 
 
+def check_output_file(path: Path, option: str, overwrite: bool = False, append: bool = False) -> None:
+    """Refuses, in one sentence and before any measuring or fitting, an output path the command could not write
+    at its end: a folder, an existing file (unless overwrite or append), or a folder it cannot create or write
+    in (/proc, a file where a folder should be, no permission). Creates nothing: the writer makes a missing
+    parent folder when it writes (the commands always have)."""
+    path = Path(path)
+    if path.is_dir():
+        raise PlanError(f"{option} '{path}' is a folder; give a file name")
+    if path.exists() and not (overwrite or append):
+        raise PlanError(f"'{path}' already exists; pass --force to overwrite it")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # the folder that will hold the new ones
+        folder = folder.parent
+    if not folder.is_dir():
+        raise PlanError(f"{option} '{path}' cannot be written: '{folder}' is not a folder")
+    try:
+        if path.exists():
+            open(path, "a").close()  # opened for appending, nothing written: the file stays as it is
+        else:
+            tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-").close()
+    except OSError as exc:
+        raise PlanError(f"{option} '{path}' cannot be written ({exc.strerror or exc.__class__.__name__} "
+                        f"in '{folder}')") from None
+
+
 def shipped_profile_path(gpu: str) -> Path:
     return Path(str(resources.files("profiles"))) / f"{gpu}.json"
 
@@ -586,6 +726,21 @@ def resolve_profile_path(path: str) -> Path:
     return Path(path)
 
 
+def gpu_kind_of_device(name: str) -> str:
+    """The planner's GPU kind (planner.cluster.GPU_KINDS) for a device name as torch reports it ('NVIDIA H200'),
+    'cpu' for the CPU; a GPU kind given already maps to itself. The profiler records this kind in a profile and
+    `plan validate` the device name in its results, so `plan calibrate` can tell which rows a profile's GPU
+    measured. (Same rule as runtime/profiler/environment.gpu_kind, without its torch import.)"""
+    n = name.upper()
+    if "H200" in n:
+        return "h200-nvl" if "NVL" in n else "h200-sxm"
+    if "H100" in n:
+        return "h100-pcie" if "PCIE" in n else ("h100-nvl" if "NVL" in n else "h100-sxm")
+    if "A100" in n and "80GB" in n:
+        return "a100-80gb"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "unknown-gpu"
+
+
 def load_profile(path: str | None, gpu: str) -> Profile:
     """The profile at `path`, or the default for `gpu` (default_profile_path); warns when it was measured on
     another GPU."""
@@ -596,6 +751,6 @@ def load_profile(path: str | None, gpu: str) -> Profile:
         prof = Profile.load(p)
     else:
         prof = Profile.load(resolve_profile_path(path))
-        if prof.gpu != gpu:
-            warnings.warn(f"profile '{path}' was measured on {prof.gpu}, but the plan is for {gpu}", stacklevel=2)
+    if prof.gpu != gpu:  # a shipped default is checked too: its file name is no guarantee of its contents
+        warnings.warn(f"profile '{path or p}' was measured on {prof.gpu}, but the plan is for {gpu}", stacklevel=2)
     return prof

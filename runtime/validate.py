@@ -68,7 +68,11 @@ def _gpu_name(device: str) -> str:
 
 
 def _check_results_file(path: Path) -> int:
-    """Data rows already in the results CSV (0 when it does not exist); refuses a file with other columns."""
+    """Data rows already in the results CSV (0 when it does not exist); refuses a file with other columns, a
+    folder, or a place it could not be written (checked before the run, not after it)."""
+    from planner.profile import check_output_file
+
+    check_output_file(path, "--append", append=True)
     if not path.exists():
         return 0
     with open(path, newline="") as fh:
@@ -209,6 +213,17 @@ def result_row(plan: Plan, pred, meas: dict, gpu: str, profile_label: str) -> di
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+def profile_label(profile_arg: str | None, gpu: str) -> str:
+    """The results CSV's `profile` column: the --profile given, or 'shipped:<stem>' of the shipped file actually
+    read (the calibrated one where it ships, e.g. shipped:h200-sxm-calibrated; planner.profile.load_profile)."""
+    from planner.profile import default_profile_path, resolve_profile_path
+
+    if profile_arg is None:
+        return f"shipped:{default_profile_path(gpu).stem}"
+    used = resolve_profile_path(profile_arg)
+    return f"shipped:{used.stem}" if used != Path(profile_arg) else profile_arg
+
+
 def append_row(path: Path, row: dict, plan: Plan, gpu_state: dict | None = None) -> int:
     """Append the row (header first when the file is new) and its plan to the sidecar, with the GPUs' clock and
     power during the measured steps where they were sampled (runtime/gpu_monitor.py); returns the row number."""
@@ -270,7 +285,7 @@ def validate(args) -> int:
     if args.steps < 1 or args.warmup < 0 or args.steps <= args.warmup:
         raise PlanError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) so that some steps are measured")
     plans = [Plan.load(Path(p)) for p in args.plan]
-    preds, profile_label = [], args.profile if args.profile else None
+    preds = []
     profiles: dict = {}  # one load per GPU kind, not per plan
     for plan in plans:
         cluster = ClusterSpec.from_dict(plan.cluster)
@@ -283,6 +298,9 @@ def validate(args) -> int:
     if args.keep_steps and (len(plans) > 1 or Path(args.keep_steps).exists()):
         raise PlanError(f"'{args.keep_steps}' already exists; pick another --keep-steps path" if len(plans) == 1
                         else "--keep-steps takes a single plan")
+    if args.keep_steps:
+        from planner.profile import check_output_file
+        check_output_file(Path(args.keep_steps), "--keep-steps")
     failures = 0
     with tempfile.TemporaryDirectory(prefix="plan-validate-") as tmp:
         tmp = Path(tmp)
@@ -320,6 +338,7 @@ def validate(args) -> int:
                 if len(rows) <= args.warmup:
                     raise PlanError(f"the run recorded {len(rows)} steps, not more than the {args.warmup} warm-up steps")
                 if args.keep_steps:
+                    Path(args.keep_steps).parent.mkdir(parents=True, exist_ok=True)
                     Path(args.keep_steps).write_text(steps_csv.read_text())
                 meas = _steady(rows, args.warmup)
                 if samples and meas["window_unix_s"]:
@@ -330,7 +349,7 @@ def validate(args) -> int:
                     print(head)
                 print(report(plan, pred, meas), flush=True)
                 if append:
-                    label = profile_label or f"shipped:{ClusterSpec.from_dict(plan.cluster).gpu}"
+                    label = profile_label(args.profile, ClusterSpec.from_dict(plan.cluster).gpu)
                     row = result_row(plan, pred, meas, _gpu_name(args.device), label)
                     n = append_row(append, row, plan, meas.get("gpu_state"))
                     print(f"appended row {n} to {append}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from planner.errors import PlanError
-from planner.profile import Profile
+from planner.profile import Profile, gpu_kind_of_device
 from runtime.profiler import collectives as coll
 from runtime.profiler import environment, kernels, modelled, shapes
 from runtime.profiler.gemm_workers import time_gemms_parallel
@@ -65,12 +65,27 @@ def resolve_device(opts: Options) -> tuple[torch.device, int, str]:
         n = visible if opts.gpus is None else opts.gpus
         if not 1 <= n <= visible:
             raise PlanError(f"--gpus {n} is not possible: {visible} GPU(s) are visible")
-        kind = opts.gpu_kind or environment.gpu_kind(torch.cuda.get_device_name(0))
-        return torch.device("cuda", 0), n, kind
+        name = torch.cuda.get_device_name(0)
+        return torch.device("cuda", 0), n, recorded_gpu_kind(opts.gpu_kind, gpu_kind_of_device(name), name)
     n = 2 if opts.gpus is None else opts.gpus
     if not 1 <= n <= 16:
         raise PlanError(f"--gpus {n} is not possible on CPU: use 1 to 16 processes")
-    return torch.device("cpu"), n, opts.gpu_kind or "cpu"
+    return torch.device("cpu"), n, recorded_gpu_kind(opts.gpu_kind, "cpu", "the CPU")
+
+
+def recorded_gpu_kind(asked: str | None, measured: str, device_name: str) -> str:
+    """The GPU kind the profile is labelled with: the measured device's, or --gpu-kind where it names the same
+    device. A kind that does not match would let the planner price one GPU with another's numbers, and
+    load_profile's other-GPU warning could not catch it. --gpu-kind may still name a device the planner does
+    not know (neither kind in GPU_KINDS): a label for it, not a different GPU."""
+    from planner.cluster import GPU_KINDS
+
+    if asked is None or asked == measured:
+        return measured
+    if asked in GPU_KINDS or measured in GPU_KINDS:   # 'cpu' is a kind: a CPU profile is always 'cpu'
+        raise PlanError(f"--gpu-kind {asked} does not match the device measured ({device_name}, GPU kind "
+                        f"'{measured}'); leave --gpu-kind out to record '{measured}'")
+    return asked
 
 
 def gemm_devices(device: torch.device, world: int) -> list[str]:

@@ -24,7 +24,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="cuda (default when a GPU is visible) or cpu (gloo, tiny sizes, for tests)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
-    p.add_argument("--gpu-kind", help="GPU kind to record (default: from the device name)")
+    p.add_argument("--gpu-kind", help="GPU kind to record (default: from the device name; another known kind than "
+                   "the device's is refused)")
     p.add_argument("--budget", type=float, default=None, help="wall-clock budget in seconds (default 270, quick 50)")
     p.add_argument("--nic-gbps", type=float, default=None,
                    help="modelled network bandwidth per GPU in GB/s (default 50: 400 Gb/s NDR InfiniBand)")
@@ -61,6 +62,7 @@ class _RichReporter:
 
 def run(args: argparse.Namespace) -> Path:
     """Measures and writes the profile; raises PlanError for bad input."""
+    from planner.profile import check_output_file
     from runtime.profiler.build import Options, build_profile, resolve_device
 
     device = args.device
@@ -84,11 +86,7 @@ def run(args: argparse.Namespace) -> Path:
         raise PlanError(f"--budget must be positive, got {args.budget}")
     _, _, kind = resolve_device(opts)   # validates device and --gpus before anything is measured
     out = Path(args.out) if args.out else Path(f"profile-{kind}.json")
-    if out.exists() and not args.force:
-        raise PlanError(f"'{out}' exists; pass --force to overwrite it")
-    if out.exists() and out.is_dir():
-        raise PlanError(f"'{out}' is a directory; give a file name")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    check_output_file(out, "--out", overwrite=args.force)   # before minutes of measuring, not after
 
     if args.no_progress:
         prof = build_profile(opts)
@@ -99,6 +97,7 @@ def run(args: argparse.Namespace) -> Path:
             prof = build_profile(opts, _RichReporter(progress))
 
     # write atomically, then check that what was written loads
+    out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".profile-", suffix=".json", dir=str(out.parent))
     os.close(fd)
     try:

@@ -106,9 +106,10 @@ class PowerHeater:
         self.idle_since = time.perf_counter()
         """When the GPU last ran out of work the heater knows of (time_fn's final synchronisation)."""
 
-    def heat_before_kernel(self) -> None:
-        """HEAT_BEFORE_S, or longer after the GPU has idled (REHEAT_AFTER_IDLE_S)."""
-        idle_s = time.perf_counter() - self.idle_since
+    def heat_before_kernel(self, busy_s: float = 0.0) -> None:
+        """HEAT_BEFORE_S, or longer after the GPU has idled (REHEAT_AFTER_IDLE_S) since the last timed kernel,
+        less `busy_s` of GPU work run in between (the kernel's own warm-up calls)."""
+        idle_s = time.perf_counter() - self.idle_since - busy_s
         self.run(HEAT_BEFORE_S if idle_s < REHEAT_AFTER_IDLE_S else min(REHEAT_MAX_S, HEAT_BEFORE_S + REHEAT_PER_IDLE * idle_s))
 
     def _call(self) -> None:
@@ -215,8 +216,8 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
     # for tenths of a second (cuDNN builds its attention graphs per shape) while the GPU idles back to boost.
     # Heated before them, session 14's q1 timed its first pass of attention cases at 1980 MHz and the
     # next two at 1600-1700 MHz, 13% slower
-    if heater is not None:
-        heater.heat_before_kernel()
+    if heater is not None:  # the warm-up's own GPU time is not idle (q2 counted it: 58 against 36 ms a GEMM)
+        heater.heat_before_kernel(busy_s=calls * est)
     times: list[float] = []
     if device.type == "cuda":
         events = []

@@ -25,7 +25,7 @@ def test_heat_comes_after_the_warm_up_calls(monkeypatch):
     class Recorder:
         idle_since = 0.0
 
-        def heat_before_kernel(self):
+        def heat_before_kernel(self, busy_s=0.0):
             log.append("heat")
 
         def run(self, seconds):

@@ -41,7 +41,7 @@ def _rows(profile):
                      "micro_batch": mb, "global_batch": gb, "seq_len": 2048, "recompute": recompute_text(plan.stages),
                      "predicted_step_s": pred.step_s, "measured_step_s": meas,
                      "predicted_mem_gib": max(pred.memory_gib_per_rank), "measured_mem_gib": "",
-                     "gpu": "synthetic", "profile": "shipped:h200-sxm", "commit": "test", "date": "2026-01-01"})
+                     "gpu": "NVIDIA H200", "profile": "shipped:h200-sxm", "commit": "test", "date": "2026-01-01"})
     return rows
 
 
@@ -143,7 +143,7 @@ def _synthetic_results(tmp_path, efficiency: dict):
                      "micro_batch": mb, "global_batch": gb, "seq_len": 2048, "recompute": recompute_text(plan.stages),
                      "predicted_step_s": pred.step_s, "measured_step_s": evaluate(plan, cluster, truth).step_s,
                      "predicted_mem_gib": max(pred.memory_gib_per_rank), "measured_mem_gib": "",
-                     "gpu": "synthetic", "profile": "shipped:h200-sxm", "commit": "test", "date": "2026-01-01"})
+                     "gpu": "NVIDIA H200", "profile": "shipped:h200-sxm", "commit": "test", "date": "2026-01-01"})
     path = tmp_path / "results.csv"
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
@@ -172,14 +172,14 @@ def test_calibrate_fine_grid_and_chosen_terms(tmp_path):
     path, profile = _synthetic_results(tmp_path, {"compute": 1.04, "optimizer": 1.5})
     out = tmp_path / "cal.json"
     assert calibrate_main([str(path), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(out),
-                           "--terms", "compute", "--holdout-fraction", "0"]) == 0
+                           "--terms", "compute", "--holdout-fraction", "0.25"]) == 0
     d = json.loads(out.read_text())
     assert d["efficiency"].get("optimizer", 1.0) == pytest.approx(profile.eff("optimizer"))
     assert d["provenance"]["calibrations"][-1]["fitted_terms"] == ["compute"]
     out2 = tmp_path / "cal2.json"
     path, _ = _synthetic_results(tmp_path, {"compute": 1.04})
     assert calibrate_main([str(path), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(out2),
-                           "--terms", "compute", "--holdout-fraction", "0"]) == 0
+                           "--terms", "compute", "--holdout-fraction", "0.25"]) == 0
     assert json.loads(out2.read_text())["efficiency"]["compute"] == pytest.approx(1.04, rel=0.012)
     with pytest.raises(PlanError, match="unknown efficiency term"):
         calibrate_main([str(path), "--profile", str(shipped_profile_path("h200-sxm")), "-o", str(tmp_path / "x.json"),
@@ -195,3 +195,137 @@ def test_calibrate_takes_a_shipped_profile_by_name(tmp_path):
         calibrate_main([str(bad), "--profile", "h200-sxm", "-o", str(tmp_path / "o.json")])
     with pytest.raises(PlanError, match="does not exist"):
         calibrate_main([str(bad), "--profile", "no-such-profile", "-o", str(tmp_path / "o.json")])
+
+
+def _rewrite(path: Path, change) -> Path:
+    """The results CSV at `path` with change(rows) applied (rows as dicts), in place."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    rows = change(rows) or rows
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _cli(*args):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "planner.cli", "calibrate", *map(str, args)], capture_output=True,
+                       text=True, env=env, cwd=REPO, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def _one_sentence(rc, out, err):
+    assert rc == 1, (rc, out, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_rows_of_another_gpu_are_refused(tmp_path):
+    """The audit's case: rows measured on CPU against an H200 profile. Refused (not skipped): nothing written."""
+    path, _ = _synthetic_results(tmp_path, {"compute": 1.3})
+    _rewrite(path, lambda rows: [dict(r, gpu="cpu") if i < 2 else r for i, r in enumerate(rows)])
+    out = tmp_path / "cal.json"
+    err = _one_sentence(*_cli(path, "--profile", "h200-sxm", "-o", out))
+    assert "2 row(s) measured on another GPU than profile 'h200-sxm' (h200-sxm)" in err and "'cpu'" in err
+    assert not out.exists()
+    _rewrite(path, lambda rows: [dict(r, gpu="") for r in rows])
+    with pytest.raises(PlanError, match="an unnamed device"):
+        calibrate_main([str(path), "--profile", "h200-sxm", "-o", str(out)])
+    # the device name maps to the profile's GPU kind: an H200's rows are accepted
+    _rewrite(path, lambda rows: [dict(r, gpu="NVIDIA H200") for r in rows])
+    assert calibrate_main([str(path), "--profile", "h200-sxm", "-o", str(out), "--no-efficiency"]) == 0
+    assert json.loads(out.read_text())["provenance"]["calibrations"][-1]["measured_on"] == ["NVIDIA H200"]
+
+
+@pytest.mark.parametrize("fraction", ["0", "1", "-0.2", "1.5"])
+def test_holdout_fraction_must_be_within_zero_and_one(tmp_path, fraction):
+    path, _ = _synthetic_results(tmp_path, {"compute": 1.3})
+    err = _one_sentence(*_cli(path, "--profile", "h200-sxm", "-o", tmp_path / "c.json", "--holdout-fraction", fraction))
+    assert "--holdout-fraction must be in (0, 1)" in err and "--holdout-models" in err
+
+
+def test_holdout_models_need_no_fraction(tmp_path):
+    path, _ = _synthetic_results(tmp_path, {"compute": 1.3})
+    with pytest.raises(PlanError, match="leaves no calibration runs"):   # got past the fraction check
+        calibrate_main([str(path), "--profile", "h200-sxm", "-o", str(tmp_path / "c.json"),
+                        "--holdout-fraction", "0", "--holdout-models", "gpt-1.3b"])
+
+
+def _runs(plans_and_repeats):
+    """Runs of distinct plans (gpt-1.3b on one GPU at micro-batch mb, recompute rc), each repeated n times."""
+    from planner.calibrate import Run
+
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1)
+    runs = []
+    for mb, rc, n in plans_and_repeats:
+        plan = Plan(model=resolve_model("gpt-1.3b"), cluster=cluster.to_dict(), training=TrainingShape(2048, 16),
+                    layout=Layout(micro_batch=mb, sharding="none"), stages=even_stages(24, 1, rc))
+        runs += [Run(len(runs) + 1, f"mb{mb} {rc}", plan, cluster, 1.0) for _ in range(n)]
+    return runs
+
+
+def test_split_keeps_repeats_of_a_plan_on_one_side():
+    from planner.calibrate import plan_key, split_rows
+
+    runs = _runs([(1, "none", 3), (2, "none", 2), (4, "none", 4), (1, "full", 1), (2, "selective", 3),
+                  (4, "full", 2)])
+    for seed in range(20):
+        cal, hold = split_rows(runs, 0.3, seed)
+        assert cal and hold and len(cal) + len(hold) == len(runs)
+        assert not {plan_key(r) for r in cal} & {plan_key(r) for r in hold}, seed
+    with pytest.raises(PlanError, match="all 3 usable runs repeat one plan"):
+        split_rows(_runs([(1, "none", 3)]), 0.3, 0)
+
+
+def test_calibrate_holds_out_whole_plans(tmp_path):
+    """Each plan measured three times: the provenance's held-out rows share no plan with the calibration rows."""
+    path, _ = _synthetic_results(tmp_path, {"compute": 1.3})
+    _rewrite(path, lambda rows: [r for r in rows for _ in range(3)])
+    out = tmp_path / "cal.json"
+    assert calibrate_main([str(path), "--profile", "h200-sxm", "-o", str(out), "--terms", "compute"]) == 0
+    rec = json.loads(out.read_text())["provenance"]["calibrations"][-1]
+    plan_of = lambda row: (row - 1) // 3   # noqa: E731  (rows 1-3 are plan 0, 4-6 plan 1, ...)
+    assert {plan_of(r) for r in rec["holdout_rows"]}.isdisjoint({plan_of(r) for r in rec["calibration_rows"]})
+    assert rec["plans"] == 8 and rec["split"].startswith("by plan")
+
+
+@pytest.mark.parametrize("where,says", [("{tmp}", "is a folder"), ("/proc/cal.json", "cannot be written"),
+                                        ("{tmp}/file.txt/cal.json", "is not a folder")])
+def test_bad_output_refused_before_fitting(tmp_path, monkeypatch, where, says):
+    import planner.calibrate as cal
+
+    path, _ = _synthetic_results(tmp_path, {"compute": 1.3})
+    (tmp_path / "file.txt").write_text("a file")
+    monkeypatch.setattr(cal, "sensitive_dims", lambda *a: pytest.fail("fitted before checking -o"))
+    with pytest.raises(PlanError, match=says):
+        calibrate_main([str(path), "--profile", "h200-sxm", "-o", where.format(tmp=tmp_path), "--force"])
+
+
+def test_output_in_a_missing_folder_is_written(tmp_path):
+    path, _ = _synthetic_results(tmp_path, {"compute": 1.3})
+    out = tmp_path / "new" / "cal.json"
+    assert calibrate_main([str(path), "--profile", "h200-sxm", "-o", str(out), "--no-efficiency"]) == 0
+    assert json.loads(out.read_text())["format"] == "parallel-plan/profile"
+    rc, so, err = _cli(path, "--profile", "h200-sxm", "-o", tmp_path)   # a folder, through the CLI: one sentence
+    assert "is a folder" in _one_sentence(rc, so, err)
+
+
+def test_calibrate_checks_every_number_of_its_profile(tmp_path):
+    path, _ = _synthetic_results(tmp_path, {"compute": 1.3})
+    d = json.loads(shipped_profile_path("h200-sxm").read_text())
+    d["collectives"][0]["bus_bandwidth_bytes_per_s"] = float("nan")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    err = _one_sentence(*_cli(path, "--profile", bad, "-o", tmp_path / "c.json"))
+    assert "bad.json' is corrupted: collectives[0].bus_bandwidth_bytes_per_s is nan" in err
+
+
+def test_help_names_the_efficiency_factors():
+    from planner.calibrate import build_parser
+
+    import planner.calibrate as cal
+
+    assert "overlap fractions and the efficiency factors" in build_parser().description
+    assert "efficiency factors" in cal.__doc__.splitlines()[0]

@@ -53,7 +53,7 @@ def test_validate_cpu_appends_row(tiny_plan, tmp_path):
     assert abs(float(r["predicted_mem_gib"]) - max(plan.prediction.memory_gib_per_rank)) < 1e-3 * max(
         plan.prediction.memory_gib_per_rank)
     assert r["measured_mem_gib"] == ""  # no CUDA allocator on CPU
-    assert r["gpu"] == "cpu" and r["profile"] == "shipped:h200-sxm" and r["commit"] and r["date"]
+    assert r["gpu"] == "cpu" and r["profile"] == "shipped:h200-sxm-calibrated" and r["commit"] and r["date"]
     side = read_sidecar(sidecar_path(out))
     assert Plan.from_dict(side[1]).layout == plan.layout
 
@@ -179,3 +179,37 @@ def test_report_flags_host_paced_plans(tiny_plan):
     gpu = SimpleNamespace(step_s=1.0, memory_gib_per_rank=[1.0], breakdown_s={"compute": 0.95, "host": 0.05})
     assert "host-paced plan (70%" in report(plan, paced, meas)
     assert "host-paced" not in report(plan, gpu, meas)
+
+
+@pytest.mark.parametrize("where,says", [("{tmp}", "is a folder"), ("/proc/results.csv", "cannot be written"),
+                                        ("{tmp}/file.txt/results.csv", "is not a folder")])
+def test_bad_append_path_is_one_sentence_before_the_run(tiny_plan, tmp_path, monkeypatch, capsys, where, says):
+    from runtime import validate as V
+
+    (tmp_path / "file.txt").write_text("a file")
+    monkeypatch.setattr(V, "_run_plans", lambda *a: pytest.fail("ran before checking --append"))
+    assert V.main([str(tiny_plan), "--device", "cpu", "--append", where.format(tmp=tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    rc, so, se = _cli("validate", tiny_plan, "--device", "cpu", "--append", tmp_path)   # through `plan`
+    assert rc == 1 and "is a folder" in se and "Traceback" not in se
+
+
+def test_profile_column_names_the_file_used():
+    """Without --profile the calibrated default is read where it ships, and the row says so."""
+    from planner.profile import default_profile_path
+    from runtime.validate import profile_label
+
+    assert default_profile_path("h200-sxm").stem == "h200-sxm-calibrated"
+    assert profile_label(None, "h200-sxm") == "shipped:h200-sxm-calibrated"
+    assert profile_label("h200-sxm", "h200-sxm") == "shipped:h200-sxm"            # a shipped profile by name
+    assert profile_label("/some/where/mine.json", "h200-sxm") == "/some/where/mine.json"
+
+
+def test_validate_with_a_bad_profile_is_one_sentence(tiny_plan, tmp_path):
+    d = json.loads((REPO / "profiles" / "h200-sxm.json").read_text())
+    d["gemm"]["points"][0][3] = float("nan")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    rc, so, se = _cli("validate", tiny_plan, "--device", "cpu", "--profile", bad)
+    assert rc == 1 and "bad.json' is corrupted: gemm.points[0] seconds is nan" in se and "Traceback" not in se
