@@ -106,11 +106,12 @@ class PowerHeater:
         self.idle_since = time.perf_counter()
         """When the GPU last ran out of work the heater knows of (time_fn's final synchronisation)."""
 
-    def heat_before_kernel(self, busy_s: float = 0.0) -> None:
+    def heat_before_kernel(self, busy_s: float = 0.0, min_s: float = 0.0) -> None:
         """HEAT_BEFORE_S, or longer after the GPU has idled (REHEAT_AFTER_IDLE_S) since the last timed kernel,
-        less `busy_s` of GPU work run in between (the kernel's own warm-up calls)."""
+        less `busy_s` of GPU work run in between (the kernel's own warm-up calls); at least min_s."""
         idle_s = time.perf_counter() - self.idle_since - busy_s
-        self.run(HEAT_BEFORE_S if idle_s < REHEAT_AFTER_IDLE_S else min(REHEAT_MAX_S, HEAT_BEFORE_S + REHEAT_PER_IDLE * idle_s))
+        heat_s = HEAT_BEFORE_S if idle_s < REHEAT_AFTER_IDLE_S else min(REHEAT_MAX_S, HEAT_BEFORE_S + REHEAT_PER_IDLE * idle_s)
+        self.run(max(heat_s, min_s))
 
     def _call(self) -> None:
         torch.mm(self.a, self.b, out=self.out)
@@ -185,8 +186,9 @@ def power_state_under_heat(device) -> dict | None:
 
 
 def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, target_batch_s: float = 2e-4,
-            max_inner: int = 64) -> Timing:
-    """Median per-call time of fn(i) (see module doc)."""
+            max_inner: int = 64, min_heat_s: float = 0.0) -> Timing:
+    """Median per-call time of fn(i) (see module doc). min_heat_s: heat at least this long before the timed
+    batches, whatever ran before (for kernels whose callers run low-power work between them)."""
     device = torch.device(device)
     heater = active_heater(device)
     calls = 0
@@ -217,7 +219,7 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
     # Heated before them, session 14's q1 timed its first pass of attention cases at 1980 MHz and the
     # next two at 1600-1700 MHz, 13% slower
     if heater is not None:  # the warm-up's own GPU time is not idle (q2 counted it: 58 against 36 ms a GEMM)
-        heater.heat_before_kernel(busy_s=calls * est)
+        heater.heat_before_kernel(busy_s=calls * est, min_s=min_heat_s)
     times: list[float] = []
     if device.type == "cuda":
         events = []

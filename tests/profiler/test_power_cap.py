@@ -25,7 +25,7 @@ def test_heat_comes_after_the_warm_up_calls(monkeypatch):
     class Recorder:
         idle_since = 0.0
 
-        def heat_before_kernel(self, busy_s=0.0):
+        def heat_before_kernel(self, busy_s=0.0, min_s=0.0):
             log.append("heat")
 
         def run(self, seconds):
@@ -35,6 +35,17 @@ def test_heat_comes_after_the_warm_up_calls(monkeypatch):
     time_fn(lambda i: log.append("call"), torch.device("cpu"), warmup=3, repeats=2)
     assert log.index("heat") == 3 and log.count("heat") == 1
     assert log[4:] and set(log[4:]) == {"call"}
+
+
+def test_min_heat_is_honoured_after_no_idle(monkeypatch):
+    """Right after a timed kernel (no idle) the heater queues HEAT_BEFORE_S, or min_s where that is longer."""
+    queued = []
+    heater = timing.PowerHeater.__new__(timing.PowerHeater)  # no GPU: only the amount queued is looked at
+    heater.run = queued.append
+    heater.idle_since = timing.time.perf_counter()
+    heater.heat_before_kernel(busy_s=1.0)
+    heater.heat_before_kernel(busy_s=1.0, min_s=timing.REHEAT_MAX_S)
+    assert queued == [timing.HEAT_BEFORE_S, timing.REHEAT_MAX_S]
 
 
 def test_disabled_power_cap_is_a_no_op():
