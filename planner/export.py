@@ -139,6 +139,11 @@ def megatron_args(plan: Plan) -> MegatronExport:
         add("--moe-router-topk", m.top_k)
         add("--expert-model-parallel-size", lay.ep)
         add("--moe-token-dispatcher-type", "alltoall")
+        add("--moe-aux-loss-coeff", m.moe_aux_loss_coeff)
+        if m.moe_capacity_factor:
+            add("--moe-expert-capacity-factor", m.moe_capacity_factor)
+        if not m.moe_normalize_topk:  # softmax over all experts, then top-k, not renormalised (Qwen MoE)
+            add("--moe-router-pre-softmax")
         if lay.tp > 1:
             add("--expert-tensor-parallel-size", 1)  # the planner keeps experts whole on each TP rank
     # -- batch

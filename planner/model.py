@@ -8,6 +8,8 @@ the counts of the tensors it allocates (tests check this against `sum(p.numel())
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -38,6 +40,15 @@ class ModelSpec:
     """1 for a dense MLP; >1 replaces each MLP by that many experts (MoE)."""
     top_k: int = 1
     """Experts each token is routed to (MoE only)."""
+    moe_aux_loss_coeff: float = 0.01
+    """Weight of the load-balancing loss in the training loss (MoE only; Hugging Face router_aux_loss_coef,
+    Megatron --moe-aux-loss-coeff)."""
+    moe_normalize_topk: bool = True
+    """Renormalise the top-k routing weights to sum to one (Mixtral does; Qwen MoE configs say norm_topk_prob)."""
+    moe_capacity_factor: float = 0.0
+    """0: dropless, every assignment computed. Else each expert takes at most capacity x tokens x top_k / experts
+    assignments per rank-local batch and drops the rest (Megatron --moe-expert-capacity-factor). The cost model
+    prices the dropless work, an upper bound."""
     tie_embeddings: bool = False
     """Output layer shares the input embedding's weight."""
     head_dim_override: int = 0
@@ -198,6 +209,12 @@ def validate_model(m: ModelSpec) -> None:
         raise PlanError(f"model '{m.name}': {m.num_heads} heads are not divisible by {m.num_kv_heads} KV heads")
     if m.top_k > m.num_experts:
         raise PlanError(f"model '{m.name}': top_k {m.top_k} exceeds its {m.num_experts} experts")
+    for name in ("moe_aux_loss_coeff", "moe_capacity_factor"):
+        v = getattr(m, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise PlanError(f"model '{m.name}': {name} must be a number >= 0, got {v!r}")
+    if not isinstance(m.moe_normalize_topk, bool):
+        raise PlanError(f"model '{m.name}': moe_normalize_topk must be true or false, got {m.moe_normalize_topk!r}")
 
 
 def _gpt(name, layers, hidden, heads, seq=2048, gb=1024, vocab=50304):
@@ -284,6 +301,10 @@ def from_hf_config(path: Path) -> ModelSpec:
                              ffn_hidden=ffn, vocab_size=int(cfg["vocab_size"]), max_seq_len=max_seq,
                              default_seq_len=min(max_seq, 4096), default_global_batch=512,
                              num_experts=experts, top_k=int(_first(cfg, "num_experts_per_tok", default=1)) if experts > 1 else 1,
+                             moe_aux_loss_coeff=float(_first(cfg, "router_aux_loss_coef", default=0.01)),
+                             # Qwen MoE configs carry norm_topk_prob (False by default there); Mixtral always renormalises
+                             moe_normalize_topk=bool(cfg.get("norm_topk_prob", not model_type.startswith("qwen"))),
+                             moe_capacity_factor=float(_first(cfg, "capacity_factor", default=0.0) or 0.0),
                              tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                              head_dim_override=head_dim if head_dim * heads != hidden else 0)
     except KeyError as exc:

@@ -177,7 +177,8 @@ class TransformerLayer(nn.Module):
         self.mlp_norm = Norm(spec)
         if spec.is_moe:
             from runtime.parallel.expert import MoEMLP  # written with expert parallelism
-            self.mlp = MoEMLP(spec, groups)
+            self.mlp = MoEMLP(spec, groups, capacity_factor=spec.moe_capacity_factor or None,
+                              normalize_topk=spec.moe_normalize_topk, aux_coeff=spec.moe_aux_loss_coeff)
         else:
             self.mlp = MLP(spec, groups, overlap)
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from planner.errors import PlanError
-from planner.model import CATALOGUE, from_hf_config, resolve_model, tiny_model
+from planner.model import CATALOGUE, ModelSpec, from_hf_config, resolve_model, tiny_model
 
 # Published totals. Llama 3 / Mixtral / BERT counts are the exact figures of the released checkpoints
 # (HF `num_parameters()`; BERT as BertForMaskedLM, no pooler): the tolerance only absorbs rounding of
@@ -174,6 +174,42 @@ def test_import_qwen2_moe_keys(tmp_path):
            "max_position_embeddings": 8192, "num_experts": 60, "num_experts_per_tok": 4}
     m = from_hf_config(_write(tmp_path, cfg))
     assert (m.num_experts, m.top_k, m.ffn_hidden) == (60, 4, 1408)  # expert width, not the dense width
+    assert not m.moe_normalize_topk  # Qwen MoE's norm_topk_prob defaults to false
+    m = from_hf_config(_write(tmp_path, dict(cfg, norm_topk_prob=True, router_aux_loss_coef=0.001)))
+    assert m.moe_normalize_topk and m.moe_aux_loss_coeff == 0.001
+
+
+def test_import_mixtral_routing_options(tmp_path):
+    m = from_hf_config(_write(tmp_path, dict(MIXTRAL, router_aux_loss_coef=0.02)))
+    assert m.moe_normalize_topk and m.moe_aux_loss_coeff == 0.02 and m.moe_capacity_factor == 0.0
+
+
+@pytest.mark.parametrize("field,value", [("moe_aux_loss_coeff", -1.0), ("moe_capacity_factor", float("nan")),
+                                         ("moe_normalize_topk", "yes")])
+def test_bad_routing_options_are_refused(field, value):
+    d = dict(CATALOGUE["mixtral-8x7b"].to_dict(), **{field: value})
+    with pytest.raises(PlanError, match=field):
+        ModelSpec.from_dict(d)
+
+
+def test_routing_options_reach_the_runtime_and_the_export():
+    """The spec's routing options are what the runtime's MoE layer uses, and what the Megatron export says."""
+    import dataclasses
+    from planner.export import megatron_args
+    from planner.plan import Layout, Plan, StagePlan, TrainingShape
+    from runtime.model import build_model
+    from runtime.mesh import single_process_groups
+    from runtime.parallel.expert import MoEMLP
+    spec = dataclasses.replace(tiny_model("llama", num_experts=4, top_k=2), moe_aux_loss_coeff=0.02,
+                               moe_normalize_topk=False, moe_capacity_factor=1.25)
+    moe = next(m for m in build_model(spec, single_process_groups()).modules() if isinstance(m, MoEMLP))
+    assert (moe.aux_coeff, moe.normalize_topk, moe.capacity_factor) == (0.02, False, 1.25)
+    plan = Plan(model=spec, cluster={"gpu": "h200-sxm", "num_gpus": 1, "gpus_per_node": 1},
+                training=TrainingShape(spec.default_seq_len, 2), layout=Layout(micro_batch=1),
+                stages=[StagePlan(spec.num_layers)])
+    args = " ".join(megatron_args(plan).args)
+    assert "--moe-aux-loss-coeff 0.02" in args and "--moe-expert-capacity-factor 1.25" in args
+    assert "--moe-router-pre-softmax" in args
 
 
 def test_import_refuses_shared_experts(tmp_path):
