@@ -84,7 +84,9 @@ def main() -> None:
             df["host_paced"] = [host_paced(x) for x in preds]
     df["mem_over"] = df.measured_mem_gib / df.pred_mem - 1
     mem = df.dropna(subset=["measured_mem_gib"])
-    lines = ["# Predicted against measured (plan validate, 2x H200)", "",
+    gpus = "/".join(str(int(g)) for g in sorted(df.gpus.unique()))
+    devices = ", ".join(sorted(str(d) for d in df.gpu.unique()))
+    lines = [f"# Predicted against measured (plan validate, {gpus} GPU(s): {devices})", "",
              f"{len(df)} runs of {df.model.nunique()} models; every row re-predicted from its plan with "
              f"`{args.profile}` (shipped) and `{args.calibrated}` (" + (
                  f"calibrated on the runs of {', '.join(sorted(set(df.model) - hold))}; held out: "

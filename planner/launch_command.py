@@ -8,6 +8,10 @@ from pathlib import Path
 
 from planner.errors import PlanError
 
+WORKER_ERROR_FILE_ENV = "PLAN_LAUNCH_ERROR_FILE"
+"""Environment variable naming the file where a worker that stops on bad input writes its exit code and
+sentence, for `plan launch` to print once (rather than every rank printing it above torchrun's traceback)."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="plan launch", description="Train from a plan (torchrun underneath).")
@@ -38,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 def torchrun_command(args, nproc: int, results: Path, plans: list[str] | None = None) -> list[str]:
     """The torchrun command for args.plan, or for several `plans` run one after another by one worker
     (`results` is then a folder)."""
+    if not 0 <= args.node_rank < args.nnodes:
+        raise PlanError(f"--node-rank {args.node_rank} is not one of the {args.nnodes} node(s) 0..{args.nnodes - 1}")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={args.nnodes}"]
     if args.nnodes > 1:
         if not args.rdzv_endpoint:

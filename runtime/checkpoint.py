@@ -9,16 +9,24 @@ slices its new DTensors cover (TP2 saved, DP2 resumed; any sharding level).
 Saved per parameter (fp32): master/<name>, exp_avg/<name>, exp_avg_sq/<name>; fused parameters (qkv,
 gate/up) are saved as their logical parts (<name>.part0, .part1, ...). Plus `step` and `adam_step`.
 Data needs no state: batches are a function of the step. Layout: DIR/step-00000100/ (DCP files) and
-DIR/latest (the step number, written after a save completes). A step directory that exists is never
-overwritten.
+DIR/latest (the step number, written after a save completes).
+
+A save writes DIR/step-00000100.partial/ and renames it to its final name once every rank's data and DCP's
+`.metadata` (written last, by rank 0) are on disk, then rewrites `latest`: a step directory under its final
+name with its `.metadata` is complete. A run killed mid-save leaves a `.partial` directory (or, from saves
+before this scheme, a step directory without `.metadata`): that is no checkpoint, resume skips it, and a save
+that needs its name first moves it aside to NAME.incomplete. Nothing is deleted, and a complete step
+directory is never overwritten. Resume takes the newest complete checkpoint.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from planner.errors import PlanError
@@ -32,6 +40,13 @@ class CheckpointError(PlanError):
     pass
 
 
+PARTIAL = ".partial"
+"""Suffix of the directory a save writes before renaming it to its step's name."""
+INCOMPLETE = ".incomplete"
+"""Suffix an interrupted save's leftover is moved aside to when a save needs its name."""
+_STEP_NAME = re.compile(r"step-(\d{8})")
+
+
 def step_dir(ckpt_dir, step: int) -> Path:
     return Path(ckpt_dir) / f"step-{step:08d}"
 
@@ -43,7 +58,76 @@ def latest_step(ckpt_dir) -> int | None:
     try:
         return int(f.read_text().strip())
     except ValueError:
-        raise CheckpointError(f"'{f}' does not hold a step number") from None
+        raise CheckpointError(f"'{f}' does not hold a step number; fix or remove it "
+                              "(resume takes the newest complete checkpoint)") from None
+
+
+def is_complete(path) -> bool:
+    """DCP's `.metadata` is written after every rank's data; a save renames its directory only after that."""
+    return (Path(path) / ".metadata").is_file()
+
+
+def complete_steps(ckpt_dir) -> list[int]:
+    """Steps of the complete checkpoints in ckpt_dir, ascending (none where the folder does not exist)."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return []
+    steps = []
+    for p in d.iterdir():
+        m = _STEP_NAME.fullmatch(p.name)
+        if m and p.is_dir() and is_complete(p):
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def incomplete_leftovers(ckpt_dir) -> list[Path]:
+    """What interrupted saves left in ckpt_dir: `.partial` directories and step directories without `.metadata`."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.iterdir() if p.is_dir() and (
+        p.name.endswith(PARTIAL) or (_STEP_NAME.fullmatch(p.name) and not is_complete(p))))
+
+
+def check_dir(ckpt_dir, resume: bool) -> int | None:
+    """Whether a run may use ckpt_dir, checked before it trains (by `plan launch`, and by every worker before it
+    joins the process group). A fresh run needs a folder without checkpoints (its saves would fail after all
+    its training, or mix two runs' steps under one `latest`); a resumed one a complete checkpoint. Returns
+    the step a resumed run starts from, None for a fresh run; raises CheckpointError."""
+    d = Path(ckpt_dir)
+    if d.exists() and not d.is_dir():
+        raise CheckpointError(f"--ckpt-dir '{d}' is a file, not a folder")
+    steps = complete_steps(d)
+    if not resume:
+        if steps or (d / "latest").exists():
+            held = f"checkpoints up to step {steps[-1]}" if steps else "a 'latest' file of an earlier run"
+            raise CheckpointError(f"'{d}' already holds {held}; pass --resume to continue that run, "
+                                  "or give another --ckpt-dir")
+        return None
+    latest_step(d)  # a 'latest' without a step number means a damaged folder: say so rather than guess past it
+    if not steps:
+        raise CheckpointError(f"--resume found no complete checkpoint in '{d}' to resume from")
+    return steps[-1]
+
+
+def _move_aside(path: Path) -> Path:
+    """An interrupted save's leftover out of a save's way: renamed, not deleted, in case it holds anything."""
+    target = path.with_name(path.name + INCOMPLETE)
+    n = 2
+    while target.exists():
+        target = path.with_name(f"{path.name}{INCOMPLETE}-{n}")
+        n += 1
+    path.rename(target)
+    print(f"note: moved '{path}', left incomplete by an interrupted save, to '{target}'", flush=True)
+    return target
+
+
+def _first_failure(exc: BaseException) -> str:
+    """The first line of what went wrong; for DCP's CheckpointException (a BaseException holding each rank's
+    exception), the first rank's own exception rather than its 'CheckpointException ranks:...' header."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        exc = next(iter(exc.failures.values()))[0]
+    return (str(exc).splitlines() or [exc.__class__.__name__])[0][:200]
 
 
 def _contiguous_stride(shape):
@@ -66,11 +150,35 @@ def _as_dtensor(local: torch.Tensor, tp_dim, t: int, mesh):
 
 
 def save(ckpt_dir, step: int, opt, groups) -> Path:
+    """Write step `step` to ckpt_dir/step-NNNNNNNN (through a `.partial` directory renamed when complete), then
+    point `latest` at it. Every rank calls it."""
     path = step_dir(ckpt_dir, step)
-    if path.exists():
+    if is_complete(path):
         raise CheckpointError(f"checkpoint '{path}' already exists; refusing to overwrite it")
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    partial = path.with_name(path.name + PARTIAL)
+    if rank0:
+        for leftover in (path, partial):
+            if leftover.exists():
+                _move_aside(leftover)
     if dist.is_initialized():
-        dist.barrier()  # every rank has checked before anyone writes
+        dist.barrier()  # every rank has checked, and leftovers are out of the way, before anyone writes
+    try:
+        dcp.save(_state_to_save(step, opt, groups), checkpoint_id=str(partial))
+    except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+        raise CheckpointError(f"could not write checkpoint '{path}' ({_first_failure(exc)})") from None
+    if rank0:
+        partial.rename(path)  # dcp.save returns on every rank only after rank 0 wrote the metadata
+        tmp = Path(ckpt_dir) / "latest.tmp"
+        tmp.write_text(f"{step}\n")
+        tmp.replace(Path(ckpt_dir) / "latest")
+    if dist.is_initialized():
+        dist.barrier()
+    return path
+
+
+def _state_to_save(step: int, opt, groups) -> dict:
+    """Every tensor this rank saves, under its logical name (fp32, on the CPU)."""
     mesh = groups.cpu_tp_mesh
     t = group_size(groups.tp)
     state = {}
@@ -85,24 +193,20 @@ def save(ckpt_dir, step: int, opt, groups) -> Path:
                 state[k] = _as_dtensor(part.detach().float().cpu().contiguous(), p.tp_dim, t, mesh)
     state["step"] = torch.tensor(step)
     state["adam_step"] = torch.tensor(opt.step_count)
-    dcp.save(state, checkpoint_id=str(path))
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        tmp = Path(ckpt_dir) / "latest.tmp"
-        tmp.write_text(f"{step}\n")
-        tmp.replace(Path(ckpt_dir) / "latest")
-    if dist.is_initialized():
-        dist.barrier()
-    return path
+    return state
 
 
 def load(ckpt_dir, opt, groups, step: int | None = None) -> int:
-    """Load into the optimizer (master, Adam state) and the model parameters; returns the step."""
-    step = latest_step(ckpt_dir) if step is None else step
+    """Load into the optimizer (master, Adam state) and the model parameters; returns the step. Without `step`,
+    the newest complete checkpoint."""
     if step is None:
-        raise CheckpointError(f"no checkpoint in '{ckpt_dir}' to resume from")
+        steps = complete_steps(ckpt_dir)
+        if not steps:
+            raise CheckpointError(f"no complete checkpoint in '{ckpt_dir}' to resume from")
+        step = steps[-1]
     path = step_dir(ckpt_dir, step)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint '{path}' does not exist")
+    if not is_complete(path):
+        raise CheckpointError(f"checkpoint '{path}' does not exist or is incomplete")
     mesh = groups.cpu_tp_mesh
     t = group_size(groups.tp)
     state, views = {}, {}
@@ -124,8 +228,8 @@ def load(ckpt_dir, opt, groups, step: int | None = None) -> int:
     state["adam_step"] = torch.tensor(0)
     try:
         dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:
-        raise CheckpointError(f"checkpoint '{path}' does not fit this model ({str(exc).splitlines()[0][:200]})") from None
+    except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+        raise CheckpointError(f"checkpoint '{path}' does not fit this model ({_first_failure(exc)})") from None
     dev = opt.named_params()[0][1].device
     params = dict(opt.named_params())
     states = {}

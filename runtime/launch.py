@@ -1,34 +1,71 @@
 """`plan launch plan.json ...`: check everything that can be checked on this machine, then start torchrun.
 
-Checks (each failure is one sentence and a non-zero exit, before any GPU work): the plan loads and is
-legal; its world size equals nproc-per-node x nnodes; CUDA and enough GPUs are present for --device cuda;
-the data source opens and is long enough; the results CSV does not already exist (unless resuming).
+Checks (each failure is one sentence and a non-zero exit, before any GPU work): --steps is at least 1; the
+plan loads and is legal; its world size equals nproc-per-node x nnodes, and on several nodes every
+tensor-parallel group lies inside one node; CUDA and enough GPUs are present for --device cuda; the data
+source opens and is long enough; the results CSV's folder exists and the CSV does not (unless resuming);
+--ckpt-dir is a folder, holding no checkpoint for a fresh run and a complete one for --resume.
 Then runs `python -m torch.distributed.run ... -m runtime.train ...` (single node by default; several
-nodes with --nnodes, --node-rank and --rdzv-endpoint) and returns its exit code.
+nodes with --nnodes, --node-rank and --rdzv-endpoint) and returns its exit code. A worker that stops on bad
+input reports its sentence through a file (WORKER_ERROR_FILE_ENV), printed here once in place of torchrun's
+traceback; SIGTERM / SIGINT to this process go on to torchrun, whose workers stop after the current step and
+save (`run_torchrun`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 from planner.errors import PlanError
-from planner.launch_command import build_parser, torchrun_command  # noqa: F401 (re-exported)
+from planner.launch_command import WORKER_ERROR_FILE_ENV, build_parser, torchrun_command  # noqa: F401 (re-exported)
 from planner.plan import Plan
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def check(args) -> tuple[Plan, int, Path]:
+    if args.steps < 1:
+        raise PlanError(f"--steps must be at least 1, got {args.steps}")
+    if args.save_every < 0:
+        raise PlanError(f"--save-every must be 0 (only at exit) or more, got {args.save_every}")
     plan, nproc = check_plan_on_machine(args)
     results = Path(args.results) if args.results else Path(args.plan).with_suffix(".results.csv")
-    if results.exists() and not args.resume:
-        raise PlanError(f"results file '{results}' already exists; move it away or pass --results")
+    check_results_file(results, args.resume)
     if args.resume and not args.ckpt_dir:
         raise PlanError("--resume needs --ckpt-dir")
     if args.save_every and not args.ckpt_dir:
         raise PlanError("--save-every needs --ckpt-dir")
+    if args.ckpt_dir:
+        from runtime.checkpoint import check_dir
+        check_dir(args.ckpt_dir, args.resume)
     check_memory_trace(args, nproc)
     return plan, nproc, results
+
+
+def check_results_file(results: Path, resume: bool) -> None:
+    """The step CSV can be written where asked, and a fresh run does not append to an earlier run's."""
+    if results.is_dir():
+        raise PlanError(f"results file '{results}' is a folder")
+    if not results.parent.is_dir():
+        raise PlanError(f"the folder of results file '{results}' does not exist")
+    if results.exists() and not resume:
+        raise PlanError(f"results file '{results}' already exists; move it away or pass --results")
+
+
+def check_nodes(args, plan: Plan, nproc: int) -> None:
+    """On several nodes, every tensor-parallel group inside one node: ranks are numbered TP fastest, node by
+    node, so that holds when a node's process count is a multiple of tp (TP's per-layer collectives would
+    otherwise cross the network)."""
+    tp = plan.layout.tp
+    if args.nnodes > 1 and nproc % tp:
+        raise PlanError(f"{nproc} process(es) per node would split tensor-parallel groups of {tp} across nodes; "
+                        f"the processes per node must be a multiple of tp {tp}")
 
 
 def check_memory_trace(args, nproc: int) -> None:
@@ -57,6 +94,7 @@ def check_plan_on_machine(args) -> tuple[Plan, int]:
     if nproc < 1 or nproc * args.nnodes != world:
         raise PlanError(f"the plan needs {world} processes ({plan.layout.short()}) but the launch would start "
                         f"{max(nproc, 0) * args.nnodes} ({args.nnodes} node(s) x {max(nproc, 0)} per node)")
+    check_nodes(args, plan, nproc)
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -87,7 +125,97 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0
-    return subprocess.call(cmd, env=worker_env(args.device))
+    return run_torchrun(cmd, worker_env(args.device), args.ckpt_dir)
+
+
+def run_torchrun(cmd: list[str], env: dict, ckpt_dir=None) -> int:
+    """Run torchrun; returns the launch's exit code. A sentence a worker reported is printed once (the worker's
+    exit code), and torchrun's traceback of that failed child is dropped. SIGTERM / SIGINT here are forwarded,
+    and the stop is reported in one sentence (128 + the signal). Any other failure keeps torchrun's output."""
+    with tempfile.TemporaryDirectory(prefix="plan-launch-") as tmp:
+        error_file = Path(tmp) / "worker-error"
+        env = {**env, WORKER_ERROR_FILE_ENV: str(error_file)}
+        # torchrun in a session of its own: a terminal's Ctrl-C then reaches it once, through forward_signals,
+        # not twice (a second signal cuts short torchrun's wait for its workers to save)
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
+                                start_new_session=True)
+        with forward_signals(proc) as received:
+            held = relay_stderr(proc.stderr, lambda: error_file.exists() or bool(received))
+            rc = proc.wait()
+        reported = _worker_error(error_file)
+    if reported:
+        code, sentence = reported
+        print(f"plan: {sentence}", file=sys.stderr)
+        return code
+    if received:
+        return _report_stop(received[0], held, ckpt_dir)
+    sys.stderr.writelines(held)
+    return rc
+
+
+@contextlib.contextmanager
+def forward_signals(proc: subprocess.Popen):
+    """While torchrun runs, SIGTERM / SIGINT to this process go to it (it then signals its workers, which stop
+    after the current step and save) instead of ending this process and orphaning it. Yields the signals seen."""
+    received: list[int] = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        proc.send_signal(signum)  # a no-op once torchrun has exited
+
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set on the main thread
+        yield received
+        return
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def relay_stderr(stream, hold) -> list[str]:
+    """Copy torchrun's stderr (its own and its workers') to ours as it comes, until `hold()` is true: from then on
+    lines are kept back, since what follows a reported error or a forwarded signal is torchrun's account of it.
+    Returns the lines kept back."""
+    held: list[str] = []
+    for line in stream:
+        if held or hold():
+            held.append(line)
+        else:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    return held
+
+
+def _worker_error(path: Path) -> tuple[int, str] | None:
+    """(exit code, sentence) a worker wrote to the error file (train.report_error), or None."""
+    try:
+        code, sentence = path.read_text().split("\n", 1)
+    except (OSError, ValueError):
+        return None
+    return (int(code) if code.isdigit() else 1), sentence.strip()
+
+
+def _report_stop(signum: int, held: list[str], ckpt_dir) -> int:
+    """After a forwarded signal: one sentence naming what was saved. torchrun's own account of the stop (one
+    traceback of its SignalException) is dropped; anything else it printed (a worker's traceback, a worker
+    killed for not stopping in time) is shown."""
+    text = "".join(held)
+    lines = [ln for ln in held if ln.strip()]
+    routine = (text.count("Traceback (most recent call last)") == 1 and bool(lines)
+               and "SignalException" in lines[-1] and "forcefully" not in text)
+    if not routine:
+        sys.stderr.write(text)
+    name = signal.Signals(signum).name
+    if not ckpt_dir:
+        print(f"plan: stopped by {name}; nothing was saved (no --ckpt-dir)", file=sys.stderr)
+    else:
+        from runtime.checkpoint import complete_steps, step_dir
+        steps = complete_steps(ckpt_dir)
+        saved = f"the newest checkpoint is '{step_dir(ckpt_dir, steps[-1])}'" if steps else "no checkpoint was saved"
+        print(f"plan: stopped by {name}; {saved}", file=sys.stderr)
+    return 128 + signum
 
 
 def worker_env(device: str) -> dict:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from planner.errors import PlanError
+from planner.launch_command import WORKER_ERROR_FILE_ENV
 from planner.plan import Plan
 from runtime import checkpoint
 from runtime.data import Prefetcher, open_source, step_micro_batches
@@ -212,10 +213,14 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(lr=args.lr), compute, lay.overlap_dp,
                           grad_dtype=GRAD_DTYPES[lay.grad_dtype])
     start = 0
-    if args.resume and args.ckpt_dir and checkpoint.latest_step(args.ckpt_dir) is not None:
+    if args.resume:
         start = checkpoint.load(args.ckpt_dir, opt, groups)
         if rank0:
             print(f"resumed from {checkpoint.step_dir(args.ckpt_dir, start)}", flush=True)
+            for leftover in checkpoint.incomplete_leftovers(args.ckpt_dir):
+                print(f"note: skipped '{leftover}', left incomplete by an interrupted save", flush=True)
+            if results_path:
+                set_aside_rows_after(Path(results_path), start)
     step_fn = select_train_step(lay)
     graphed = None
     if cuda and lay.cuda_graph:  # on CPU the same plan runs eagerly: graphs are a CUDA feature
@@ -365,6 +370,77 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         opt.close()
 
 
+def set_aside_rows_after(path: Path, step: int) -> Path | None:
+    """A resumed run continues its step CSV from `step`. Rows of later steps, logged by the interrupted run after
+    its last checkpoint, would otherwise sit beside the resumed run's rows for the same steps: they move to
+    <stem>.superseded-after-step-<step><suffix> (with the header), so nothing is lost or doubled. Returns that file."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    header, body = rows[0], rows[1:]
+    if "step" not in header:
+        return None
+    col = header.index("step")
+    later = [r for r in body if _row_step(r, col) > step]
+    if not later:
+        return None
+    aside = path.with_name(f"{path.stem}.superseded-after-step-{step}{path.suffix}")
+    n = 2
+    while aside.exists():
+        aside = path.with_name(f"{path.stem}.superseded-after-step-{step}-{n}{path.suffix}")
+        n += 1
+    with open(aside, "w", newline="") as fh:
+        csv.writer(fh).writerows([header] + later)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as fh:
+        csv.writer(fh).writerows([header] + [r for r in body if _row_step(r, col) <= step])
+    tmp.replace(path)
+    print(f"note: moved {len(later)} row(s) of steps after {step} from '{path}' (logged after the last "
+          f"checkpoint) to '{aside}'", flush=True)
+    return aside
+
+
+def _row_step(row: list[str], col: int) -> int:
+    """A row's step; a row without a readable one counts as step 0, so it stays where it is."""
+    try:
+        return int(row[col])
+    except (IndexError, ValueError):
+        return 0
+
+
+def check_args(args, many: bool) -> None:
+    """What every worker checks before it joins the process group (`plan launch` checked it before torchrun; this
+    guards a worker started by hand, or files changed since), so every rank stops with the same sentence before
+    any work instead of failing after training."""
+    if args.steps < 1:
+        raise PlanError(f"--steps must be at least 1, got {args.steps}")
+    if args.resume and not args.ckpt_dir:
+        raise PlanError("--resume needs --ckpt-dir")
+    if args.ckpt_dir:
+        checkpoint.check_dir(args.ckpt_dir, args.resume)
+    if args.results:
+        folder = Path(args.results) if many else Path(args.results).parent
+        if not folder.is_dir():
+            raise PlanError(f"the folder '{folder}' for the results does not exist")
+
+
+def report_error(exc: PlanError) -> None:
+    """The worker's one sentence. Under `plan launch` (WORKER_ERROR_FILE_ENV set) the first rank to fail writes it
+    to that file and the launcher prints it once, in place of torchrun's traceback; otherwise to stderr."""
+    path = os.environ.get(WORKER_ERROR_FILE_ENV)
+    if path:
+        try:
+            with open(path, "x") as fh:  # exclusive: the first rank's report stands, the others would repeat it
+                fh.write(f"{exc.exit_code}\n{exc}\n")
+            return
+        except FileExistsError:
+            return
+        except OSError:
+            pass
+    print(f"error: {exc}", file=sys.stderr)
+
+
 def _release(cuda: bool) -> None:
     """Between plans of one worker: free the previous plan's tensors so its peak does not leak into the next."""
     import gc
@@ -393,6 +469,7 @@ def main(argv=None) -> int:
         raise PlanError("checkpoints (--ckpt-dir, --resume) need a single --plan")
     if many and not args.results:
         raise PlanError("several plans need --results FOLDER for their per-step CSVs")
+    check_args(args, many)
     cuda = args.device == "cuda"
     from runtime.mesh import init_distributed
 
@@ -424,5 +501,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except PlanError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_error(exc)
         sys.exit(exc.exit_code)

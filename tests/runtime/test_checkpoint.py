@@ -65,3 +65,51 @@ def _reference(family):
     from tests.runtime.equiv import run_case
     spec = tiny_model(family)
     return run_case(spec, Layout(sharding="none", micro_batch=2), single_process_groups(), ["none"] * 4, steps=4)
+
+
+def _step(ckpt, name, complete):
+    (ckpt / name).mkdir(parents=True)
+    if complete:
+        (ckpt / name / ".metadata").write_bytes(b"")
+
+
+def test_resume_takes_the_newest_complete_checkpoint(tmp_path):
+    """Interrupted saves leave no checkpoint: an empty step directory (a save from before saves were renamed) or a
+    `.partial` one (even with its metadata, it was never renamed) is skipped, whatever `latest` says."""
+    ck = tmp_path / "ck"
+    _step(ck, "step-00000002", True)
+    _step(ck, "step-00000004", True)
+    _step(ck, "step-00000006", False)
+    _step(ck, "step-00000008.partial", True)
+    (ck / "latest").write_text("2\n")
+    assert checkpoint.complete_steps(ck) == [2, 4]
+    assert checkpoint.check_dir(ck, resume=True) == 4
+    assert [p.name for p in checkpoint.incomplete_leftovers(ck)] == ["step-00000006", "step-00000008.partial"]
+    with pytest.raises(checkpoint.CheckpointError, match="already holds checkpoints up to step 4"):
+        checkpoint.check_dir(ck, resume=False)
+    assert checkpoint.check_dir(tmp_path / "fresh", resume=False) is None
+
+
+def _single_process_optimizer(family):
+    from runtime.mesh import single_process_groups
+    groups = single_process_groups()
+    return build_optimizer([build_model(tiny_model(family), groups)], groups, "none"), groups
+
+
+def test_save_moves_a_leftover_aside_and_load_names_a_foreign_checkpoint(tmp_path):
+    """A save whose step directory an interrupted save left behind moves it aside (nothing deleted) and writes
+    through a renamed `.partial`; a checkpoint of another model fails as CheckpointError, not as DCP's
+    CheckpointException (a BaseException that `except Exception` misses)."""
+    ck = tmp_path / "ck"
+    _step(ck, "step-00000002", False)
+    (ck / "step-00000002" / "__0_0.distcp").write_bytes(b"half")
+    opt, groups = _single_process_optimizer("gpt")
+    checkpoint.save(ck, 2, opt, groups)
+    assert checkpoint.complete_steps(ck) == [2] and (ck / "latest").read_text() == "2\n"
+    assert (ck / "step-00000002.incomplete" / "__0_0.distcp").read_bytes() == b"half"
+    assert not (ck / "step-00000002.partial").exists()
+    with pytest.raises(checkpoint.CheckpointError, match="refusing to overwrite"):
+        checkpoint.save(ck, 2, opt, groups)
+    llama_opt, groups = _single_process_optimizer("llama")
+    with pytest.raises(checkpoint.CheckpointError, match="does not fit this model"):
+        checkpoint.load(ck, llama_opt, groups)

@@ -1,12 +1,22 @@
 """`plan launch`: refusals in one sentence, and a CPU run that checkpoints and resumes on the same curve."""
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from planner.errors import PlanError
+from planner.launch_command import WORKER_ERROR_FILE_ENV
 from planner.model import tiny_model
 from planner.plan import Layout, Plan, TrainingShape, even_stages
 from runtime.launch import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_plan(path, **lay):
@@ -87,3 +97,171 @@ def test_cpu_launch_fully_sharded(tmp_path):
     plan = write_plan(tmp_path / "p.json", tp=1, dp=2, micro_batch=2, sharding="full")
     assert main([str(plan), "--steps", "3", "--results", str(tmp_path / "a.csv"), "--device", "cpu"]) == 0
     assert len(_losses(tmp_path / "a.csv")) == 3
+
+
+def _one_sentence(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def _fake_checkpoint(ckpt, step):
+    """A step directory as a completed save leaves it (DCP's .metadata written last), for checks on the folder."""
+    (ckpt / f"step-{step:08d}").mkdir(parents=True)
+    (ckpt / f"step-{step:08d}" / ".metadata").write_bytes(b"")
+
+
+def _save_in_process(ckpt, family, step):
+    """A real checkpoint of a tiny `family` model at `step`, saved without torchrun (faster than a launch)."""
+    from runtime import checkpoint
+    from runtime.mesh import single_process_groups
+    from runtime.model import build_model
+    from runtime.parallel.data import build_optimizer
+    groups = single_process_groups()
+    opt = build_optimizer([build_model(tiny_model(family), groups)], groups, "none")
+    checkpoint.save(ckpt, step, opt, groups)
+
+
+def test_steps_and_output_paths_are_refused_before_torchrun(tmp_path, capsys):
+    plan = str(write_plan(tmp_path / "p.json", tp=1, micro_batch=2, sharding="none"))
+    base = [plan, "--device", "cpu", "--nproc-per-node", "1"]
+    for steps in ("0", "-3"):  # --steps 0 once wrote a step-00000000 checkpoint; -3 exited 0 having done nothing
+        assert main(base + ["--steps", steps, "--ckpt-dir", str(tmp_path / "ck")]) == 1
+        assert "--steps must be at least 1" in _one_sentence(capsys)
+    assert main(base + ["--results", str(tmp_path / "missing" / "r.csv")]) == 1
+    assert "does not exist" in _one_sentence(capsys)
+    (tmp_path / "afile").write_text("")
+    assert main(base + ["--ckpt-dir", str(tmp_path / "afile")]) == 1
+    assert "is a file" in _one_sentence(capsys)
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "p.results.csv").exists()
+
+
+def test_checkpoint_folder_is_checked_before_torchrun(tmp_path, capsys):
+    plan = str(write_plan(tmp_path / "p.json", tp=1, micro_batch=2, sharding="none"))
+    base = [plan, "--device", "cpu", "--nproc-per-node", "1", "--results", str(tmp_path / "r.csv")]
+    ck = tmp_path / "ck"
+    _fake_checkpoint(ck, 2)
+    (ck / "latest").write_text("2\n")
+    assert main(base + ["--ckpt-dir", str(ck)]) == 1  # a fresh run into an earlier run's checkpoints
+    assert "already holds checkpoints up to step 2" in _one_sentence(capsys)
+    (ck / "latest").write_text("two\n")
+    assert main(base + ["--ckpt-dir", str(ck), "--resume"]) == 1
+    assert "does not hold a step number" in _one_sentence(capsys)
+    (tmp_path / "empty").mkdir()
+    for folder in ("empty", "missing"):  # --resume once started at step 0 here, appending to the step CSV
+        assert main(base + ["--ckpt-dir", str(tmp_path / folder), "--resume"]) == 1
+        assert "no complete checkpoint" in _one_sentence(capsys)
+    assert (ck / "latest").read_text() == "two\n" and not (tmp_path / "r.csv").exists()
+
+
+def test_nodes_are_checked(tmp_path, capsys):
+    tp2 = str(write_plan(tmp_path / "tp2.json", tp=2, micro_batch=2, sharding="none"))
+    assert main([tp2, "--device", "cpu", "--nnodes", "2", "--rdzv-endpoint", "n0:29500"]) == 1
+    assert "multiple of tp 2" in _one_sentence(capsys)  # one rank per node would split each TP pair
+    dp2 = str(write_plan(tmp_path / "dp2.json", dp=2, micro_batch=2, sharding="none"))
+    assert main([dp2, "--device", "cpu", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "n0:29500"]) == 1
+    assert "--node-rank 2 is not one of the 2 node(s)" in _one_sentence(capsys)
+
+
+def test_worker_checks_before_joining_the_group(tmp_path, monkeypatch):
+    """The worker's own guard (files may change after `plan launch` checked them): every rank refuses before
+    init_process_group, so none trains into a failure; under `plan launch` the first rank's sentence goes to the
+    error file, once."""
+    from runtime import train
+    plan = str(write_plan(tmp_path / "p.json", tp=1, micro_batch=2, sharding="none"))
+    ck = tmp_path / "ck"
+    _fake_checkpoint(ck, 3)
+    base = ["--plan", plan, "--device", "cpu", "--results", str(tmp_path / "r.csv")]
+    with pytest.raises(PlanError, match="already holds checkpoints"):
+        train.main(base + ["--ckpt-dir", str(ck)])
+    with pytest.raises(PlanError, match="no complete checkpoint"):
+        train.main(base + ["--ckpt-dir", str(tmp_path / "none"), "--resume"])
+    with pytest.raises(PlanError, match="at least 1"):
+        train.main(base + ["--steps", "0"])
+    with pytest.raises(PlanError, match="does not exist"):
+        train.main(["--plan", plan, "--device", "cpu", "--results", str(tmp_path / "no" / "r.csv")])
+    monkeypatch.setenv(WORKER_ERROR_FILE_ENV, str(tmp_path / "err"))
+    train.report_error(PlanError("first"))
+    train.report_error(PlanError("second"))
+    assert (tmp_path / "err").read_text() == "1\nfirst\n"
+
+
+def test_torchrun_output_is_kept_unless_a_worker_reported(capsys):
+    """run_torchrun with stand-ins for torchrun: output of an unknown failure is passed on with its exit code; a
+    failure whose sentence was reported through the error file is that sentence alone, with the worker's code."""
+    from runtime.launch import run_torchrun
+    unknown = "import sys; sys.stderr.write('Traceback (most recent call last):\\nboom\\n'); sys.exit(3)"
+    assert run_torchrun([sys.executable, "-c", unknown], dict(os.environ)) == 3
+    assert capsys.readouterr().err == "Traceback (most recent call last):\nboom\n"
+    reported = ("import os, sys; open(os.environ[sys.argv[1]], 'x').write('2\\nno layout fits\\n'); "
+                "sys.stderr.write('Traceback (most recent call last):\\nChildFailedError\\n'); sys.exit(1)")
+    assert run_torchrun([sys.executable, "-c", reported, WORKER_ERROR_FILE_ENV], dict(os.environ)) == 2
+    assert capsys.readouterr().err == "plan: no layout fits\n"
+
+
+def test_worker_error_is_one_sentence(tmp_path, capsys):
+    """An error only the worker can find (a checkpoint of another model: DCP raises CheckpointException, a
+    BaseException) ends in one sentence from the launcher, not in every rank's line above torchrun's traceback."""
+    plan = str(write_plan(tmp_path / "p.json", tp=1, micro_batch=2, sharding="none"))
+    _save_in_process(tmp_path / "ck", "gpt", 2)
+    capsys.readouterr()
+    assert main([plan, "--device", "cpu", "--nproc-per-node", "1", "--steps", "1", "--ckpt-dir",
+                 str(tmp_path / "ck"), "--resume", "--results", str(tmp_path / "r.csv")]) == 1
+    err = _one_sentence(capsys)
+    assert err.startswith("plan: checkpoint") and "does not fit this model" in err
+
+
+def test_resume_past_an_interrupted_save(tmp_path, capsys):
+    """A run killed while saving step 4, after logging steps 3 and 4: resume takes step 2, the newest complete
+    checkpoint, moves the half-written step 4 aside when it saves step 4 itself, and sets the interrupted run's
+    rows 3 and 4 aside instead of doubling them in the step CSV."""
+    plan = str(write_plan(tmp_path / "p.json", tp=1, micro_batch=2, sharding="none"))
+    ck, results = tmp_path / "ck", tmp_path / "r.csv"
+    _save_in_process(ck, "llama", 2)
+    (ck / "step-00000004").mkdir()
+    (ck / "step-00000004.partial").mkdir()
+    results.write_text("step,loss\n1,5.5\n2,5.4\n3,5.3\n4,5.2\n")
+    capsys.readouterr()
+    assert main([plan, "--device", "cpu", "--nproc-per-node", "1", "--steps", "2", "--ckpt-dir", str(ck),
+                 "--resume", "--results", str(results)]) == 0
+    assert (ck / "latest").read_text().strip() == "4"
+    assert (ck / "step-00000004" / ".metadata").is_file()
+    assert (ck / "step-00000004.incomplete").is_dir() and (ck / "step-00000004.partial.incomplete").is_dir()
+    with open(results, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows] == ["1", "2", "3", "4"] and rows[2]["loss"] != "5.3"
+    assert (tmp_path / "r.superseded-after-step-2.csv").read_text() == "step,loss\n3,5.3\n4,5.2\n"
+
+
+def _wait_for_rows(path, n, proc, timeout=90.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        if path.exists() and len(path.read_text().splitlines()) > n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {n} step rows in {path} (launch exited with {proc.poll()})")
+
+
+def test_signal_to_plan_launch_stops_and_saves(tmp_path):
+    """SIGTERM to the `plan launch` process (not torchrun) reaches the workers: they stop after the current step
+    and save it, and the launch ends with one sentence naming the checkpoint."""
+    plan = str(write_plan(tmp_path / "p.json", tp=1, micro_batch=2, sharding="none"))
+    ck, results = tmp_path / "ck", tmp_path / "r.csv"
+    argv = [plan, "--device", "cpu", "--nproc-per-node", "1", "--steps", "100000", "--ckpt-dir", str(ck),
+            "--results", str(results)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from runtime.launch import main; "
+                             "sys.exit(main(sys.argv[1:]))", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_rows(results, 2, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    steps = len(_losses(results))
+    assert 2 <= steps < 100000
+    assert (ck / "latest").read_text().strip() == str(steps)
+    assert (ck / f"step-{steps:08d}" / ".metadata").is_file()
+    assert err.strip() == f"plan: stopped by SIGTERM; the newest checkpoint is '{ck}/step-{steps:08d}'", err
