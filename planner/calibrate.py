@@ -467,7 +467,7 @@ def main(argv=None) -> int:
         "holdout_models": args.holdout_models,
         "split": "by model (--holdout-models)" if args.holdout_models else
                  "by plan: repeat runs of one plan stay on one side (plan_key)",
-        "plans": len({plan_key(r) for r in runs}),
+        "distinct_plans": len({plan_key(r) for r in runs}),
         "measured_on": sorted({r["gpu"] for r in rows}),
         "grid_step": args.grid_step, "objective": "median |predicted - measured| / measured step time",
         "changed": changed, "fitted_dims": dims, "efficiency_changed": eff_changed, "fitted_terms": terms, "unchanged": "measured kernel and collective times",

@@ -310,6 +310,19 @@ class CostModel:
             else:  # each chunk's transfers beside the other chunk's experts: the schedule's own timeline
                 experts_f, experts_b = (e1f + e2f) / chunks * prof.eff("expert"), (e1b + e2b) / chunks * prof.eff("expert")
                 comm["ep"] = two_chunk_exposed_s(a2a, experts_f) + two_chunk_exposed_s(a2a, experts_b)
+        if m.shared_expert_ffn:
+            # shared experts (runtime/parallel/expert.py, SharedExperts): a bf16 SwiGLU MLP over this rank's
+            # sequence shard, whole on every TP rank; Qwen's gate is a [hidden] dot product and a scaling pass.
+            # The runtime runs them while the dispatch is in flight; no overlap is credited (not measured)
+            fs = m.shared_expert_ffn
+            for shape in ((int(tok_t), 2 * fs, h), (int(tok_t), h, fs)):
+                a_s, b_s = self._gemm_fwd_bwd_s(*shape)
+                fwd, bwd = fwd + a_s, bwd + b_s
+            ew_f += k("swiglu_fwd", BF16 * 3 * tok_t * fs)
+            ew_b += k("swiglu_bwd", BF16 * 5 * tok_t * fs)
+            if m.shared_expert_gate:
+                ew_f += prof.memory_bound_s(BF16 * 3 * tok_t * h)
+                ew_b += prof.memory_bound_s(BF16 * 5 * tok_t * h)
         ce = prof.eff("compute")  # calibrated: what the runtime spends beyond its measured kernels
         fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel = (x * ce for x in (fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel))
         compute_f = fwd + attn_f + ew_f + moe_f

@@ -140,6 +140,11 @@ def megatron_args(plan: Plan) -> MegatronExport:
         add("--expert-model-parallel-size", lay.ep)
         add("--moe-token-dispatcher-type", "alltoall")
         add("--moe-aux-loss-coeff", m.moe_aux_loss_coeff)
+        if m.shared_expert_ffn:
+            add("--moe-shared-expert-intermediate-size", m.shared_expert_ffn)
+            if m.shared_expert_gate:
+                notes.append("the shared experts' output is gated per token (Qwen); Megatron-Core releases that "
+                             "support it take --moe-shared-expert-gate, older ones run them ungated")
         if m.moe_capacity_factor:
             add("--moe-expert-capacity-factor", m.moe_capacity_factor)
         if not m.moe_normalize_topk:  # softmax over all experts, then top-k, not renormalised (Qwen MoE)

@@ -61,8 +61,8 @@ def layer_dense_params_local(m: ModelSpec, tp: int) -> float:
     if m.has_bias:
         attn += qkv_out / tp + h
     norms = 2 * m.norm_params()
-    if m.is_moe:
-        return attn + norms + m.router_params()
+    if m.is_moe:  # router and shared experts whole on every TP rank, like the routed experts
+        return attn + norms + m.router_params() + m.shared_expert_params()
     return attn + norms + mlp_params_local(m, tp)
 
 
@@ -128,6 +128,10 @@ def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, las
     if m.is_moe:
         local = m.num_experts // ep
         per_layer.append((1, m.num_experts * h))                    # router
+        if m.shared_expert_ffn:                                     # shared experts' w_gate, w_up, w_down, gate
+            per_layer.append((3, m.shared_expert_ffn * h))
+            if m.shared_expert_gate:
+                per_layer.append((1, h))
         if m.gated_mlp:
             per_layer.append((3 * local, f * h))
         else:
@@ -256,6 +260,9 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         router = tok_t * (a * h + FP32_BYTES * (2 * m.num_experts + 2 * m.top_k * m.num_experts))
         expert_width = (3 if m.gated_mlp else 2) * f + (3 if lay.ep > 1 else 2) * h
         mlp = router + a * expert_width * routed
+        # shared experts on every token (their input is the router's): the SwiGLU's input and product, and under
+        # Qwen's gate its output (kept by the scaling) and the gate itself
+        mlp += a * tok_t * (3 * m.shared_expert_ffn + ((h + 1) if m.shared_expert_gate else 0))
         act_out_total = 0.0
     elif m.gated_mlp:
         act_in = a * 2 * f / t * tokens

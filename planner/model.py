@@ -40,6 +40,12 @@ class ModelSpec:
     """1 for a dense MLP; >1 replaces each MLP by that many experts (MoE)."""
     top_k: int = 1
     """Experts each token is routed to (MoE only)."""
+    shared_expert_ffn: int = 0
+    """Inner width of the shared experts, all of them together (MoE only; Qwen's shared_expert_intermediate_size,
+    DeepSeek's n_shared_experts x moe_intermediate_size): one SwiGLU MLP every token goes through beside its
+    routed experts. 0: none."""
+    shared_expert_gate: bool = False
+    """The shared experts' output scaled per token by sigmoid(x . w), w one [hidden] weight per layer (Qwen)."""
     moe_aux_loss_coeff: float = 0.01
     """Weight of the load-balancing loss in the training loss (MoE only; Hugging Face router_aux_loss_coef,
     Megatron --moe-aux-loss-coeff)."""
@@ -109,8 +115,14 @@ class ModelSpec:
     def router_params(self) -> int:
         return self.hidden * self.num_experts if self.is_moe else 0
 
+    def shared_expert_params(self) -> int:
+        """The shared experts of one MoE layer (SwiGLU) and their gate."""
+        if not self.shared_expert_ffn:
+            return 0
+        return 3 * self.hidden * self.shared_expert_ffn + (self.hidden if self.shared_expert_gate else 0)
+
     def mlp_params(self) -> int:
-        return self.num_experts * self.expert_params() + self.router_params()
+        return self.num_experts * self.expert_params() + self.router_params() + self.shared_expert_params()
 
     def layer_params(self) -> int:
         return 2 * self.norm_params() + self.attention_params() + self.mlp_params()
@@ -153,7 +165,8 @@ class ModelSpec:
         """Forward matmul FLOPs of one layer per token (MoE: top_k experts plus the router)."""
         h = self.hidden
         attn = 2 * h * (self.q_width + 2 * self.kv_width) + 2 * self.q_width * h
-        mlp = self.top_k * 2 * (3 if self.gated_mlp else 2) * h * self.ffn_hidden + 2 * self.router_params()
+        mlp = self.top_k * 2 * (3 if self.gated_mlp else 2) * h * self.ffn_hidden + 2 * self.router_params() \
+            + 2 * self.shared_expert_params()
         return attn + mlp
 
     def attention_core_flops_per_token(self, seq_len: int, causal_halved: bool) -> float:
@@ -209,6 +222,12 @@ def validate_model(m: ModelSpec) -> None:
         raise PlanError(f"model '{m.name}': {m.num_heads} heads are not divisible by {m.num_kv_heads} KV heads")
     if m.top_k > m.num_experts:
         raise PlanError(f"model '{m.name}': top_k {m.top_k} exceeds its {m.num_experts} experts")
+    if isinstance(m.shared_expert_ffn, bool) or not isinstance(m.shared_expert_ffn, int) or m.shared_expert_ffn < 0:
+        raise PlanError(f"model '{m.name}': shared_expert_ffn must be a whole number >= 0, got {m.shared_expert_ffn!r}")
+    if (m.shared_expert_ffn or m.shared_expert_gate) and not (m.is_moe and m.gated_mlp):
+        raise PlanError(f"model '{m.name}': shared experts are modelled for MoE models with SwiGLU experts only")
+    if m.shared_expert_gate and not m.shared_expert_ffn:
+        raise PlanError(f"model '{m.name}': shared_expert_gate is set but there are no shared experts")
     for name in ("moe_aux_loss_coeff", "moe_capacity_factor"):
         v = getattr(m, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -288,10 +307,14 @@ def from_hf_config(path: Path) -> ModelSpec:
         else:
             heads = int(cfg["num_attention_heads"])
             experts = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=1))
-            if int(_first(cfg, "shared_expert_intermediate_size", "n_shared_experts", default=0) or 0) > 0:
-                # counting them as absent would under-count memory; refuse until the runtime builds them
-                raise PlanError(f"model config '{path}' has shared experts, which parallel-plan does not "
-                                "model or run yet")
+            if "kv_lora_rank" in cfg or int(cfg.get("first_k_dense_replace") or 0) > 0:
+                # DeepSeek V2/V3: latent attention and dense first layers; counting them as plain layers would
+                # misprice memory and time
+                raise PlanError(f"model config '{path}' has multi-head latent attention or dense leading layers "
+                                "(DeepSeek), which parallel-plan does not model")
+            shared_ffn = int(_first(cfg, "shared_expert_intermediate_size", default=0) or 0)
+            if not shared_ffn and int(cfg.get("n_shared_experts") or 0) > 0:
+                shared_ffn = int(cfg["n_shared_experts"]) * int(cfg["moe_intermediate_size"])
             max_seq = int(_first(cfg, "max_position_embeddings", default=4096))
             hidden = int(cfg["hidden_size"])
             head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
@@ -301,6 +324,9 @@ def from_hf_config(path: Path) -> ModelSpec:
                              ffn_hidden=ffn, vocab_size=int(cfg["vocab_size"]), max_seq_len=max_seq,
                              default_seq_len=min(max_seq, 4096), default_global_batch=512,
                              num_experts=experts, top_k=int(_first(cfg, "num_experts_per_tok", default=1)) if experts > 1 else 1,
+                             shared_expert_ffn=shared_ffn if experts > 1 else 0,
+                             # Qwen gates its shared expert (shared_expert_gate, a [1, hidden] linear)
+                             shared_expert_gate=bool(shared_ffn and experts > 1 and "shared_expert_intermediate_size" in cfg),
                              moe_aux_loss_coeff=float(_first(cfg, "router_aux_loss_coef", default=0.01)),
                              # Qwen MoE configs carry norm_topk_prob (False by default there); Mixtral always renormalises
                              moe_normalize_topk=bool(cfg.get("norm_topk_prob", not model_type.startswith("qwen"))),

@@ -7,6 +7,9 @@ Layout of the weights
     (SwiGLU, no bias) for Llama-family specs, or `{w_up,b_up,w_down,b_down}` (GELU) for GPT-family specs:
     exactly `ModelSpec.expert_params()` per expert, `mlp_params()` per layer at EP1. Parameter names
     carry the global expert index, so init (seeded by name) and checkpoints do not depend on EP.
+  * Shared experts (Qwen / DeepSeek style, `spec.shared_expert_ffn`): `shared.{w_gate,w_up,w_down}` and, gated,
+    `shared.gate`; one SwiGLU MLP every token goes through, whole on every rank like the router (SharedExperts).
+    Under EP they run while the dispatch all-to-all is in flight.
   * Expert weights are sharded by EP only. Tensor parallelism does not apply to them: when tp > 1 the MoE
     input arrives sequence-parallel-sharded (the residual stream between TP blocks is split over the
     sequence), each TP rank routes and dispatches *its own* tokens, so there is no TP communication inside
@@ -286,13 +289,36 @@ def _stack(weights, per_group: int) -> torch.Tensor:
     return torch.stack(weights).view(len(weights) // per_group, per_group * out, inp)
 
 
-def _param(shape, init):
+def _param(shape, init, expert: bool = True):
     """A parameter with the metadata runtime.parallel.tensor gives its own (replicated over TP: tp_dim None;
-    sequence_parallel: gradients are partial sums per TP rank) plus expert = True."""
+    sequence_parallel: gradients are partial sums per TP rank) plus `expert` (sharded over EP: routed experts)."""
     p = nn.Parameter(torch.empty(shape))
     p.tp_dim, p.tp_parts, p.init, p.sequence_parallel = None, None, init, True
-    p.expert = True
+    if expert:
+        p.expert = True
     return p
+
+
+class SharedExperts(nn.Module):
+    """The shared experts of a Qwen- or DeepSeek-style MoE layer, as one SwiGLU MLP of their total width that
+    every token goes through beside its routed experts, with Qwen's per-token gate sigmoid(x . w) where the spec
+    has one. Like the router they are whole on every rank (not sharded over EP) and see this TP rank's sequence
+    shard: their gradients are summed over TP and reduced over dp x cp, as every sequence-parallel parameter's."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        H, Fs = spec.hidden, spec.shared_expert_ffn
+        out_std = 0.02 / math.sqrt(2 * spec.num_layers)  # as the dense MLP's output projection
+        self.w_gate = _param((Fs, H), ("normal", 0.02), expert=False)
+        self.w_up = _param((Fs, H), ("normal", 0.02), expert=False)
+        self.w_down = _param((H, Fs), ("normal", out_std), expert=False)
+        self.gate = _param((1, H), ("normal", 0.02), expert=False) if spec.shared_expert_gate else None
+
+    def forward(self, x):
+        y = F.linear(swiglu(torch.cat([F.linear(x, self.w_gate), F.linear(x, self.w_up)], -1)), self.w_down)
+        if self.gate is not None:
+            y = y * torch.sigmoid(F.linear(x, self.gate))
+        return y
 
 
 class MoEMLP(nn.Module):
@@ -335,6 +361,7 @@ class MoEMLP(nn.Module):
         w.tp_dim, w.tp_parts, w.init, w.sequence_parallel = None, None, ("normal", 0.02), True
         self.experts = nn.ModuleDict({str(self.expert_offset + e): Expert(spec)
                                       for e in range(self.local_experts)})
+        self.shared = SharedExperts(spec) if spec.shared_expert_ffn else None
         # each projection's local expert weights form a run that the optimizer's flat buffers lay out back to
         # back (runtime/parallel/data.py): the grouped GEMMs take them, and their gradients, as one view
         ex = list(self.experts.values())
@@ -480,23 +507,29 @@ class MoEMLP(nn.Module):
         else:
             tokens = x2d[sorted_t]
 
+        shared = (lambda: self.shared(x2d)) if self.shared is not None else None
         if self.ep == 1:
             y = self._run_local_experts(tokens, counts)
-        else:
-            y = self._dispatch_compute_combine(tokens, counts.view(C, E))
+            shared_out = shared() if shared is not None else None
+        else:  # the shared experts run while the dispatch is in flight
+            y, shared_out = self._dispatch_compute_combine(tokens, counts.view(C, E), shared)
 
         w = flat_w[order]
         if dropless:
             out = _Combine.apply(y.contiguous(), w, inv_order, sorted_t, k)
         else:
             out = torch.zeros_like(x2d, dtype=y.dtype).index_add(0, sorted_t, y * w.to(y.dtype).unsqueeze(-1))
+        if shared_out is not None:
+            out = out + shared_out.to(out.dtype)
         return out.to(x.dtype).view(shape)
 
-    def _dispatch_compute_combine(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _dispatch_compute_combine(self, tokens: torch.Tensor, counts: torch.Tensor, beside_dispatch=None):
         """tokens: this rank's rows grouped by (chunk, global expert), counts [C, E] rows per group. Each chunk
         goes to its experts' ranks by all-to-all, through the local experts and back. With C > 1 the transfers
         run beside the experts of the other chunk, forward and backward (_AllToAllStart / _AllToAllWait):
-        chunk c + 1's dispatch beside chunk c's experts, chunk c's combine beside chunk c + 1's experts."""
+        chunk c + 1's dispatch beside chunk c's experts, chunk c's combine beside chunk c + 1's experts.
+        beside_dispatch (the shared experts), when given, runs once every dispatch is out. Returns (rows back in
+        `tokens`' order, beside_dispatch's result or None)."""
         ep, El, C = self.ep, self.local_experts, counts.size(0)
         # [dest rank, chunk, local expert] out, [source rank, chunk, local expert] in
         recv_counts = torch.empty(ep * C * El, dtype=counts.dtype, device=counts.device)
@@ -515,6 +548,7 @@ class MoEMLP(nn.Module):
         for c in range(C):  # every dispatch goes out first: the link works while the experts compute
             pending = _Pending()
             dispatched.append((_AllToAllStart.apply(chunks[c], recv[c], send[c], self.ep_group, pending), pending))
+        beside = beside_dispatch() if beside_dispatch is not None else None
         outs = []
         for c, (rows, pending) in enumerate(dispatched):
             rows = _AllToAllWait.apply(rows, pending)
@@ -526,7 +560,7 @@ class MoEMLP(nn.Module):
             pending = _Pending()
             outs.append((_AllToAllStart.apply(back, send[c], recv[c], self.ep_group, pending), pending))
         ys = [_AllToAllWait.apply(y, pending) for y, pending in outs]
-        return ys[0] if C == 1 else torch.cat(ys)
+        return (ys[0] if C == 1 else torch.cat(ys)), beside
 
 
 def _tensor_core_router(x: torch.Tensor, w: torch.Tensor) -> bool:

@@ -55,6 +55,8 @@ def linear_layers(spec: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
         layers += [("fc1", f, h)]
     if spec.is_moe:
         layers += [("router", spec.num_experts, h)]
+    if spec.shared_expert_ffn:  # whole on every TP rank, like the routed experts
+        layers += [("shared_gate_up", 2 * spec.shared_expert_ffn, h), ("shared_down", h, spec.shared_expert_ffn)]
     if spec.family == "bert":
         layers += [("mlm_dense", h, h)]
     return layers

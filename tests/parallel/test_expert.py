@@ -12,6 +12,8 @@ AUX = 0.01
 
 
 def _spec(family="llama", experts=8, top_k=2):
+    if family == "llama+shared":  # Qwen-style: gated shared experts beside the routed ones
+        return tiny_model("llama", num_experts=experts, top_k=top_k, shared_expert_ffn=96, shared_expert_gate=True)
     return tiny_model(family, num_experts=experts, top_k=top_k)
 
 
@@ -71,11 +73,13 @@ def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None, over
 def test_moe_ep_matches_single_process():
     """4 processes (DP4 layouts): EP2 x expert-DP2 dropless; EP4 with capacity factor 1 (drops tokens);
     GELU experts with biases, top-1, EP2 x expert-DP2; the last two again with the experts as grouped GEMMs
-    (forced: on CPU the default is the loop); then three with the dispatch in two overlapped chunks."""
+    (forced: on CPU the default is the loop); then three with the dispatch in two overlapped chunks; then gated
+    shared experts beside the routed ones, at once and in chunks."""
     _launch.run(_worker, 4, [("llama", 8, 2, 2, None), ("llama", 8, 2, 4, 1.0), ("gpt", 4, 1, 2, None),
                              ("llama", 8, 2, 4, 1.0, True), ("gpt", 4, 1, 2, None, True),
                              ("llama", 8, 2, 2, None, None, True), ("llama", 8, 2, 4, 1.0, True, True),
-                             ("gpt", 4, 1, 2, None, True, True)])
+                             ("gpt", 4, 1, 2, None, True, True),
+                             ("llama+shared", 8, 2, 2, None), ("llama+shared", 8, 2, 2, None, True, True)])
 
 
 def _overlapped_main_grads(rank, world):

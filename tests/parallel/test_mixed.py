@@ -21,8 +21,9 @@ def _four(rank, world):
     got = _cp_tp(llama)
     C.compare(ref, got, f"rank {rank} cp2xtp2 llama")
     # MoE with its EP group across the CP ranks: the load-balancing loss sums its assignment counts over the
-    # four sequence shards (cp x tp), so it is the whole micro-batch's loss
-    moe = tiny_model("llama", num_experts=4, top_k=2)
+    # four sequence shards (cp x tp), so it is the whole micro-batch's loss; gated shared experts beside the
+    # routed ones (their gradients summed over TP like the router's)
+    moe = tiny_model("llama", num_experts=4, top_k=2, shared_expert_ffn=96, shared_expert_gate=True)
     C.compare(C.reference(moe), _cp_tp(moe, ep=2), f"rank {rank} cp2xtp2xep2 moe")
 
 

@@ -212,13 +212,33 @@ def test_routing_options_reach_the_runtime_and_the_export():
     assert "--moe-router-pre-softmax" in args
 
 
-def test_import_refuses_shared_experts(tmp_path):
-    cfg = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
-           "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 24, "vocab_size": 151936,
-           "max_position_embeddings": 8192, "num_experts": 60, "num_experts_per_tok": 4,
-           "shared_expert_intermediate_size": 5632}
-    with pytest.raises(PlanError, match="shared experts"):
-        from_hf_config(_write(tmp_path, cfg))
+QWEN15_MOE_A27B = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+                   "moe_intermediate_size": 1408, "num_attention_heads": 16, "num_key_value_heads": 16,
+                   "num_hidden_layers": 24, "vocab_size": 151936, "max_position_embeddings": 8192, "num_experts": 60,
+                   "num_experts_per_tok": 4, "shared_expert_intermediate_size": 5632, "tie_word_embeddings": False}
+
+
+def test_import_qwen_moe_with_shared_experts(tmp_path):
+    """Qwen1.5-MoE-A2.7B: 14.3B parameters, 2.7B activated (its model card). By hand: per layer attention
+    4 h^2, 60 experts of 3 h f, shared 3 h 5632 and its [h] gate, router 60 h, two norms; embeddings untied."""
+    m = from_hf_config(_write(tmp_path, QWEN15_MOE_A27B))
+    assert (m.shared_expert_ffn, m.shared_expert_gate) == (5632, True)
+    h = 2048
+    layer = 4 * h * h + 60 * 3 * h * 1408 + 3 * h * 5632 + h + 60 * h + 2 * h
+    assert m.total_params() == 24 * layer + 2 * 151936 * h + h
+    active = m.active_params()
+    assert m.total_params() == pytest.approx(14.3e9, rel=0.01) and active == pytest.approx(2.7e9, rel=0.02)
+    assert active == 24 * (layer - 56 * 3 * h * 1408) + 2 * 151936 * h + h
+
+
+def test_import_deepseek_style_shared_experts_and_refusals(tmp_path):
+    cfg = dict(QWEN15_MOE_A27B, model_type="deepseek", n_shared_experts=2)
+    del cfg["shared_expert_intermediate_size"]
+    m = from_hf_config(_write(tmp_path, cfg))
+    assert (m.shared_expert_ffn, m.shared_expert_gate) == (2 * 1408, False)  # ungated, 2 x the expert width
+    for extra in ({"kv_lora_rank": 512}, {"first_k_dense_replace": 1}):
+        with pytest.raises(PlanError, match="DeepSeek"):
+            from_hf_config(_write(tmp_path, dict(cfg, **extra)))
 
 
 def test_import_head_dim_override(tmp_path):

@@ -80,3 +80,25 @@ def test_search_chunks_the_dispatch_where_it_pays_and_never_when_told_not_to():
     off = search(spec, TrainingShape(4096, 1024), slow, PROF, Pins(ep=8, no_overlap=frozenset({"ep"}))).plans[0]
     assert not off.layout.overlap_ep
     assert off.prediction.step_s > best.prediction.step_s
+
+
+def test_shared_experts_priced_as_a_dense_swiglu_on_the_sequence_shard():
+    """Shared experts add, per layer and direction, their two GEMMs over this rank's tokens (whole on every TP
+    rank), the SwiGLU pass and, gated, the gate's passes; everything else of the layer is unchanged."""
+    import dataclasses
+    base = resolve_model("mixtral-8x7b")
+    shared = dataclasses.replace(base, shared_expert_ffn=4096, shared_expert_gate=True)
+    lay = Layout(tp=2, dp=2, ep=2, micro_batch=1)
+    cl = ClusterSpec(gpu="h200-sxm", num_gpus=4, gpus_per_node=4)
+    one, two = (CostModel(s, TrainingShape(2048, 8), lay, cl, PROF) for s in (base, shared))
+    tok, h, fs = 2048 // 2, base.hidden, 4096
+    g = [two._gemm_fwd_bwd_s(tok, 2 * fs, h), two._gemm_fwd_bwd_s(tok, h, fs)]
+    ce = PROF.eff("compute")
+    d_fwd = (g[0][0] + g[1][0] + PROF.kernel_s("swiglu_fwd", BF16 * 3 * tok * fs)
+             + PROF.memory_bound_s(BF16 * 3 * tok * h)) * ce
+    d_bwd = (g[0][1] + g[1][1] + PROF.kernel_s("swiglu_bwd", BF16 * 5 * tok * fs)
+             + PROF.memory_bound_s(BF16 * 5 * tok * h)) * ce
+    assert two.layer.fwd_compute_s - one.layer.fwd_compute_s == pytest.approx(d_fwd, rel=1e-9)
+    assert two.layer.bwd_compute_s - one.layer.bwd_compute_s == pytest.approx(d_bwd, rel=1e-9)
+    assert two.layer.comm_by_dim_s == one.layer.comm_by_dim_s
+    assert mem.layer_dense_params_local(shared, 2) - mem.layer_dense_params_local(base, 2) == 3 * h * fs + h

@@ -17,7 +17,9 @@ SEQ = 64
     tiny_model("gpt", hidden=64, ffn_hidden=96, num_layers=1),
     tiny_model("llama", hidden=64, ffn_hidden=96, num_layers=1),
     tiny_model("llama", hidden=64, ffn_hidden=96, num_layers=1, num_experts=4, top_k=2),
-], ids=["gpt", "llama", "moe"])
+    tiny_model("llama", hidden=64, ffn_hidden=96, num_layers=1, num_experts=4, top_k=2, shared_expert_ffn=160,
+               shared_expert_gate=True),
+], ids=["gpt", "llama", "moe", "moe-shared"])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_planner_counts_what_the_runtime_keeps(spec, mode, monkeypatch):
     monkeypatch.setattr(mem, "BF16_BYTES", 4)
@@ -116,7 +118,8 @@ def test_tp_replicated_gradient_tensors_match_the_runtime_model():
     from runtime.mesh import single_process_groups
     from runtime.model import build_stage
     for spec in (tiny_model("gpt"), tiny_model("llama"), tiny_model("bert"),
-                 tiny_model("llama", num_experts=4, top_k=2), dc_replace(tiny_model("gpt"), num_experts=4, top_k=2)):
+                 tiny_model("llama", num_experts=4, top_k=2), dc_replace(tiny_model("gpt"), num_experts=4, top_k=2),
+                 tiny_model("llama", num_experts=4, top_k=2, shared_expert_ffn=96, shared_expert_gate=True)):
         stage = build_stage(spec, single_process_groups(), 0, spec.num_layers, True, True,
                             ["none"] * spec.num_layers, device="cpu")
         want = sorted(p.numel() for p in stage.parameters() if getattr(p, "sequence_parallel", False))

@@ -288,7 +288,7 @@ def test_calibrate_holds_out_whole_plans(tmp_path):
     rec = json.loads(out.read_text())["provenance"]["calibrations"][-1]
     plan_of = lambda row: (row - 1) // 3   # noqa: E731  (rows 1-3 are plan 0, 4-6 plan 1, ...)
     assert {plan_of(r) for r in rec["holdout_rows"]}.isdisjoint({plan_of(r) for r in rec["calibration_rows"]})
-    assert rec["plans"] == 8 and rec["split"].startswith("by plan")
+    assert rec["distinct_plans"] == 8 and rec["split"].startswith("by plan")
 
 
 @pytest.mark.parametrize("where,says", [("{tmp}", "is a folder"), ("/proc/cal.json", "cannot be written"),
