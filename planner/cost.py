@@ -123,7 +123,13 @@ class CostModel:
         # search shares them
         self._shared = shared if shared is not None else {}
         self._key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8,
-                     layout.grad_dtype, self.dispatch_chunks)
+                     layout.grad_dtype, self.dispatch_chunks, self.stacks_expert_weights)
+
+    @property
+    def stacks_expert_weights(self) -> bool:
+        """Whether the MoE layer copies its local expert weights into one tensor per use (sharding levels whose
+        buffers cannot hold them back to back; see _layer): part of the layer's price, so of its memo key."""
+        return self.m.is_moe and self.lay.sharding in ("optimizer+grads", "full")
 
     @property
     def dispatch_chunks(self) -> int:
@@ -292,8 +298,8 @@ class CostModel:
             # to back (sharding 'none' and 'optimizer'); else (ZeRO-2 may cut them, FSDP owns its own storage)
             # _GroupedLinear stacks a copy in forward and again in backward: a read and a write of every local
             # expert weight (bf16) each way, per micro-batch
-            stacked = lay.sharding in ("optimizer+grads", "full")
-            stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) if stacked else 0.0
+            stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) \
+                if self.stacks_expert_weights else 0.0
             rows_f_s, rows_b_s = self._moe_row_passes_s(tok_t, routed, h, lay.ep > 1)
             # the weight-gradient GEMMs priced above as one dense GEMM write one [out, in] gradient; the grouped one
             # writes one per local expert, each read and written back in fp32 where it accumulates into main_grad

@@ -347,14 +347,23 @@ def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> 
     """The layout's MoE dispatch, at once or in two overlapped chunks (Layout.overlap_ep), whichever costs a
     layer less: smaller expert GEMMs and one more round of host work against hidden all-to-alls. Only the MoE
     layer differs between the two, so the choice needs no search of its own."""
-    lay2 = Layout(**{**cm.lay.__dict__, "overlap_ep": not cm.lay.overlap_ep})
-    cm2 = CostModel(model, shape, lay2, cluster, profile, shared)
-    one_layer = StagePlan(1)
+    lay = cm.lay
+    # the choice depends only on what prices the MoE layer: decided once per such key and search
+    key = ("cheaper dispatch", lay.tp, lay.cp, lay.dp, lay.ep, lay.micro_batch, lay.overlap_tp, lay.fp8,
+           lay.grad_dtype, lay.overlap_ep, cm.stacks_expert_weights)
+    flip = shared.get(key)
+    if flip is False:
+        return cm
+    cm2 = CostModel(model, shape, Layout(**{**lay.__dict__, "overlap_ep": not lay.overlap_ep}), cluster, profile,
+                    shared)
+    if flip is None:
+        one_layer = StagePlan(1)
 
-    def layer_s(c):
-        return c.layer.fwd_bwd_s + c.stage_expert_host_s(one_layer)
+        def layer_s(c):
+            return c.layer.fwd_bwd_s + c.stage_expert_host_s(one_layer)
 
-    return cm2 if layer_s(cm2) < layer_s(cm) else cm
+        flip = shared[key] = layer_s(cm2) < layer_s(cm)
+    return cm2 if flip else cm
 
 
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,

@@ -102,3 +102,18 @@ def test_shared_experts_priced_as_a_dense_swiglu_on_the_sequence_shard():
     assert two.layer.bwd_compute_s - one.layer.bwd_compute_s == pytest.approx(d_bwd, rel=1e-9)
     assert two.layer.comm_by_dim_s == one.layer.comm_by_dim_s
     assert mem.layer_dense_params_local(shared, 2) - mem.layer_dense_params_local(base, 2) == 3 * h * fs + h
+
+
+def test_layer_memo_tells_stacking_sharding_levels_apart():
+    """A search shares layer costs between layouts with the same memo key; ZeRO-2's stacked expert-weight copy
+    must not be served to a ZeRO-1 layout (or the reverse) from that memo."""
+    spec = resolve_model("mixtral-8x7b")
+    cl = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2)
+    shared = {}
+    layers = {}
+    for sh in ("optimizer", "optimizer+grads", "optimizer"):
+        lay = Layout(dp=2, ep=2, micro_batch=1, sharding=sh)
+        layers.setdefault(sh, []).append(CostModel(spec, TrainingShape(2048, 8), lay, cl, PROF, shared).layer.fwd_s)
+    fresh = CostModel(spec, TrainingShape(2048, 8), Layout(dp=2, ep=2, micro_batch=1, sharding="optimizer+grads"),
+                      cl, PROF).layer.fwd_s
+    assert layers["optimizer+grads"] == [fresh] and layers["optimizer"][0] == layers["optimizer"][1] < fresh
