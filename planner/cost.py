@@ -445,6 +445,17 @@ class CostModel:
         gpu = self.stage_gpu_s(j, st)
         return fwd / gpu if gpu > 0 else 0.5
 
+    @cached_property
+    def host_per_layer_s(self) -> dict:
+        """Host time to issue one layer, by recompute mode (profile.host; the search asks for it per stage and split,
+        so it is worked out once per layout)."""
+        host, lay, m = self.prof.host, self.lay, self.m
+        data_parallel = lay.dp * lay.cp > 1
+        extra_chunks_s = (self.dispatch_chunks - 1) * host.ep_extra_s  # as in stage_expert_host_s
+        return {mode: host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.family,
+                                        self.prof.eff("host_tp"), self.prof.eff("host_cp"), data_parallel)
+                + extra_chunks_s for mode in ("none", "selective", "full")}
+
     def stage_host_s(self, j: int, st: StagePlan) -> float:
         """Host time to issue one micro-batch through virtual stage j (profile.host; 0 without it): its
         layers, a chunk's sends and schedule under pipelining, and on the last stage the rest of the
@@ -454,20 +465,12 @@ class CostModel:
         if host is None or self.lay.cuda_graph:
             return 0.0
         lay, m = self.lay, self.m
-
-        data_parallel = lay.dp * lay.cp > 1
-
-        extra_chunks_s = (self.dispatch_chunks - 1) * host.ep_extra_s  # as in stage_expert_host_s
-
-        def per_layer(mode):
-            return host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.family,
-                                     self.prof.eff("host_tp"), self.prof.eff("host_cp"), data_parallel) + extra_chunks_s
-
+        per_layer = self.host_per_layer_s
         none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
-        t = none * per_layer("none") + st.full_recompute_layers * per_layer("full") \
-            + st.selective_recompute_layers * per_layer("selective")
+        t = none * per_layer["none"] + st.full_recompute_layers * per_layer["full"] \
+            + st.selective_recompute_layers * per_layer["selective"]
         if j == lay.pp * lay.vpp - 1:
-            t += host.micro_batch_ends_s(m.family, data_parallel)
+            t += host.micro_batch_ends_s(m.family, lay.dp * lay.cp > 1)
         return (t + (host.pp_chunk_s if lay.pp > 1 else 0.0)) * self.prof.eff("host")
 
     @cached_property
