@@ -420,10 +420,7 @@ class CostModel:
         host, m, lay = self.prof.host, self.m, self.lay
         if host is None or not m.is_moe or lay.ep == 1:
             return 0.0
-        # a second dispatch chunk issues its transfers and experts after the same synchronisation: modelled
-        # as EP's host time once more (not measured)
-        extra_chunks_s = (self.dispatch_chunks - 1) * host.ep_extra_s
-        return st.layers * (host.moe_layer_s() + extra_chunks_s) * self.prof.eff("host")
+        return st.layers * (host.moe_layer_s() + self.extra_chunk_host_s) * self.prof.eff("host")
 
     def stage_gpu_s(self, j: int, st: StagePlan) -> float:
         L = self.layer
@@ -451,10 +448,15 @@ class CostModel:
         so it is worked out once per layout)."""
         host, lay, m = self.prof.host, self.lay, self.m
         data_parallel = lay.dp * lay.cp > 1
-        extra_chunks_s = (self.dispatch_chunks - 1) * host.ep_extra_s  # as in stage_expert_host_s
         return {mode: host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.family,
                                         self.prof.eff("host_tp"), self.prof.eff("host_cp"), data_parallel)
-                + extra_chunks_s for mode in ("none", "selective", "full")}
+                + self.extra_chunk_host_s for mode in ("none", "selective", "full")}
+
+    @property
+    def extra_chunk_host_s(self) -> float:
+        """Host time per MoE layer of a second dispatch chunk (Layout.overlap_ep): it issues its transfers and
+        experts after the same synchronisation, modelled as EP's host time once more (not measured)."""
+        return (self.dispatch_chunks - 1) * self.prof.host.ep_extra_s
 
     def stage_host_s(self, j: int, st: StagePlan) -> float:
         """Host time to issue one micro-batch through virtual stage j (profile.host; 0 without it): its

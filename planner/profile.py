@@ -730,7 +730,7 @@ def gpu_kind_of_device(name: str) -> str:
     """The planner's GPU kind (planner.cluster.GPU_KINDS) for a device name as torch reports it ('NVIDIA H200'),
     'cpu' for the CPU; a GPU kind given already maps to itself. The profiler records this kind in a profile and
     `plan validate` the device name in its results, so `plan calibrate` can tell which rows a profile's GPU
-    measured. (Same rule as runtime/profiler/environment.gpu_kind, without its torch import.)"""
+    measured."""
     n = name.upper()
     if "H200" in n:
         return "h200-nvl" if "NVL" in n else "h200-sxm"

@@ -220,7 +220,8 @@ def _report_stop(signum: int, held: list[str], ckpt_dir) -> int:
 
 def worker_env(device: str) -> dict:
     """The environment torchrun's workers get: this repository importable, one OpenMP thread per CPU process."""
-    env = dict(os.environ)
+    from runtime.data import scanned_files_env
+    env = {**os.environ, **scanned_files_env()}  # data files check() scanned are not scanned again per worker
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if device == "cpu":

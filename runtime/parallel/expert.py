@@ -81,24 +81,7 @@ from runtime.moe_rows import combine_backward, gather_sum
 from runtime.parallel.tensor import claim_main_grad, store_main_grad
 from runtime.swiglu import swiglu
 
-__all__ = ["MoEMLP", "collect_aux_loss", "all_to_all_single_autograd", "grouped_mm_supported"]
-
-
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, out_splits, in_splits, group):
-        ctx.group, ctx.out_splits, ctx.in_splits = group, out_splits, in_splits
-        x = x.contiguous()
-        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.contiguous()
-        out = g.new_empty((sum(ctx.in_splits),) + tuple(g.shape[1:]))
-        dist.all_to_all_single(out, g, ctx.in_splits, ctx.out_splits, group=ctx.group)
-        return out, None, None, None
+__all__ = ["MoEMLP", "collect_aux_loss", "grouped_mm_supported"]
 
 
 class _Pending:
@@ -152,11 +135,6 @@ class _AllToAllWait(torch.autograd.Function):
         p.bwd_out = g.new_empty((sum(out_splits),) + tuple(shape[1:]))
         p.bwd_work = dist.all_to_all_single(p.bwd_out, g, out_splits, in_splits, group=group, async_op=True)
         return g, None
-
-
-def all_to_all_single_autograd(x, out_splits: list[int], in_splits: list[int], group):
-    """all_to_all_single along dim 0 with variable splits; backward is the reverse all-to-all."""
-    return _AllToAll.apply(x, out_splits, in_splits, group)
 
 
 class Expert(nn.Module):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
-import re
 import subprocess
 from pathlib import Path
 
@@ -21,18 +20,6 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout.strip() if r.returncode == 0 else None
-
-
-def gpu_kind(name: str) -> str:
-    """The planner's GPU kind (planner.cluster.GPU_KINDS) for a CUDA device name."""
-    n = name.upper()
-    if "H200" in n:
-        return "h200-nvl" if "NVL" in n else "h200-sxm"
-    if "H100" in n:
-        return "h100-pcie" if "PCIE" in n else ("h100-nvl" if "NVL" in n else "h100-sxm")
-    if "A100" in n and "80GB" in n:
-        return "a100-80gb"
-    return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "unknown-gpu"
 
 
 def describe(device: torch.device, gpus_used: int) -> dict:

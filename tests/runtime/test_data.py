@@ -164,3 +164,32 @@ def test_uint16_flat_files_still_work_without_a_suffix(tmp_path):
     assert list(open_source(str(p), 256, 16, dtype="uint16").sequence(0, 17)[:4]) == [9, 0, 9, 0]
     pairs.tofile(tmp_path / "pairs.u16")
     assert list(open_source(str(tmp_path / "pairs.u16"), 256, 16).sequence(0, 17)[:4]) == [9, 0, 9, 0]
+
+
+def test_a_file_scanned_by_the_launcher_is_not_scanned_again_by_its_workers(tmp_path, monkeypatch):
+    """The launcher passes the stamps (path, size, modification time, vocabulary) of the files it scanned to its
+    workers, which skip those; a file changed since is scanned again, and its bad id still found."""
+    import os
+    import runtime.data as data
+    from runtime.launch import worker_env
+    monkeypatch.setattr(data, "_scanned", set())
+    good = np.full(64, 7, dtype=np.int32)
+    write_mmidx(tmp_path / "d", [good], dtype=np.int32, code=4)
+    open_source(str(tmp_path / "d"), vocab=256, seq_len=16)
+    env = worker_env("cpu")
+    assert str(tmp_path / "d.bin") in env[data.SCANNED_FILES_ENV]
+    scans = []
+    monkeypatch.setattr(data, "_raise_bad_id", lambda *a: scans.append(a))
+    monkeypatch.setattr(data, "_scanned", set())  # a worker: a new process with the launcher's environment
+    monkeypatch.setenv(data.SCANNED_FILES_ENV, env[data.SCANNED_FILES_ENV])
+    bad = good.copy()
+    bad[3] = 999
+    with open(tmp_path / "d.bin", "r+b") as f:  # same size, same mtime: taken as scanned
+        st = os.stat(tmp_path / "d.bin")
+        f.write(bad.tobytes())
+    os.utime(tmp_path / "d.bin", ns=(st.st_atime_ns, st.st_mtime_ns))
+    open_source(str(tmp_path / "d"), vocab=256, seq_len=16)
+    assert scans == []
+    os.utime(tmp_path / "d.bin", ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # changed since: scanned again
+    open_source(str(tmp_path / "d"), vocab=256, seq_len=16)
+    assert len(scans) == 1
