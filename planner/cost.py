@@ -448,9 +448,14 @@ class CostModel:
         so it is worked out once per layout)."""
         host, lay, m = self.prof.host, self.lay, self.m
         data_parallel = lay.dp * lay.cp > 1
-        return {mode: host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.family,
+        key = ("host per layer", lay.tp, lay.cp, lay.sharding, lay.ep, data_parallel, self.dispatch_chunks)
+        v = self._shared.get(key)
+        if v is None:
+            v = self._shared[key] = {
+                mode: host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.family,
                                         self.prof.eff("host_tp"), self.prof.eff("host_cp"), data_parallel)
                 + self.extra_chunk_host_s for mode in ("none", "selective", "full")}
+        return v
 
     @property
     def extra_chunk_host_s(self) -> float:

@@ -120,7 +120,8 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
                   f"{q.mfu:.1%}", f"{max(q.memory_gib_per_rank):.1f}", f"+{q.step_s / p.step_s - 1:.1%}" if i else "")
     con.print(r)
     st = result.stats
-    con.print(f"searched {st.layouts_enumerated} layouts ({st.layouts_fit_bound} within the memory bound), "
+    con.print(f"searched {st.layouts_enumerated} layouts ({st.layouts_bounded} bounded beyond their compute, {st.layouts_fit_bound} of "
+              f"those within the memory bound), "
               f"{st.layouts_greedy} split greedily, {st.layouts_solved} by CP-SAT ({st.proven_optimal} proven optimal); "
               f"{elapsed_s:.2f} s")
     prov = best.provenance
@@ -135,7 +136,7 @@ def result_json(result: SearchResult, elapsed_s: float) -> str:
     return json.dumps({
         "plans": [p.to_dict() for p in result.plans],
         "search": {"layouts_enumerated": st.layouts_enumerated, "layouts_legal": st.layouts_legal,
-                   "layouts_within_memory_bound": st.layouts_fit_bound, "layouts_greedy": st.layouts_greedy,
+                   "layouts_bounded": st.layouts_bounded, "layouts_within_memory_bound": st.layouts_fit_bound, "layouts_greedy": st.layouts_greedy,
                    "layouts_cpsat": st.layouts_solved, "cpsat_proven_optimal": st.proven_optimal,
                    "phase_s": st.phase_s, "elapsed_s": elapsed_s},
     }, indent=2)

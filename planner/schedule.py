@@ -38,15 +38,21 @@ def rank_schedule(pp: int, v: int, m: int, rank: int) -> list[Action]:
     then the remaining backwards. v > 1 (interleaved, m % pp == 0): the k-th forward runs chunk
     (k mod pp*v) // pp on micro-batch (k // (pp*v)) * pp + k mod pp, the k-th backward the chunks in
     reverse order; warm-up of min(2 (pp - rank - 1) + (v - 1) pp, m v) forwards (all of them when m == pp)."""
+    return [Action("FB"[kind], chunk, mb) for kind, chunk, mb in _rank_order(pp, v, m, rank)]
+
+
+def _rank_order(pp: int, v: int, m: int, rank: int) -> list[tuple[int, int, int]]:
+    """rank_schedule as (kind: 0 forward / 1 backward, chunk, micro-batch) tuples: the schedule play builds
+    tens of thousands of them for a deep interleaved pipeline, and tuples cost a fifth of Actions."""
     if v > 1 and m % pp:
         raise ValueError(f"interleaved 1F1B needs micro-batches ({m}) divisible by PP {pp}")
-    total = m * v
+    total, group = m * v, pp * v
 
     def f(k):
-        return Action("F", (k % (pp * v)) // pp, (k // (pp * v)) * pp + k % pp)
+        return 0, (k % group) // pp, (k // group) * pp + k % pp
 
     def b(k):
-        return Action("B", v - 1 - (k % (pp * v)) // pp, (k // (pp * v)) * pp + k % pp)
+        return 1, v - 1 - (k % group) // pp, (k // group) * pp + k % pp
 
     if v == 1:
         warm = min(pp - rank - 1, m)
@@ -56,8 +62,9 @@ def rank_schedule(pp: int, v: int, m: int, rank: int) -> list[Action]:
         warm = min(2 * (pp - rank - 1) + (v - 1) * pp, total)
     acts = [f(k) for k in range(warm)]
     for i in range(total - warm):
-        acts += [f(warm + i), b(i)]
-    acts += [b(k) for k in range(total - warm, total)]
+        acts.append(f(warm + i))
+        acts.append(b(i))
+    acts.extend(b(k) for k in range(total - warm, total))
     return acts
 
 
@@ -66,23 +73,19 @@ def _program(pp: int, v: int, m: int) -> tuple[tuple[tuple, ...], ...]:
     """Per rank, per action: (key, virtual stage, kind index, dependency keys, whether each dependency
     is on another rank). Keys index a flat finish-time table: (kind * V + j) * m + mb."""
     V = pp * v
-
-    def key(kind: int, j: int, mb: int) -> int:
-        return (kind * V + j) * m + mb
-
     out = []
     for r in range(pp):
         prog = []
-        for a in rank_schedule(pp, v, m, r):
-            j = a.chunk * pp + r
-            if a.kind == "F":
-                deps = ((key(0, j - 1, a.mb), (j - 1) % pp != r),) if j > 0 else ()
-                prog.append((key(0, j, a.mb), j, 0, deps))
+        for kind, chunk, mb in _rank_order(pp, v, m, r):
+            j = chunk * pp + r
+            if kind == 0:
+                deps = (((j - 1) * m + mb, (j - 1) % pp != r),) if j > 0 else ()
+                prog.append((j * m + mb, j, 0, deps))
             else:
-                deps = ((key(0, j, a.mb), False),)
+                deps = ((j * m + mb, False),)
                 if j < V - 1:
-                    deps += ((key(1, j + 1, a.mb), (j + 1) % pp != r),)
-                prog.append((key(1, j, a.mb), j, 1, deps))
+                    deps += (((V + j + 1) * m + mb, (j + 1) % pp != r),)
+                prog.append(((V + j) * m + mb, j, 1, deps))
         out.append(tuple(prog))
     return tuple(out)
 

@@ -17,6 +17,7 @@ up (so rounding never lets a plan past the limit).
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -66,7 +67,10 @@ class Pins:
 class SearchStats:
     layouts_enumerated: int = 0
     layouts_legal: int = 0
+    layouts_bounded: int = 0
+    """Legal layouts whose full bounds were worked out (the rest were ruled out by their compute bound)."""
     layouts_fit_bound: int = 0
+    """Of those, the layouts within the memory bound."""
     layouts_greedy: int = 0
     layouts_solved: int = 0
     proven_optimal: int = 0
@@ -144,8 +148,23 @@ def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSp
 class _Candidate:
     layout: Layout
     cost: CostModel
-    time_bound_s: float
-    memory_bound_bytes: float
+    compute_bound_s: float
+    """_compute_bound: cheap, below time_bound_s; the order the layouts are examined in."""
+    time_bound_s: float = math.nan
+    memory_bound_bytes: float = math.nan
+    """_bounds, worked out only for layouts whose compute bound could still beat the k-th best plan."""
+
+
+def _compute_bound(cm: CostModel, shape: TrainingShape, pins: Pins) -> float:
+    """A lower bound of _bounds' time bound from the layers' GPU time and MoE host time alone (no host floor,
+    data-parallel traffic, optimizer or hops): cheap enough for every layout, so the full bounds are worked
+    out only for layouts it cannot rule out."""
+    lay, L = cm.lay, cm.layer
+    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+    extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(pins.recompute or "", 0.0)
+    exposed_host = cm.stage_expert_host_s(StagePlan(1)) if lay.ep > 1 else 0.0
+    per_rank = cm.m.num_layers * (L.fwd_bwd_s + extra + exposed_host) / lay.pp
+    return (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * per_rank
 
 
 def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins) -> tuple[float, float]:
@@ -155,15 +174,25 @@ def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins) -> tuple[float, flo
     num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
     stages = lay.pp * lay.vpp
     extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(pins.recompute or "", 0.0)
-    total = m.num_layers * (L.fwd_bwd_s + extra) + cm.ends.embedding_s + cm.ends.head_s + cm.ends.head_comm_s \
-        + 2 * stages * cm.p2p_s
+    # a stage costs max(GPU, host less the MoE's exposed host time) + that exposed time (CostModel.stage_time_s);
+    # summed over stages that is at least max(sum GPU, sum host) + sum exposed, with each layer's host time at
+    # its cheapest recompute mode
+    one = {"full": StagePlan(1, 1, 0), "selective": StagePlan(1, 0, 1)}.get(pins.recompute or "", StagePlan(1))
+    exposed_host = cm.stage_expert_host_s(one)
+    host_layer = 0.0
+    if cm.prof.host is not None and not lay.cuda_graph:
+        modes = [pins.recompute] if pins.recompute else list(cm.host_per_layer_s)
+        host_layer = min(cm.host_per_layer_s[k] for k in modes) * cm.prof.eff("host") - exposed_host
+    gpu_total = m.num_layers * (L.fwd_bwd_s + extra) + cm.ends.embedding_s + cm.ends.head_s + cm.ends.head_comm_s
+    total = max(gpu_total, m.num_layers * host_layer) + m.num_layers * exposed_host + 2 * stages * cm.p2p_s
     avg = total / lay.pp
     # a lower bound of the score the search ranks candidates by (CostModel.predict(play=False), the
     # schedule's closed form), not of the played schedule: with uneven stages a play can come in under it
     pipe = (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * avg
-    # data-parallel traffic and optimizer at the average rank
+    # data-parallel traffic and optimizer of a rank with the fewest layers the busiest rank can hold, without the
+    # embedding and head (which sit on one rank each)
     bound_layers = max(m.num_layers // stages, 1) * lay.vpp
-    dense, expert = cm.params_of(bound_layers, True, lay.pp == 1)
+    dense, expert = cm.params_of(bound_layers, lay.pp == 1, lay.pp == 1)
     layers = m.num_layers / lay.pp
     dp = cm.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro)
     time_lb = pipe + dp + cm.optimizer_s(dense, expert, cm.fused_wgrad_params(bound_layers, lay.pp == 1, lay.pp == 1))
@@ -184,7 +213,6 @@ def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
     stays fastest (optimal for identical layers without memory limits); inside a rank, extra layers go to
     the chunks with the fewest micro-batches in flight; then each rank that is over its memory recomputes
     the layers with the most micro-batches in flight, selectively first, fully if that is not enough."""
-    import heapq
 
     lay, m = cm.lay, cm.m
     P, V, S = lay.pp, lay.vpp, lay.pp * lay.vpp
@@ -369,8 +397,9 @@ def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> 
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
            pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_time_s: float = 0.03,
            progress=None) -> SearchResult:
-    """Best plans first. Phases: enumerate and bound every legal layout; a greedy split for each layout
-    whose bound could still beat the k-th best; CP-SAT on the `top_k + refine` best of those (hinted with
+    """Best plans first. Phases: enumerate every legal layout with a cheap bound (its layers' compute); in that
+    bound's order, the full time and memory bounds of each layout that could still beat the k-th best, and a
+    greedy split of each whose full bound could too; CP-SAT on the `top_k + refine` best of those (hinted with
     the greedy split, `solve_time_s` each). The stats say how close the result is proven to be: the first
     plan's step over the lowest bound of every layout that CP-SAT did not settle."""
     stats = SearchStats()
@@ -391,24 +420,34 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
         if lay.ep > 1 and "ep" not in pins.no_overlap:
             cm = _cheaper_dispatch(cm, model, shape, cluster, profile, shared)
             lay = cm.lay
-        t_lb, m_lb = _bounds(cm, shape, pins)
-        if min_mem is None or m_lb < min_mem[0]:
-            min_mem = (m_lb, lay)
-        if m_lb > limit:
-            continue
-        candidates.append(_Candidate(lay, cm, t_lb, m_lb))
-    stats.layouts_fit_bound = len(candidates)
+        candidates.append(_Candidate(lay, cm, _compute_bound(cm, shape, pins)))
     stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
 
+    # best bound first: a layout known by its compute bound gets its full bounds (memory, and time with
+    # communication and optimizer) and goes back in line; one known by its full bound gets a greedy split.
+    # So the splits come in the order of the full bounds, and only layouts whose compute bound is below the
+    # k-th best plan are bounded in full.
     t1 = time.perf_counter()
-    candidates.sort(key=lambda c: c.time_bound_s)
+    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates)]
+    heapq.heapify(queue)
     scored: list[tuple[float, _Candidate, list[StagePlan]]] = []
     kth = math.inf
     unsettled_bound = math.inf
-    for i, c in enumerate(candidates):
-        if c.time_bound_s >= kth:
-            unsettled_bound = c.time_bound_s
+    while queue:
+        bound_s, i, bounded = heapq.heappop(queue)
+        if bound_s >= kth:  # so is every layout's still in line
+            unsettled_bound = bound_s
             break
+        c = candidates[i]
+        if not bounded:
+            c.time_bound_s, c.memory_bound_bytes = _bounds(c.cost, shape, pins)
+            stats.layouts_bounded += 1
+            if min_mem is None or c.memory_bound_bytes < min_mem[0]:
+                min_mem = (c.memory_bound_bytes, c.layout)
+            if c.memory_bound_bytes <= limit:
+                stats.layouts_fit_bound += 1
+                heapq.heappush(queue, (c.time_bound_s, i, True))
+            continue
         stages = greedy_stages(c.cost, shape, limit, pins.recompute)
         stats.layouts_greedy += 1
         if stages is None and len(scored) < top_k:
