@@ -39,9 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def torchrun_command(args, nproc: int, results: Path, plans: list[str] | None = None) -> list[str]:
+def torchrun_command(args, nproc: int, results: Path, plans: list[str] | None = None,
+                     components: Path | None = None) -> list[str]:
     """The torchrun command for args.plan, or for several `plans` run one after another by one worker
-    (`results` is then a folder)."""
+    (`results` is then a folder). `components` (plan validate): the workers' --components-out, a file, or a
+    folder with several plans."""
     if not 0 <= args.node_rank < args.nnodes:
         raise PlanError(f"--node-rank {args.node_rank} is not one of the {args.nnodes} node(s) 0..{args.nnodes - 1}")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={args.nnodes}"]
@@ -64,4 +66,6 @@ def torchrun_command(args, nproc: int, results: Path, plans: list[str] | None = 
         cmd += ["--compile"]
     if getattr(args, "memory_step", 0):
         cmd += ["--memory-step", str(args.memory_step), "--memory-out", str(args.memory_out)]
+    if components is not None:
+        cmd += ["--components-out", str(components)]
     return cmd

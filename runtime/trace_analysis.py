@@ -3,8 +3,14 @@ compute kernel ran beside them (exposed communication), from the GPU kernels' ow
 
 Exposed time = the measure of (union of NCCL kernel intervals) minus (union of all other kernel intervals),
 on this rank's GPU. A collective that waits for a slower peer counts as exposed: the step pays for it.
+
+`RankComponents` splits one rank's traced step into what `plan validate` compares with the cost model:
+GPU compute (the union of non-NCCL kernels), exposed communication and GPU idle (span less busy: the
+pipeline bubble, gaps while the host issues work, waits outside kernels). The three add up to the span.
 """
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -59,3 +65,38 @@ def kernels_of(prof) -> list[tuple[str, float, float]]:
         if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start:
             out.append((e.name, e.time_range.start / 1e6, e.time_range.end / 1e6))
     return out
+
+
+@dataclass(frozen=True)
+class RankComponents:
+    """One rank's GPU timeline of one traced step, in seconds."""
+    rank: int
+    span_s: float
+    """First kernel start to last kernel end."""
+    busy_s: float
+    """Some kernel running (compute or communication)."""
+    compute_s: float
+    """Some non-NCCL kernel running."""
+    communication_s: float
+    """Some NCCL kernel running, hidden or not."""
+    exposed_communication_s: float
+    """Some NCCL kernel running and no compute kernel."""
+
+    @property
+    def idle_s(self) -> float:
+        return max(0.0, self.span_s - self.busy_s)
+
+    @classmethod
+    def from_kernels(cls, rank: int, kernels: list[tuple[str, float, float]]) -> "RankComponents":
+        """kernels: (name, start_s, end_s) of the step's GPU kernels on this rank (kernels_of)."""
+        x = exposed_communication(kernels)
+        return cls(rank=rank, span_s=x["span"], busy_s=x["busy"], compute_s=x["compute"],
+                   communication_s=x["communication"], exposed_communication_s=x["exposed_communication"])
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "idle_s": self.idle_s}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RankComponents":
+        """The record to_dict wrote (idle_s, derived, is ignored); KeyError / TypeError / ValueError if malformed."""
+        return cls(rank=int(d["rank"]), **{f.name: float(d[f.name]) for f in fields(cls) if f.name != "rank"})

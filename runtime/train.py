@@ -4,13 +4,16 @@
 
 Builds the process groups, this rank's pipeline stage(s) with the plan's recompute, the optimizer at the
 plan's sharding level, then loops: next step's micro-batches (prefetched), `train_step`, log, checkpoint.
-Rank 0 prints one line per step and appends it to the results CSV.
+Rank 0 prints one line per step and appends it to the results CSV. With --components-out (plan validate),
+one extra step after the last runs under torch.profiler and every rank's GPU compute, exposed communication
+and idle time go to a JSON file; that step is not logged and comes after the exit checkpoint.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import gc
+import json
 import os
 import signal
 import sys
@@ -30,6 +33,10 @@ from runtime.mesh import build_groups
 from runtime.model import build_stage
 from runtime.parallel.data import GRAD_DTYPES, AdamConfig, build_optimizer
 from runtime.step import select_train_step
+from runtime.trace_analysis import RankComponents
+
+NOT_TRACED_ON_CPU = "not traced on CPU (no GPU kernels to time)"
+"""--components-out's marker on CPU, in place of the components."""
 
 GC_EVERY_STEPS = 50
 """Steps between the training loop's own garbage collections (automatic collection is off while it runs)."""
@@ -82,6 +89,10 @@ def parse_args(argv=None):
     ap.add_argument("--trace-step", type=int, default=0,
                     help="run this step (1-based) under torch.profiler and write its op tables (diagnosis)")
     ap.add_argument("--trace-out", default=None, help="text file for --trace-step's tables (rank 0)")
+    ap.add_argument("--components-out", default=None,
+                    help="run one extra step after --steps under torch.profiler (not logged) and write every rank's "
+                         "GPU compute, exposed communication and idle time to this JSON file (rank 0); with "
+                         "several plans a folder: DIR/<plan stem>.components.json")
     ap.add_argument("--memory-step", type=int, default=0,
                     help="record the CUDA allocator during this step (1-based): what is alive at its peak")
     ap.add_argument("--memory-out", default=None, help="prefix of --memory-step's files: PREFIX.rank<r>.json")
@@ -197,8 +208,48 @@ def _traced(args, cuda: bool, fn):
     return out
 
 
-def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_path: str | None) -> None:
-    """Build this rank's stages and optimizer for `plan` and train args.steps steps (every rank calls it)."""
+def _write_json(path: str, data: dict) -> None:
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)  # a reader never sees half a file
+
+
+def _traced_components(run_step) -> RankComponents:
+    """This rank's GPU timeline of run_step(), one training step. Only the device is traced: host tracing slowed
+    a host-paced step twenty-fold (see _traced). The GPU is drained first, so the span holds this step alone."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from runtime.trace_analysis import kernels_of
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_step()
+        torch.cuda.synchronize()
+    return RankComponents.from_kernels(dist.get_rank(), kernels_of(prof))
+
+
+def write_step_components(path: str, cuda: bool, step: int, run_step) -> None:
+    """--components-out: every rank traces run_step() (one extra training step), rank 0 gathers the ranks'
+    components and writes them as JSON. On CPU nothing runs and rank 0 writes the NOT_TRACED_ON_CPU marker."""
+    rank0 = dist.get_rank() == 0
+    if not cuda:
+        if rank0:
+            _write_json(path, {"traced": False, "reason": NOT_TRACED_ON_CPU})
+        return
+    mine = _traced_components(run_step).to_dict()
+    ranks = [mine]
+    if dist.get_world_size() > 1:
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+    if rank0:
+        _write_json(path, {"traced": True, "step": step, "ranks": ranks})
+        print(f"traced step {step} (one extra step, not in the step CSV): components in {path}", flush=True)
+
+
+def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_path: str | None,
+               components_path: str | None = None) -> None:
+    """Build this rank's stages and optimizer for `plan` and train args.steps steps (every rank calls it); with
+    components_path, then one traced step more (write_step_components)."""
     spec, lay, shape = plan.model, plan.layout, plan.training
     rank0 = dist.get_rank() == 0
     source = open_source(args.data, spec.vocab_size, shape.seq_len, args.data_dtype, seed=args.seed)
@@ -291,6 +342,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     gc.collect()
     gc.freeze()
     gc.disable()
+    stopped = False
     try:
         for step in range(start, start + args.steps):
             if step > start and (step - start) % GC_EVERY_STEPS == 0:
@@ -354,13 +406,21 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                     print(f"stopping after step {done} (signal)", flush=True)
                 break
         if pending is not None:
-            if finish(pending) and rank0:
-                print(f"stopping after step {done} (signal)", flush=True)
+            if finish(pending):
+                stopped = True
+                if rank0:
+                    print(f"stopping after step {done} (signal)", flush=True)
             pending = None
         if graphed is not None:
             graphed.sync_params()
         if args.ckpt_dir and last_saved != done:
             checkpoint.save(args.ckpt_dir, done, opt, groups)  # at exit
+        if components_path and not stopped:
+            # after the exit checkpoint, which holds step `done`: the extra step's update is never saved or
+            # logged, so neither a resumed run nor the step statistics see it
+            mbs = prefetch.next()[0]  # fetched before the trace: its host-to-device copy is not the step's
+            lr = lr_at(done, args.lr, args.warmup)
+            write_step_components(components_path, cuda, done + 1, lambda: step_fn(stages, mbs, opt, groups, lr))
     finally:
         gc.enable()
         gc.unfreeze()
@@ -419,10 +479,11 @@ def check_args(args, many: bool) -> None:
         raise PlanError("--resume needs --ckpt-dir")
     if args.ckpt_dir:
         checkpoint.check_dir(args.ckpt_dir, args.resume)
-    if args.results:
-        folder = Path(args.results) if many else Path(args.results).parent
-        if not folder.is_dir():
-            raise PlanError(f"the folder '{folder}' for the results does not exist")
+    for name, value in (("results", args.results), ("components", args.components_out)):
+        if value:
+            folder = Path(value) if many else Path(value).parent
+            if not folder.is_dir():
+                raise PlanError(f"the folder '{folder}' for the {name} does not exist")
 
 
 def report_error(exc: PlanError) -> None:
@@ -460,7 +521,8 @@ def _release(cuda: bool) -> None:
 def main(argv=None) -> int:
     """One plan (`plan launch`), or several in a row (`plan validate` of several plans: one start-up, the
     process groups reused between plans of the same degrees). With several plans --results is a folder:
-    plan i writes DIR/<plan file stem>.csv and, once finished, DIR/<stem>.done."""
+    plan i writes DIR/<plan file stem>.csv and, once finished, DIR/<stem>.done (and --components-out a folder
+    for DIR/<stem>.components.json)."""
     args = parse_args(argv)
     paths = [Path(p) for p in args.plan]
     plans = [Plan.load(p) for p in paths]
@@ -485,9 +547,12 @@ def main(argv=None) -> int:
             groups = groups_of[key]
             groups.layout = lay  # same degrees; the rest of the layout is this plan's
             results = str(Path(args.results) / f"{path.stem}.csv") if many else args.results
+            components = args.components_out
+            if components and many:
+                components = str(Path(components) / f"{path.stem}.components.json")
             if many and rank0:
                 print(f"=== plan {path.stem}: {plan.model.name} {lay.short()} mb{lay.micro_batch}", flush=True)
-            train_plan(plan, args, groups, cuda, local_rank, results)
+            train_plan(plan, args, groups, cuda, local_rank, results, components)
             if many:
                 _release(cuda)
                 if rank0:

@@ -1,7 +1,7 @@
 """`plan validate plan.json`: run a plan for a few steps and compare the measurement with the prediction.
 
     plan validate plan.json [more.json ...] [--steps N] [--warmup W] [--device cuda|cpu] [--append FILE]
-                  [--profile P]
+                  [--profile P] [--no-trace]
 
 Several plans are run by one torchrun per world size, one plan after another in the same workers (one
 start-up instead of one per plan; a sweep of 80 small plans fits in minutes). If a plan fails (out of
@@ -14,13 +14,21 @@ over all ranks of the steps after the first W. The plan is re-predicted with the
 (`planner.cost.evaluate`, with --profile or the profile shipped for the plan's GPU) and both are printed
 with their relative error, per component where the runtime times it: the optimizer step (clip + AdamW,
 CUDA events) and the pipeline bubble (pp > 1, from the schedule's action timeline); the rest of the step
-(compute, recompute and exposed communication) is compared as one remainder, since the runtime does not
-time it apart.
+(compute, recompute and exposed communication) is compared as one remainder.
+
+On CUDA (unless --no-trace) the workers then run one extra step under torch.profiler, GPU kernels only; it is
+not in the per-step CSV, so neither the median nor the peak memory sees it. Every rank splits its kernel
+timeline into GPU compute (non-NCCL kernels), exposed communication (NCCL kernels with no compute beside them)
+and GPU idle (span less busy: bubble, host gaps, waits). The rank with the largest span is compared with the
+prediction: compute + recompute + optimizer, tp/cp/ep/dp/pp communication, bubble + host; in seconds and as
+fractions of the traced span and the predicted step (the profiler can slow the traced step a little, so its
+span is shown beside the steady median). On CPU the report says the components are not traced.
 
 `--append FILE` adds one row (columns: planner.calibrate.RESULT_COLUMNS) to a results CSV, writing the
 header when the file is new and refusing a file with other columns; existing rows are never rewritten.
 Beside it, `<FILE stem>.plans.jsonl` gets the plan itself (row number -> plan), which `plan calibrate`
-needs to re-predict the row exactly (the CSV's columns do not carry the sharding level).
+needs to re-predict the row exactly (the CSV's columns do not carry the sharding level), and the traced step's
+per-rank components where there are some.
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner.calibrate import RESULT_COLUMNS, recompute_text, sidecar_path
@@ -43,6 +52,7 @@ from planner.report import host_paced, host_paced_note
 from planner.plan import Plan
 from planner.provenance import commit_label
 from runtime import gpu_monitor
+from runtime.trace_analysis import RankComponents
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=0,
                     help="stop a run after this many seconds per plan (0: no limit)")
     ap.add_argument("--keep-steps", metavar="CSV", help="keep the per-step CSV at this path (must not exist)")
+    ap.add_argument("--no-trace", action="store_true",
+                    help="skip the extra step traced after the measured ones (GPU compute, exposed communication "
+                         "and idle time per rank; CUDA only)")
     return ap
 
 
@@ -160,6 +173,105 @@ def _num(v: float | None, unit: str = "") -> str:
     return "-" if v is None else f"{v:.4g}{unit}"
 
 
+@dataclass(frozen=True)
+class Component:
+    """A part of the traced step that is measured and predicted alike."""
+    label: str
+    predicted_keys: tuple[str, ...]
+    """The cost model's breakdown_s keys it holds (planner/cost.py, predict)."""
+    measured: str
+    """The RankComponents attribute that measures it."""
+    measured_text: str
+
+
+COMPONENTS = (
+    Component("GPU compute", ("compute", "recompute", "optimizer"), "compute_s", "non-NCCL kernels"),
+    Component("exposed communication", ("tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_comm"),
+              "exposed_communication_s", "NCCL kernels with no compute kernel beside them"),
+    Component("GPU idle", ("bubble", "host"), "idle_s", "span - busy (pipeline bubble, host gaps, waits)"),
+)
+
+
+@dataclass(frozen=True)
+class TracedStep:
+    """The workers' --components-out record: one traced step, every rank's components."""
+    step: int
+    ranks: list[RankComponents]
+
+    def compared_rank(self) -> RankComponents:
+        """The rank with the largest span (then the most busy time): the one that sets the step's length."""
+        return max(self.ranks, key=lambda r: (r.span_s, r.busy_s))
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "ranks": [r.to_dict() for r in self.ranks]}
+
+
+def read_components(path: Path) -> TracedStep | str:
+    """The traced step the workers wrote to `path`, or the sentence saying why there is none."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return "the run wrote no traced step"
+    except (OSError, ValueError):
+        return f"the traced step's file '{path.name}' could not be read"
+    if not isinstance(data, dict):
+        return f"the traced step's file '{path.name}' holds no record"
+    if not data.get("traced"):
+        return str(data.get("reason") or "not traced")
+    try:
+        ranks = [RankComponents.from_dict(d) for d in data["ranks"]]
+        step = int(data["step"])
+    except (KeyError, TypeError, ValueError):
+        return f"the traced step's file '{path.name}' is malformed"
+    return TracedStep(step, ranks) if ranks else "the traced step has no ranks"
+
+
+def predicted_components_s(breakdown: dict) -> dict[str, float]:
+    return {c.label: sum(breakdown.get(k, 0.0) for k in c.predicted_keys) for c in COMPONENTS}
+
+
+def measured_components_s(rank: RankComponents) -> dict[str, float]:
+    return {c.label: getattr(rank, c.measured) for c in COMPONENTS}
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole > 0 else "-"
+
+
+def components_report(pred, traced: TracedStep | str | None, steady_step_s: float) -> list[str]:
+    """The traced step's block of the report: measured components on the compared rank against the prediction's,
+    in seconds and as fractions of the traced span / the predicted step. `traced`: a reason string when the
+    step was not traced, None when it was not asked for (no lines)."""
+    if traced is None:
+        return []
+    head = "components of one extra step, traced after the measured ones (torch.profiler, GPU kernels)"
+    if isinstance(traced, str):
+        return [f"{head}: {traced}"]
+    rank = traced.compared_rank()
+    if rank.span_s <= 0:
+        return [f"{head}: the trace holds no GPU kernels"]
+    lines = [f"{head}:",
+             f"  traced step {traced.step}: span {rank.span_s:.4g} s on rank {rank.rank} (the largest of "
+             f"{len(traced.ranks)} rank(s)); steady median step {steady_step_s:.4g} s "
+             f"({_err(rank.span_s, steady_step_s) or '-'} traced against steady)",
+             f"{'':<34}{'predicted':>12}{'measured':>12}{'error':>9}{'pred/step':>11}{'meas/span':>11}"]
+    predicted, measured = predicted_components_s(pred.breakdown_s), measured_components_s(rank)
+    for c in COMPONENTS:
+        p, m = predicted[c.label], measured[c.label]
+        lines.append(f"{'  ' + c.label:<34}{p:>12.4g}{m:>12.4g}{_err(p, m):>9}"
+                     f"{_share(p, pred.step_s):>11}{_share(m, rank.span_s):>11}")
+    for c in COMPONENTS:
+        lines.append(f"    {c.label}: predicted {' + '.join(c.predicted_keys)}; measured {c.measured_text}")
+    mapped = {k for c in COMPONENTS for k in c.predicted_keys}
+    other = [f"{k} {v:.4g}" for k, v in pred.breakdown_s.items() if k not in mapped and v]
+    if other:
+        lines.append("    predicted but in no component: " + ", ".join(other))
+    by_rank = sorted(traced.ranks, key=lambda r: r.rank)
+    lines.append("  exposed communication per rank (s): "
+                 + ", ".join(f"{r.rank}: {r.exposed_communication_s:.4g}" for r in by_rank))
+    return lines
+
+
 def report(plan: Plan, pred, meas: dict) -> str:
     b = pred.breakdown_s
     lines = [f"{plan.model.name} {plan.layout.short()} mb{plan.layout.micro_batch} sharding {plan.layout.sharding} "
@@ -190,8 +302,10 @@ def report(plan: Plan, pred, meas: dict) -> str:
     lines.append(f"{'  rest (compute + exposed comm)':<34}{rest_p:>12.4g}{rest_m:>12.4g}{_err(rest_p, rest_m):>9}")
     untimed = [k for k in b if k not in ("optimizer", "bubble") and b[k] > 0]
     if untimed:
-        lines.append("    predicted split of the rest (not timed apart by the runtime): "
-                     + ", ".join(f"{k} {b[k]:.4g}" for k in untimed))
+        traced = isinstance(meas.get("components"), TracedStep)
+        where = "timed apart in the traced step below" if traced else "not timed apart by the runtime"
+        lines.append(f"    predicted split of the rest ({where}): " + ", ".join(f"{k} {b[k]:.4g}" for k in untimed))
+    lines.extend(components_report(pred, meas.get("components"), meas["step_s"]))
     if host_paced(pred):
         lines.append(host_paced_note(pred))
     gpu_line = gpu_monitor.describe(meas.get("gpu_state"))
@@ -224,9 +338,11 @@ def profile_label(profile_arg: str | None, gpu: str) -> str:
     return f"shipped:{used.stem}" if used != Path(profile_arg) else profile_arg
 
 
-def append_row(path: Path, row: dict, plan: Plan, gpu_state: dict | None = None) -> int:
+def append_row(path: Path, row: dict, plan: Plan, gpu_state: dict | None = None,
+               components: TracedStep | None = None) -> int:
     """Append the row (header first when the file is new) and its plan to the sidecar, with the GPUs' clock and
-    power during the measured steps where they were sampled (runtime/gpu_monitor.py); returns the row number."""
+    power during the measured steps where they were sampled (runtime/gpu_monitor.py) and the traced step's
+    per-rank components where it was traced; returns the row number."""
     n = _check_results_file(path) + 1
     new = not path.exists()
     if new:
@@ -240,6 +356,8 @@ def append_row(path: Path, row: dict, plan: Plan, gpu_state: dict | None = None)
         rec = {"row": n, "plan": plan.to_dict()}
         if gpu_state:
             rec["gpu_state"] = gpu_state
+        if components is not None:
+            rec["components"] = components.to_dict()
         fh.write(json.dumps(rec) + "\n")
     return n
 
@@ -256,8 +374,9 @@ def _run_plans(args, files: list[Path], out: Path) -> dict[str, str]:
                                                   args.device, "--data", args.data, "--results", str(out)])
         _, nproc = launch.check_plan_on_machine(largs)
         many = len(files) > 1
+        components = None if args.no_trace else out if many else out / f"{remaining[0].stem}.components.json"
         cmd = launch.torchrun_command(largs, nproc, out if many else out / f"{remaining[0].stem}.csv",
-                                      plans=[str(f) for f in remaining] if many else None)
+                                      plans=[str(f) for f in remaining] if many else None, components=components)
         rc = _run(cmd, launch.worker_env(args.device), args.timeout * len(remaining) + (30 if args.timeout else 0))
         done = [f for f in remaining if not many or (out / f"{f.stem}.done").exists()]
         if rc == 0 and len(done) == len(remaining):
@@ -341,6 +460,8 @@ def validate(args) -> int:
                     Path(args.keep_steps).parent.mkdir(parents=True, exist_ok=True)
                     Path(args.keep_steps).write_text(steps_csv.read_text())
                 meas = _steady(rows, args.warmup)
+                meas["components"] = ("not traced (--no-trace)" if args.no_trace
+                                      else read_components(tmp / f"{f.stem}.components.json"))
                 if samples and meas["window_unix_s"]:
                     meas["gpu_state"] = gpu_monitor.summarize(
                         samples, *meas["window_unix_s"],
@@ -351,7 +472,8 @@ def validate(args) -> int:
                 if append:
                     label = profile_label(args.profile, ClusterSpec.from_dict(plan.cluster).gpu)
                     row = result_row(plan, pred, meas, _gpu_name(args.device), label)
-                    n = append_row(append, row, plan, meas.get("gpu_state"))
+                    traced = meas["components"] if isinstance(meas["components"], TracedStep) else None
+                    n = append_row(append, row, plan, meas.get("gpu_state"), traced)
                     print(f"appended row {n} to {append}")
             except PlanError as exc:
                 if len(plans) == 1:

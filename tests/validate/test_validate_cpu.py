@@ -42,6 +42,10 @@ def test_validate_cpu_appends_row(tiny_plan, tmp_path):
     rc, so, se = _cli("validate", tiny_plan, "--steps", "4", "--warmup", "1", "--device", "cpu", "--append", out)
     assert rc == 0, se
     assert "step time (s)" in so and "appended row 1" in so
+    # the workers were asked for the traced step and answered with the CPU marker; nothing traced, nothing kept
+    assert "components of one extra step, traced after the measured ones (torch.profiler, GPU kernels): " \
+           "not traced on CPU (no GPU kernels to time)" in so
+    assert "(not timed apart by the runtime)" in so
     rows = read_results(out)  # checks the exact header
     assert len(rows) == 1
     r = rows[0]
@@ -56,6 +60,36 @@ def test_validate_cpu_appends_row(tiny_plan, tmp_path):
     assert r["gpu"] == "cpu" and r["profile"] == "shipped:h200-sxm-calibrated" and r["commit"] and r["date"]
     side = read_sidecar(sidecar_path(out))
     assert Plan.from_dict(side[1]).layout == plan.layout
+    assert "components" not in json.loads(sidecar_path(out).read_text())
+
+
+def test_traced_step_is_asked_for_unless_no_trace(tiny_plan, monkeypatch, capsys):
+    """The workers get --components-out (a file for one plan) by default, on CPU too (they answer with the CPU
+    marker); --no-trace leaves it out."""
+    from runtime import validate as V
+
+    cmds = []
+    monkeypatch.setattr(V, "_run", lambda cmd, env, timeout: cmds.append(cmd) or 0)
+    for extra in ([], ["--no-trace"]):
+        assert V.main([str(tiny_plan), "--steps", "2", "--warmup", "1", "--device", "cpu", *extra]) == 1
+        assert "wrote no per-step results" in capsys.readouterr().err
+    asked, skipped = cmds
+    assert asked[asked.index("--components-out") + 1].endswith("0000.components.json")
+    assert "--components-out" not in skipped
+
+
+def test_sidecar_keeps_the_traced_components(tiny_plan, tmp_path):
+    from runtime.trace_analysis import RankComponents
+    from runtime.validate import TracedStep, append_row
+
+    ranks = [RankComponents(r, 0.5 + r, 0.4, 0.3, 0.2, 0.1) for r in range(2)]
+    path = tmp_path / "r.csv"
+    append_row(path, {k: "x" for k in RESULT_COLUMNS}, Plan.load(tiny_plan), components=TracedStep(4, ranks))
+    rec = json.loads(sidecar_path(path).read_text())
+    assert rec["components"]["step"] == 4
+    assert [RankComponents.from_dict(d) for d in rec["components"]["ranks"]] == ranks
+    assert rec["components"]["ranks"][1]["idle_s"] == pytest.approx(1.5 - 0.4)
+    assert len(read_results(path)) == 1   # read_results refuses a CSV whose columns are not RESULT_COLUMNS
 
 
 def test_append_numbers_rows_and_never_rewrites(tiny_plan, tmp_path):
@@ -139,6 +173,7 @@ def test_validate_several_plans_of_two_world_sizes_in_one_call(tiny_plan, tmp_pa
         ("tiny-gpt", 2, 2, 1), ("tiny-llama", 1, 1, 1), ("tiny-gpt", 2, 1, 2)]
     assert so.count("step time (s)") == 3
     assert so.count("=== plan") == 2  # the two 2-process plans ran in one worker
+    assert so.count("not traced on CPU") == 3  # every plan's marker, from its own file in the workers' folder
 
 
 def test_validate_stopped_midway_still_appends_what_finished(tiny_plan, tmp_path, monkeypatch, capsys):
