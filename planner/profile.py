@@ -138,13 +138,16 @@ class HostOverheads:
         return self.family_ends_s.get(family, self.ends_s)
 
     def data_parallel_layer_s(self, family: str = "") -> float:
-        """Host seconds per layer and micro-batch that data parallelism's gradient reduction adds (DP2 base
-        minus the single-rank figure, at least 0); 0 where the single-rank figure was not measured."""
+        """Host seconds per layer and micro-batch that data parallelism's gradient reduction adds: the DP2 base
+        minus the single-rank figure; 0 where the single-rank figure was not measured. Not clipped at 0, so that
+        a plan without data parallelism is priced at the single-rank figure itself, measured for exactly that
+        case. (Clipped, a single-rank figure above the base, from another machine's probe or from the probe's
+        noise, was ignored: r2 of session 15 measured 3.3 ms against a base of 2.0 ms from another machine.)"""
         single = self.family_single_rank_layer_s.get(family or "llama")
         if single is None:
             return 0.0
         base = self.family_layer_s.get(family, self.layer_s).get("none", 0.0)
-        return max(base - single, 0.0)
+        return base - single
 
     def moe_layer_s(self) -> float:
         """Host time an MoE layer adds to a dense one (router, sort, dispatch, grouped expert GEMMs)."""

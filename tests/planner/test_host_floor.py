@@ -155,3 +155,16 @@ def test_plans_without_a_data_parallel_group_drop_the_reduction_host_time():
     llama = _cm(Layout(micro_batch=1, sharding="none"), host=fam, model="llama3-8b")
     assert llama.stage_host_s(0, StagePlan(layers=2)) == pytest.approx(2 * HOST.layer_s["none"] + HOST.ends_s)
     assert Profile.from_dict(replace(load_profile("h200-sxm", "h200-sxm"), host=fam).to_dict()).host == fam
+
+
+def test_a_single_rank_figure_above_the_base_prices_single_rank_plans():
+    # the single-rank probe measured 1.6 ms against a DP2 base of 1.0 ms (another machine's, or the probe's
+    # noise): a plan without data parallelism is priced at 1.6 ms per layer, its recompute modes shifted alike
+    fam = replace(HOST, family_layer_s={"gpt": {"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3}},
+                  family_ends_s={"gpt": 2e-3}, family_single_rank_layer_s={"gpt": 1.6e-3},
+                  family_single_rank_ends_s={"gpt": 1.5e-3})
+    st = StagePlan(layers=4, full_recompute_layers=1)
+    one_gpu = _cm(Layout(micro_batch=1, sharding="none"), host=fam)
+    assert one_gpu.stage_host_s(0, st) == pytest.approx(3 * 1.6e-3 + 1 * 2.1e-3 + 1.5e-3)
+    dp2 = _cm(Layout(dp=2, micro_batch=1, sharding="optimizer"), host=fam)  # the base, untouched
+    assert dp2.stage_host_s(0, st) == pytest.approx(3 * 1e-3 + 1.5e-3 + 2e-3)
