@@ -119,6 +119,18 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
                   _recompute_summary(plan), f"{q.step_s:.3f}", f"{q.tokens_per_s:,.0f}", f"{q.tflops_per_gpu:.0f}",
                   f"{q.mfu:.1%}", f"{max(q.memory_gib_per_rank):.1f}", f"+{q.step_s / p.step_s - 1:.1%}" if i else "")
     con.print(r)
+    if result.alternatives:
+        w = Table(title="Why not another kind of layout (the best of each; its greedy split)", title_justify="left")
+        for col in ("instead", "its best layout", "mb", "sharding", "step s", "vs best", "where it loses"):
+            w.add_column(col, justify="right" if col in ("mb", "step s", "vs best") else "left")
+        for alt in result.alternatives:
+            if alt.plan is None:
+                w.add_row(alt.label, "-", "", "", "", "", alt.why)
+                continue
+            q = alt.plan.prediction
+            w.add_row(alt.label, alt.plan.layout.short(), str(alt.plan.layout.micro_batch), alt.plan.layout.sharding,
+                      f"{q.step_s:.3f}", f"{q.step_s / p.step_s - 1:+.1%}", alt.why)
+        con.print(w)
     st = result.stats
     con.print(f"searched {st.layouts_enumerated} layouts ({st.layouts_bounded} bounded beyond their compute, {st.layouts_fit_bound} of "
               f"those within the memory bound), "
@@ -139,4 +151,7 @@ def result_json(result: SearchResult, elapsed_s: float) -> str:
                    "layouts_bounded": st.layouts_bounded, "layouts_within_memory_bound": st.layouts_fit_bound, "layouts_greedy": st.layouts_greedy,
                    "layouts_cpsat": st.layouts_solved, "cpsat_proven_optimal": st.proven_optimal,
                    "phase_s": st.phase_s, "elapsed_s": elapsed_s},
+        "alternatives": [{"instead": a.label, "plan": a.plan.to_dict() if a.plan else None,
+                          "vs_best": a.plan.prediction.step_s / result.plans[0].prediction.step_s - 1 if a.plan else None,
+                          "why": a.why} for a in result.alternatives],
     }, indent=2)

@@ -69,23 +69,22 @@ def _rank_order(pp: int, v: int, m: int, rank: int) -> list[tuple[int, int, int]
 
 
 @lru_cache(maxsize=256)
-def _program(pp: int, v: int, m: int) -> tuple[tuple[tuple, ...], ...]:
-    """Per rank, per action: (key, virtual stage, kind index, dependency keys, whether each dependency
-    is on another rank). Keys index a flat finish-time table: (kind * V + j) * m + mb."""
+def _program(pp: int, v: int, m: int) -> tuple[tuple[tuple[int, int, bool, int, bool], ...], ...]:
+    """Per rank, per action: (key, first dependency's key, whether it is on another rank, second dependency's key,
+    whether that one is). Keys index a flat finish-time table: (kind * V + j) * m + mb, so key // m indexes the
+    actions' durations (forwards then backwards, by virtual stage); -1: no dependency. Flat tuples, because a
+    deep interleaved pipeline plays tens of thousands of actions."""
     V = pp * v
     out = []
     for r in range(pp):
         prog = []
         for kind, chunk, mb in _rank_order(pp, v, m, r):
             j = chunk * pp + r
-            if kind == 0:
-                deps = (((j - 1) * m + mb, (j - 1) % pp != r),) if j > 0 else ()
-                prog.append((j * m + mb, j, 0, deps))
-            else:
-                deps = ((j * m + mb, False),)
-                if j < V - 1:
-                    deps += (((V + j + 1) * m + mb, (j + 1) % pp != r),)
-                prog.append(((V + j) * m + mb, j, 1, deps))
+            if kind == 0:  # after the previous stage's forward of this micro-batch
+                prog.append((j * m + mb, (j - 1) * m + mb if j > 0 else -1, (j - 1) % pp != r, -1, False))
+            else:  # after its own forward and the next stage's backward
+                prog.append(((V + j) * m + mb, j * m + mb, False,
+                             (V + j + 1) * m + mb if j < V - 1 else -1, (j + 1) % pp != r))
         out.append(tuple(prog))
     return tuple(out)
 
@@ -93,33 +92,39 @@ def _program(pp: int, v: int, m: int) -> tuple[tuple[tuple, ...], ...]:
 def _play(pp: int, v: int, m: int, fwd_s, bwd_s, hop_s: float) -> float:
     """Span of one step with exactly m micro-batches (every action played)."""
     prog = _program(pp, v, m)
-    dur = (fwd_s, bwd_s)
+    dur = tuple(fwd_s) + tuple(bwd_s)
     finish = [-1.0] * (2 * pp * v * m)
     pos, free = [0] * pp, [0.0] * pp
     left = sum(len(p) for p in prog)
     while left:
         moved = False
         for r in range(pp):
-            p, i = prog[r], pos[r]
-            while i < len(p):
-                k, j, kind, deps = p[i]
-                start = free[r]
-                ready = True
-                for dk, remote in deps:
-                    t = finish[dk]
+            p, i, n = prog[r], pos[r], len(prog[r])
+            start0 = free[r]
+            while i < n:
+                k, a, a_remote, b, b_remote = p[i]
+                start = start0
+                if a >= 0:
+                    t = finish[a]
                     if t < 0:
-                        ready = False
                         break
-                    t += hop_s if remote else 0.0
+                    if a_remote:
+                        t += hop_s
                     if t > start:
                         start = t
-                if not ready:
-                    break
-                finish[k] = free[r] = start + dur[kind][j]
+                if b >= 0:
+                    t = finish[b]
+                    if t < 0:
+                        break
+                    if b_remote:
+                        t += hop_s
+                    if t > start:
+                        start = t
+                finish[k] = start0 = start + dur[k // m]
                 i += 1
                 left -= 1
                 moved = True
-            pos[r] = i
+            pos[r], free[r] = i, start0
         if not moved:
             raise RuntimeError("pipeline schedule cannot make progress (deadlock in the action order)")
     return max(free)

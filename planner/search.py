@@ -33,6 +33,9 @@ from planner.profile import FP8_MODEL_NOTE, Profile
 
 MAX_VPP = 8
 MAX_MICRO_BATCH = 16
+ALTERNATIVE_SPLITS = 6
+"""The alternatives' searches split at most this many of each kind's layouts, best bound first (a few tenths of a
+second for all kinds together; their figures are that kind's best found, not proven best)."""
 SOLVER_WORKERS = 8
 """CP-SAT's portfolio of workers: several strategies proving optimality beat one even on two cores."""
 
@@ -81,9 +84,24 @@ class SearchStats:
 
 
 @dataclass
+class Alternative:
+    """The best plan of a kind the recommended one is not (another TP degree, no pipeline, another sharding
+    level, ...): what a user comparing against a familiar configuration asks about."""
+
+    label: str
+    """What differs from the recommended layout, e.g. 'TP 8' or 'no pipeline (PP 1)'."""
+    plan: Plan | None
+    """Its best layout with its greedy split, the schedule played; None when none of its layouts fits."""
+    why: str
+    """Where it loses time against the recommended plan, or why none of its layouts fits."""
+
+
+@dataclass
 class SearchResult:
     plans: list[Plan]
     stats: SearchStats
+    alternatives: list[Alternative] = field(default_factory=list)
+    """With search(alternatives=True): the best plan of each kind of layout the first plan is not."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -153,6 +171,9 @@ class _Candidate:
     time_bound_s: float = math.nan
     memory_bound_bytes: float = math.nan
     """_bounds, worked out only for layouts whose compute bound could still beat the k-th best plan."""
+    greedy: list[StagePlan] | None = None
+    greedy_tried: bool = False
+    """greedy_stages, kept for the alternatives' searches (None: no split fits, or not tried yet)."""
 
 
 def _compute_bound(cm: CostModel, shape: TrainingShape, pins: Pins) -> float:
@@ -196,14 +217,24 @@ def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins) -> tuple[float, flo
     layers = m.num_layers / lay.pp
     dp = cm.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro)
     time_lb = pipe + dp + cm.optimizer_s(dense, expert, cm.fused_wgrad_params(bound_layers, lay.pp == 1, lay.pp == 1))
-    # memory: the busiest rank holds at least the mean over ranks; every layer keeps at least its
-    # recompute mode's activations for at least one micro-batch in flight
+    # memory: every layer keeps at least its recompute mode's activations; the busiest rank holds at least the
+    # mean over ranks (one micro-batch in flight each), and at least what the layers spread evenly over the
+    # ranks' fixed bytes and in-flight counts leave (CostModel.memory_lower_bound_bytes)
     acts = cm.activations
     per_layer_act = {"none": acts.none_bytes, "selective": acts.selective_bytes}.get(pins.recompute or "",
                                                                                    acts.full_bytes)
     total_dense, total_expert = cm.params_of(m.num_layers, True, True)
-    mem_lb = (mem.state_bytes(total_dense, total_expert, lay) + m.num_layers * per_layer_act) / lay.pp \
+    mean_lb = (mem.state_bytes(total_dense, total_expert, lay) + m.num_layers * per_layer_act) / lay.pp \
         + mem.fsdp_gather_bytes(m, lay)
+    # a rank with any fully recomputed layer also holds one layer's activations while it rematerialises them, so
+    # free recompute is bounded by the lesser of all-selective and all-full with that transient
+    if pins.recompute:
+        spread = cm.memory_lower_bound_bytes(per_layer_act, num_micro,
+                                             acts.none_bytes if pins.recompute == "full" else 0.0)
+    else:
+        spread = min(cm.memory_lower_bound_bytes(acts.selective_bytes, num_micro),
+                     cm.memory_lower_bound_bytes(acts.full_bytes, num_micro, acts.none_bytes))
+    mem_lb = max(mean_lb, spread)
     return time_lb, mem_lb
 
 
@@ -394,21 +425,74 @@ def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> 
     return cm2 if flip else cm
 
 
+def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit: float, top_k: int,
+           stats: SearchStats, solve_time_s: float | None, max_splits: float = math.inf):
+    """The top_k candidates by the score of a split (CostModel.predict(play=False)): best bound first, a layout
+    known by its compute bound gets its full bounds (memory, and time with communication and optimizer) and goes
+    back in line; one known by its full bound gets a greedy split (CP-SAT where that finds none, while fewer than
+    top_k are scored, unless solve_time_s is None). So the splits come in the order of the full bounds, and only
+    layouts whose compute bound is below the k-th best are bounded in full. Bounds and splits are kept on the
+    candidates for later calls. Returns (scored [(score, candidate, stages)], the lowest bound of the layouts not
+    scored, (least memory bound, its layout) among those bounded, whether max_splits cut the search short).
+    max_splits: stop after splitting that many layouts, or trying four times as many (the alternatives' searches:
+    their best among the most promising, not proven best)."""
+    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates)]
+    heapq.heapify(queue)
+    scored: list[tuple[float, _Candidate, list[StagePlan]]] = []
+    kth = math.inf
+    unsettled_bound = math.inf
+    min_mem: tuple[float, Layout] | None = None
+    splits = tries = 0  # layouts split, and split or tried (a greedy split can find nothing within memory)
+    while queue and splits < max_splits and tries < 4 * max_splits:
+        bound_s, i, bounded = heapq.heappop(queue)
+        if bound_s >= kth:  # so is every layout's still in line
+            unsettled_bound = bound_s
+            break
+        c = candidates[i]
+        if not bounded:
+            if math.isnan(c.time_bound_s):
+                c.time_bound_s, c.memory_bound_bytes = _bounds(c.cost, shape, pins)
+                stats.layouts_bounded += 1
+                stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+            if min_mem is None or c.memory_bound_bytes < min_mem[0]:
+                min_mem = (c.memory_bound_bytes, c.layout)
+            if c.memory_bound_bytes <= limit:
+                heapq.heappush(queue, (c.time_bound_s, i, True))
+            continue
+        if not c.greedy_tried:
+            c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, pins.recompute), True
+            stats.layouts_greedy += 1
+        stages = c.greedy
+        tries += 1
+        if stages is None and len(scored) < top_k and solve_time_s is not None:
+            stages = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s).stages
+            stats.layouts_solved += 1
+        if stages is None:
+            continue
+        splits += 1
+        step = c.cost.predict(stages, play=False).step_s
+        scored.append((step, c, stages))
+        scored.sort(key=lambda x: x[0])
+        if len(scored) >= top_k:
+            kth = scored[top_k - 1][0]
+    return scored, unsettled_bound, min_mem, bool(queue) and (splits >= max_splits or tries >= 4 * max_splits)
+
+
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
            pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_time_s: float = 0.03,
-           progress=None) -> SearchResult:
+           progress=None, alternatives: bool = False) -> SearchResult:
     """Best plans first. Phases: enumerate every legal layout with a cheap bound (its layers' compute); in that
     bound's order, the full time and memory bounds of each layout that could still beat the k-th best, and a
     greedy split of each whose full bound could too; CP-SAT on the `top_k + refine` best of those (hinted with
     the greedy split, `solve_time_s` each). The stats say how close the result is proven to be: the first
-    plan's step over the lowest bound of every layout that CP-SAT did not settle."""
+    plan's step over the lowest bound of every layout that CP-SAT did not settle. alternatives: also the best
+    plan of each kind of layout the first plan is not (planner/why_not.py), from the same candidates."""
     stats = SearchStats()
     t0 = time.perf_counter()
     limit = mem.memory_limit_bytes(cluster.usable_memory_gib)
     candidates: list[_Candidate] = []
     shared: dict = {}
     first_violation = None
-    min_mem: tuple[float, Layout] | None = None
     for lay in enumerate_layouts(model, shape, cluster, pins):
         stats.layouts_enumerated += 1
         why = layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node)
@@ -423,44 +507,8 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
         candidates.append(_Candidate(lay, cm, _compute_bound(cm, shape, pins)))
     stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
 
-    # best bound first: a layout known by its compute bound gets its full bounds (memory, and time with
-    # communication and optimizer) and goes back in line; one known by its full bound gets a greedy split.
-    # So the splits come in the order of the full bounds, and only layouts whose compute bound is below the
-    # k-th best plan are bounded in full.
     t1 = time.perf_counter()
-    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates)]
-    heapq.heapify(queue)
-    scored: list[tuple[float, _Candidate, list[StagePlan]]] = []
-    kth = math.inf
-    unsettled_bound = math.inf
-    while queue:
-        bound_s, i, bounded = heapq.heappop(queue)
-        if bound_s >= kth:  # so is every layout's still in line
-            unsettled_bound = bound_s
-            break
-        c = candidates[i]
-        if not bounded:
-            c.time_bound_s, c.memory_bound_bytes = _bounds(c.cost, shape, pins)
-            stats.layouts_bounded += 1
-            if min_mem is None or c.memory_bound_bytes < min_mem[0]:
-                min_mem = (c.memory_bound_bytes, c.layout)
-            if c.memory_bound_bytes <= limit:
-                stats.layouts_fit_bound += 1
-                heapq.heappush(queue, (c.time_bound_s, i, True))
-            continue
-        stages = greedy_stages(c.cost, shape, limit, pins.recompute)
-        stats.layouts_greedy += 1
-        if stages is None and len(scored) < top_k:
-            stages_res = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s)
-            stats.layouts_solved += 1
-            stages = stages_res.stages
-        if stages is None:
-            continue
-        step = c.cost.predict(stages, play=False).step_s
-        scored.append((step, c, stages))
-        scored.sort(key=lambda x: x[0])
-        if len(scored) >= top_k:
-            kth = scored[top_k - 1][0]
+    scored, unsettled_bound, min_mem, _ = _score(candidates, shape, pins, limit, top_k, stats, solve_time_s)
     stats.phase_s["greedy"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
@@ -487,20 +535,78 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
         pred = c.cost.predict(stages)  # the schedule played: the figure the plan reports and is ranked by
         if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
             continue  # the solver rounds memory up and never allows this; kept as a guard
-        prov = plan_provenance(profile, c.layout.fp8)
-        off_grid, queries = c.cost.interpolated_gemms()
-        if off_grid:  # say so: between the grid's points cuBLAS can run 10-30% off the interpolated rate
-            prov["modelled"].insert(0, f"GEMMs: {off_grid} of this layout's {queries} layer GEMM shapes interpolated "
-                                       f"between profile points (`plan profile --model {model.name}` measures them)")
-        plans.append(Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
-                          prediction=pred, provenance=prov))
+        plans.append(_plan_of(c, stages, pred, model, shape, cluster, profile))
     plans.sort(key=lambda p: p.prediction.step_s)
     plans = plans[:top_k]
     if not plans:
         raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit)
     best = plans[0].prediction.step_s
     stats.gap_to_bound = max(0.0, best / unsettled_bound - 1) if unsettled_bound < math.inf and best > unsettled_bound else 0.0
-    return SearchResult(plans=plans, stats=stats)
+    result = SearchResult(plans=plans, stats=stats)
+    if alternatives:
+        t3 = time.perf_counter()
+        alts = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
+        # the search ranks its candidates by the schedule's closed form and plays only the ones it keeps; an
+        # alternative's best, played, can come out ahead of them: it then joins the plans (CP-SAT's split or the
+        # greedy one, whichever plays faster), and the alternatives are taken against the new first plan
+        faster = [a.plan for a in alts if a.plan is not None and a.plan.prediction.step_s < plans[0].prediction.step_s]
+        if faster:
+            for alt in faster:
+                c = next(c for c in candidates if c.layout == alt.layout)
+                res = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s, hint=alt.stages)
+                stats.layouts_solved += 1
+                if res.stages is not None:
+                    pred = c.cost.predict(res.stages)
+                    if pred.step_s < alt.prediction.step_s:
+                        alt = _plan_of(c, res.stages, pred, model, shape, cluster, profile)
+                plans.append(alt)
+            plans.sort(key=lambda p: p.prediction.step_s)
+            del plans[top_k:]
+            alts = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
+        result.alternatives = alts
+        stats.phase_s["alternatives"] = time.perf_counter() - t3
+    return result
+
+
+def _plan_of(c: _Candidate, stages: list[StagePlan], pred, model, shape, cluster, profile) -> Plan:
+    prov = plan_provenance(profile, c.layout.fp8)
+    off_grid, queries = c.cost.interpolated_gemms()
+    if off_grid:  # say so: between the grid's points cuBLAS can run 10-30% off the interpolated rate
+        prov["modelled"].insert(0, f"GEMMs: {off_grid} of this layout's {queries} layer GEMM shapes interpolated "
+                                   f"between profile points (`plan profile --model {model.name}` measures them)")
+    return Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
+                prediction=pred, provenance=prov)
+
+
+def _alternatives(plans: list[Plan], candidates: list[_Candidate], model, shape, cluster, profile, pins,
+                  limit: float) -> list[Alternative]:
+    """For each kind of layout the first plan is not (planner/why_not.py), its best layout by the same scoring as
+    the search (bounds and greedy splits reused from it; no CP-SAT), with the schedule played, or the search's
+    own runner-up of that kind where that plays faster."""
+    from planner.why_not import alternative_kinds, why_it_loses
+
+    best = plans[0]
+    out = []
+    scratch = SearchStats()  # the alternatives' work is not the search's
+    for label, keep in alternative_kinds(best.layout, [c.layout for c in candidates], model):
+        kind = [c for c in candidates if keep(c.layout)]
+        scored, _, least, cut_short = _score(kind, shape, pins, limit, 1, scratch, None, ALTERNATIVE_SPLITS)
+        if scored:
+            _, c, stages = scored[0]
+            found = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile)]
+            plan = min(found + [p for p in plans[1:] if keep(p.layout)], key=lambda p: p.prediction.step_s)
+            out.append(Alternative(label, plan, why_it_loses(best.prediction, plan.prediction)))
+        elif cut_short:
+            out.append(Alternative(label, None, f"none of its {4 * ALTERNATIVE_SPLITS} most promising layouts has a "
+                                                f"greedy split within the {limit / mem.GIB:.1f} GiB allowed per GPU"))
+        elif least is not None and least[0] > limit:
+            out.append(Alternative(label, None, f"does not fit: each of its layouts needs at least "
+                                                f"{least[0] / mem.GIB:.1f} GiB per GPU against the "
+                                                f"{limit / mem.GIB:.1f} GiB allowed"))
+        else:
+            out.append(Alternative(label, None, "does not fit: no greedy layer split and recompute of its layouts "
+                                                f"stays within the {limit / mem.GIB:.1f} GiB allowed per GPU"))
+    return out
 
 
 def plan_provenance(profile: Profile, fp8: bool = False) -> dict:

@@ -165,15 +165,16 @@ def test_pins_are_honoured(profile):
                                                     cuda_graph=True)]
 
 
-@pytest.mark.parametrize("cuda_graph", [True, False])
-def test_bounds_are_below_every_split_they_bound(profile, cuda_graph):
-    """The search skips a layout when its compute bound, then its full bound, reaches the k-th best plan: both
-    must lie below the score of any split of that layout (an MoE model at EP > 1 with the host's time in play,
+@pytest.mark.parametrize("name,cuda_graph", [("mixtral-8x7b", True), ("mixtral-8x7b", False), ("llama3-70b", True)])
+def test_bounds_are_below_every_split_they_bound(profile, name, cuda_graph):
+    """The search skips a layout when its compute bound, then its full bound, reaches the k-th best plan, or when
+    its memory bound exceeds the limit: the time bounds must lie below the score of any split of that layout, the
+    memory bound below its busiest rank (an MoE model at EP > 1 with the host's time in play,
     where the bounds include the host floor and the MoE's exposed host time)."""
     from planner.model import resolve_model
     from planner.search import _bounds, _compute_bound, greedy_stages
 
-    model = resolve_model("mixtral-8x7b")
+    model = resolve_model(name)
     shape = TrainingShape(4096, 64)
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=16, gpus_per_node=8)
     pins = Pins(cuda_graph=cuda_graph)
@@ -184,7 +185,7 @@ def test_bounds_are_below_every_split_they_bound(profile, cuda_graph):
             continue
         cm = CostModel(model, shape, lay, cluster, profile)
         compute_s = _compute_bound(cm, shape, pins)
-        time_s, _ = _bounds(cm, shape, pins)
+        time_s, memory_bytes = _bounds(cm, shape, pins)
         assert compute_s <= time_s * (1 + 1e-12), lay
         splits = [even_stages(model.num_layers, lay.pp * lay.vpp, rc) for rc in ("none", "selective", "full")]
         splits.append(greedy_stages(cm, shape, limit * 10))
@@ -193,7 +194,9 @@ def test_bounds_are_below_every_split_they_bound(profile, cuda_graph):
                 continue
             pred = cm.predict(stages, play=False)
             assert time_s <= pred.step_s * (1 + 1e-9), (lay, stages, time_s, pred.step_s)
+            assert memory_bytes <= max(pred.memory_gib_per_rank) * mem.GIB * (1 + 1e-9), (lay, stages)
             host_bound += pred.breakdown_s["host"] > 0
         checked += 1
     assert checked > 100
-    assert host_bound > 0  # host-paced splits are among them (eager plans; EP > 1 cannot be captured)
+    if model.is_moe:
+        assert host_bound > 0  # host-paced splits are among them (eager plans; EP > 1 cannot be captured)

@@ -1,0 +1,66 @@
+"""Why not another layout: the kinds of layout a recommended plan is compared against, and where one loses time.
+
+A user who would otherwise copy a configuration asks "why not TP 8?" or "why not ZeRO-3?". For each kind of
+layout the recommended one is not, the search (planner/search.py, `search(alternatives=True)`) finds that kind's
+best plan, and this module says in a few words where it loses: the breakdown terms that grow the most.
+
+Kinds: every other tensor-parallel degree; with and without a pipeline; interleaved or not (where the plan
+pipelines); every other sharding level; with and without context parallelism; for MoE models every other
+expert-parallel degree. A kind with no legal layout (or excluded by the user's pins) is left out.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from planner.model import ModelSpec
+from planner.plan import Layout
+
+Kind = tuple[str, Callable[[Layout], bool]]
+
+SHOWN_TERMS = 2
+"""How many of the terms that grow the most are named per alternative."""
+
+SMALLEST_SHOWN_SHARE = 0.005
+"""A term that grows by less than this share of the recommended step is not worth naming."""
+
+TERM_LABEL = {"compute": "compute", "host": "host-bound", "recompute": "recompute",
+              "tp_comm": "exposed TP comm", "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm",
+              "pp_comm": "exposed PP comm", "bubble": "pipeline bubble", "dp_comm": "exposed DP comm",
+              "optimizer": "optimizer"}
+
+
+def alternative_kinds(best: Layout, layouts: list[Layout], model: ModelSpec) -> list[Kind]:
+    """(label, membership test) of each kind of layout `best` is not and some of `layouts` are."""
+    kinds: list[Kind] = []
+    for tp in sorted({lay.tp for lay in layouts} - {best.tp}):
+        kinds.append((f"TP {tp}", lambda lay, tp=tp: lay.tp == tp))
+    if best.pp > 1:
+        kinds.append(("no pipeline (PP 1)", lambda lay: lay.pp == 1))
+        if best.vpp > 1:
+            kinds.append(("pipeline without virtual stages", lambda lay: lay.pp > 1 and lay.vpp == 1))
+        else:
+            kinds.append(("interleaved pipeline (virtual stages)", lambda lay: lay.vpp > 1))
+    else:
+        kinds.append(("a pipeline (PP > 1)", lambda lay: lay.pp > 1))
+    for sharding in sorted({lay.sharding for lay in layouts} - {best.sharding}):
+        kinds.append((f"sharding {sharding}", lambda lay, s=sharding: lay.sharding == s))
+    if best.cp > 1:
+        kinds.append(("no context parallelism (CP 1)", lambda lay: lay.cp == 1))
+    else:
+        kinds.append(("context parallelism (CP > 1)", lambda lay: lay.cp > 1))
+    if model.is_moe:
+        for ep in sorted({lay.ep for lay in layouts} - {best.ep}):
+            kinds.append((f"EP {ep}", lambda lay, ep=ep: lay.ep == ep))
+    return [(label, keep) for label, keep in kinds if any(keep(lay) for lay in layouts)]
+
+
+def why_it_loses(best, alternative) -> str:
+    """The breakdown terms (planner.cost.Prediction.breakdown_s) that grow the most from the recommended plan's
+    prediction to the alternative's, e.g. '+1.20 s exposed TP comm, +0.41 s pipeline bubble'."""
+    step = best.step_s
+    grown = sorted(((alternative.breakdown_s.get(k, 0.0) - best.breakdown_s.get(k, 0.0), k) for k in TERM_LABEL),
+                   reverse=True)
+    named = [f"+{d:.3g} s {TERM_LABEL[k]}" for d, k in grown[:SHOWN_TERMS] if d > SMALLEST_SHOWN_SHARE * step]
+    if alternative.step_s < step:
+        return "predicted faster when its schedule is played; the search ranks layouts by the schedule's closed form"
+    return ", ".join(named) if named else "about the same in every term"
