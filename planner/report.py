@@ -131,6 +131,9 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
             w.add_row(alt.label, alt.plan.layout.short(), str(alt.plan.layout.micro_batch), alt.plan.layout.sharding,
                       f"{q.step_s:.3f}", f"{q.step_s / p.step_s - 1:+.1%}", alt.why)
         con.print(w)
+    else:
+        con.print("why not TP 8, no pipeline, ZeRO-3, ...? --why-not shows the best plan of each other kind of layout "
+                  "and where it loses time", style="dim")
     st = result.stats
     con.print(f"searched {st.layouts_enumerated} layouts ({st.layouts_bounded} bounded beyond their compute, {st.layouts_fit_bound} of "
               f"those within the memory bound), "

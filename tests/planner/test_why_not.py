@@ -64,13 +64,13 @@ def test_search_alternatives_are_of_their_kind_and_never_faster_than_the_first_p
     assert search(model, TrainingShape(8192, 64), cluster, profile).alternatives == []
 
 
-def test_cli_shows_alternatives_and_can_leave_them_out():
-    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--json")
+def test_cli_shows_alternatives_when_asked():
+    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--json", "--why-not")
     assert rc == 0, err
     alts = json.loads(out)["alternatives"]
     assert alts and all({"instead", "plan", "vs_best", "why"} <= set(a) for a in alts)
     assert all(a["vs_best"] >= 0 for a in alts if a["plan"])
-    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8")
+    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--why-not")
     assert rc == 0 and "Why not another kind of layout" in out
-    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--json", "--no-why-not")
+    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--json")
     assert rc == 0 and json.loads(out)["alternatives"] == []
