@@ -544,7 +544,8 @@ class CostModel:
             total += inflight * per_mb
         return total + transient
 
-    def memory_lower_bound_bytes(self, per_layer_act_bytes: float, num_micro: int, extra_transient_bytes: float = 0.0) -> float:
+    def memory_lower_bound_bytes(self, per_layer_act_bytes: float, num_micro: int,
+                                 extra_transient_bytes: float = 0.0) -> float:
         """A lower bound of the busiest rank's rank_memory_bytes over every layer split, with each layer keeping at
         least per_layer_act_bytes per micro-batch in flight (the least its recompute choices allow). Each rank r
         holds fixed bytes F_r that no split moves (workspace, the smallest transient, its chunks' per-micro-batch
@@ -552,46 +553,53 @@ class CostModel:
         micro-batches any of its chunks holds in flight. The continuous relaxation spreads the L layers so that
         every rank holding any reaches the same M: sum_r max(0, M - F_r) / w_r = L. extra_transient_bytes: a
         transient every rank has for the recompute assumed (a fully recomputed layer's rematerialised activations)."""
-        m, lay, shape = self.m, self.lay, self.shape
-        acts = self.activations
-        S = lay.pp * lay.vpp
-        state_l = mem.state_bytes(*self.per_layer_params, lay)
-        transient = extra_transient_bytes + acts.working_bytes + mem.dp_reduction_transient_bytes(
-            0.0, 0.0, lay, mem.largest_layer_param_local(m, lay.tp), mem.largest_param_local(m, lay.tp))
-        fixed, weight = [], []
-        for r in range(lay.pp):
-            inflight = [mem.in_flight_micro_batches(r, c, lay, num_micro) for c in range(lay.vpp)]
-            first, last = r == 0, r == lay.pp - 1  # stage 0 is rank 0's chunk 0; the last stage rank pp-1's last
-            dense, expert = self.params_of(0, first, last)
-            root = dense
-            f = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, root) \
-                + mem.cublas_workspace_bytes(lay, self.cluster.gpu)
-            rank_transient = transient
-            for c, k in enumerate(inflight):
-                j = c * lay.pp + r
-                per_mb = mem.rotary_table_bytes(m, shape, lay)
-                if j != S - 1:
-                    per_mb += mem.pipeline_output_bytes(m, shape, lay)
-                if j == 0:
-                    per_mb += mem.embedding_activation_bytes(m, shape, lay)
-                if j == S - 1:
-                    kept, trans = mem.head_activation_bytes(m, shape, lay)
-                    per_mb += kept
-                    rank_transient = max(rank_transient, trans)
-                f += k * per_mb
-            fixed.append(f + rank_transient)
-            weight.append(state_l + per_layer_act_bytes * min(inflight))
+        state_l, ranks = self._rank_fixed_bytes(num_micro)
+        fixed = [f + max(transient + extra_transient_bytes, own_transient) for f, transient, own_transient, _ in ranks]
+        weight = [state_l + per_layer_act_bytes * k for _, _, _, k in ranks]
         # the smallest M: add ranks in order of F_r while M stays above the next one's F
-        order = sorted(range(lay.pp), key=lambda r: fixed[r])
-        inv, fixed_over_w = 0.0, 0.0
+        order = sorted(range(len(ranks)), key=fixed.__getitem__)
+        inv = fixed_over_w = 0.0
         M = fixed[order[0]]
         for i, r in enumerate(order):
             inv += 1.0 / weight[r]
             fixed_over_w += fixed[r] / weight[r]
-            M = (m.num_layers + fixed_over_w) / inv
+            M = (self.m.num_layers + fixed_over_w) / inv
             if i + 1 == len(order) or M <= fixed[order[i + 1]]:
                 break
         return M
+
+    def _rank_fixed_bytes(self, num_micro: int) -> tuple[float, list[tuple[float, float, float, int]]]:
+        """(state bytes per layer, per rank (bytes no split moves, the transient every rank has, this rank's own
+        transient (the logits, on the last stage's rank), the fewest micro-batches any of its chunks holds in
+        flight)) for memory_lower_bound_bytes; worked out once per layout."""
+        key = ("rank fixed bytes", num_micro)
+        cached = self.__dict__.get("_rank_fixed")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        m, lay, shape = self.m, self.lay, self.shape
+        S = lay.pp * lay.vpp
+        state_l = mem.state_bytes(*self.per_layer_params, lay)
+        transient = self.activations.working_bytes + mem.dp_reduction_transient_bytes(
+            0.0, 0.0, lay, mem.largest_layer_param_local(m, lay.tp), mem.largest_param_local(m, lay.tp))
+        every_mb = mem.rotary_table_bytes(m, shape, lay)
+        hop_mb = mem.pipeline_output_bytes(m, shape, lay)
+        head_kept, head_transient = mem.head_activation_bytes(m, shape, lay)
+        workspace = mem.cublas_workspace_bytes(lay, self.cluster.gpu)
+        ranks = []
+        for r in range(lay.pp):
+            inflight = [mem.in_flight_micro_batches(r, c, lay, num_micro) for c in range(lay.vpp)]
+            first, last = r == 0, r == lay.pp - 1  # stage 0 is rank 0's chunk 0; the last stage rank pp-1's last
+            dense, expert = self.params_of(0, first, last)
+            f = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, dense) + workspace
+            for c, k in enumerate(inflight):
+                j = c * lay.pp + r
+                per_mb = every_mb + (hop_mb if j != S - 1 else head_kept)
+                if j == 0:
+                    per_mb += mem.embedding_activation_bytes(m, shape, lay)
+                f += k * per_mb
+            ranks.append((f, transient, head_transient if last else 0.0, min(inflight)))
+        self.__dict__["_rank_fixed"] = (key, (state_l, ranks))
+        return state_l, ranks
 
     def memory_terms(self, rank: int, num_micro: int) -> "MemoryTerms":
         """Rank memory as linear functions of its stages' layer and recompute counts (what CP-SAT and the
