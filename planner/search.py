@@ -488,7 +488,8 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     """Best plans first. Phases: enumerate every legal layout with a cheap bound (its layers' compute); in that
     bound's order, the full time and memory bounds of each layout that could still beat the k-th best, and a
     greedy split of each whose full bound could too; CP-SAT on the `top_k + refine` best of those (hinted with
-    the greedy split, `solve_time_s` each). The stats say how close the result is proven to be: the first
+    the greedy split, `solve_time_s` each); the schedule played for those and the next PLAYED_RUNNERS_UP, which
+    ranks the plans. The stats say how close the result is proven to be: the first
     plan's step over the lowest bound of every layout that CP-SAT did not settle. alternatives: also the best
     plan of each kind of layout the first plan is not (planner/why_not.py), from the same candidates."""
     stats = SearchStats()
@@ -547,15 +548,9 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     for step, c, stages in scored[top_k + refine: top_k + refine + PLAYED_RUNNERS_UP]:
         plans.append(_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile))
     plans.sort(key=lambda p: p.prediction.step_s)
-    lead = plans[0]
-    if all(lead.layout != c.layout for _, c, _, _ in refined):
-        c = next(c for _, c, _ in scored if c.layout == lead.layout)
-        res = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s, hint=lead.stages)
-        stats.layouts_solved += 1
-        if res.stages is not None:
-            pred = c.cost.predict(res.stages)
-            if pred.step_s < lead.prediction.step_s:
-                plans[0] = _plan_of(c, res.stages, pred, model, shape, cluster, profile)
+    if all(plans[0].layout != c.layout for _, c, _, _ in refined):
+        c = next(c for _, c, _ in scored if c.layout == plans[0].layout)
+        plans[0] = _faster_split(c, plans[0], model, shape, cluster, profile, pins, limit, solve_time_s, stats)
     stats.phase_s["played_runners_up"] = time.perf_counter() - t4
     plans = plans[:top_k]
     if not plans:
@@ -573,19 +568,25 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
         if faster:
             for alt in faster:
                 c = next(c for c in candidates if c.layout == alt.layout)
-                res = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s, hint=alt.stages)
-                stats.layouts_solved += 1
-                if res.stages is not None:
-                    pred = c.cost.predict(res.stages)
-                    if pred.step_s < alt.prediction.step_s:
-                        alt = _plan_of(c, res.stages, pred, model, shape, cluster, profile)
-                plans.append(alt)
+                plans.append(_faster_split(c, alt, model, shape, cluster, profile, pins, limit, solve_time_s, stats))
             plans.sort(key=lambda p: p.prediction.step_s)
             del plans[top_k:]
             alts = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
         result.alternatives = alts
         stats.phase_s["alternatives"] = time.perf_counter() - t3
     return result
+
+
+def _faster_split(c: _Candidate, plan: Plan, model, shape, cluster, profile, pins, limit, solve_time_s,
+                  stats: SearchStats) -> Plan:
+    """plan (c's layout with a greedy split, played) or CP-SAT's split hinted with it, whichever plays faster."""
+    res = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s, hint=plan.stages)
+    stats.layouts_solved += 1
+    if res.stages is not None:
+        pred = c.cost.predict(res.stages)
+        if pred.step_s < plan.prediction.step_s:
+            return _plan_of(c, res.stages, pred, model, shape, cluster, profile)
+    return plan
 
 
 def _plan_of(c: _Candidate, stages: list[StagePlan], pred, model, shape, cluster, profile) -> Plan:
