@@ -21,7 +21,8 @@ def host_paced_note(prediction) -> str:
     """What `plan` and `plan validate` say of a host-paced prediction."""
     return (f"note: host-paced plan ({prediction.breakdown_s['host'] / prediction.step_s:.0%} of the predicted step "
             "waits for the host to issue kernels): its time depends on the CPU the profile's host figures came "
-            "from, and on another machine it can differ by tens of percent")
+            "from, and on another machine it can differ by tens of percent (`python -m runtime.profiler.host` "
+            "measures them on this machine)")
 
 
 BREAKDOWN_ORDER = ("compute", "host", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
