@@ -253,7 +253,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runtime.profiler.host", description=__doc__.splitlines()[0])
     ap.add_argument("--profile", required=True, help="profile to add the host figures to")
     ap.add_argument("--out", required=True, help="the profile to write (must not exist)")
-    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="processes for the data-parallel figures (default: 2, or 1 where one GPU is visible, which "
+                         "measures the single-rank figures only)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--single-rank-only", action="store_true",
                     help="measure only the single-rank figures and add them to the profile's host figures")
@@ -262,6 +264,20 @@ def main(argv=None) -> int:
         if Path(args.out).exists():
             raise PlanError(f"'{args.out}' already exists")
         prof = Profile.load(Path(args.profile) if Path(args.profile).exists() else shipped_profile_path(args.profile))
+        if args.device == "cuda":
+            import torch
+
+            visible = torch.cuda.device_count()
+            if visible == 0:
+                raise PlanError("no CUDA GPU is visible; pass --device cpu to probe the host on CPU")
+            if args.gpus is not None and args.gpus > visible:
+                raise PlanError(f"--gpus {args.gpus} asks for more GPUs than the {visible} visible")
+            args.gpus = args.gpus or min(2, visible)
+        args.gpus = args.gpus or 2
+        if args.gpus == 1 and not args.single_rank_only:
+            # the base figures are data-parallel (two processes): one GPU measures the single-rank ones only
+            print("one process: measuring the single-rank host figures only (--single-rank-only)", file=sys.stderr)
+            args.single_rank_only = True
         from dataclasses import replace
 
         from runtime.profiler.environment import git_commit

@@ -2,6 +2,9 @@
 and the per-layer figure comes out positive and finite (a real runtime step of the probe model)."""
 import math
 
+import pytest
+import torch
+
 from runtime.profiler.spawn import run_spawned
 
 
@@ -53,3 +56,13 @@ def test_figures_of_the_same_degrees_share_one_set_of_process_groups():
     dp, fsdp, tp, keys = run_spawned(_figures_sharing_groups, 2, False)
     assert keys == [[1, 1, 2, 1, 1], [2, 1, 1, 1, 1]]
     assert all(0 < x < 1 and math.isfinite(x) for x in (dp, fsdp, tp))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a GPU")
+def test_cuda_probe_without_a_gpu_is_one_sentence(tmp_path, capsys):
+    from runtime.profiler import host
+
+    rc = host.main(["--profile", "h200-sxm", "--out", str(tmp_path / "new.json")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "no CUDA GPU is visible" in err and "Traceback" not in err
+    assert not (tmp_path / "new.json").exists()
