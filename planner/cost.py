@@ -553,7 +553,7 @@ class CostModel:
         micro-batches any of its chunks holds in flight. The continuous relaxation spreads the L layers so that
         every rank holding any reaches the same M: sum_r max(0, M - F_r) / w_r = L. extra_transient_bytes: a
         transient every rank has for the recompute assumed (a fully recomputed layer's rematerialised activations)."""
-        state_l, ranks = self._rank_fixed_bytes(num_micro)
+        state_l, ranks = self.rank_fixed_bytes(num_micro)
         fixed = [f + max(transient + extra_transient_bytes, own_transient) for f, transient, own_transient, _ in ranks]
         weight = [state_l + per_layer_act_bytes * k for _, _, _, k in ranks]
         # the smallest M: add ranks in order of F_r while M stays above the next one's F
@@ -568,7 +568,7 @@ class CostModel:
                 break
         return M
 
-    def _rank_fixed_bytes(self, num_micro: int) -> tuple[float, list[tuple[float, float, float, int]]]:
+    def rank_fixed_bytes(self, num_micro: int) -> tuple[float, list[tuple[float, float, float, int]]]:
         """(state bytes per layer, per rank (bytes no split moves, the transient every rank has, this rank's own
         transient (the logits, on the last stage's rank), the fewest micro-batches any of its chunks holds in
         flight)) for memory_lower_bound_bytes; worked out once per layout."""

@@ -192,8 +192,26 @@ def _compute_bound(cm: CostModel, shape: TrainingShape, pins: Pins) -> float:
     return (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * per_rank
 
 
-def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins) -> tuple[float, float]:
-    """(time lower bound, memory lower bound) over every split and recompute choice of this layout."""
+def _least_recompute_s(cm: CostModel, num_micro: int, limit: float) -> float:
+    """A lower bound of the recompute seconds per micro-batch, summed over the layers, that fitting every rank in
+    `limit` bytes takes. A rank r fits when F_r + sum of its layers (state + act_l * k_r) <= limit (F_r and k_r as
+    in CostModel.memory_lower_bound_bytes), so the layers' activations sum to at most sum_r (limit - F_r) / k_r -
+    state * L / max_r k_r. What no recompute would hold beyond that must be saved, and no recompute choice saves a
+    byte for less than the cheaper of selective's and full's seconds per byte saved."""
+    acts, L, n = cm.activations, cm.layer, cm.m.num_layers
+    state_l, ranks = cm.rank_fixed_bytes(num_micro)
+    room = sum((limit - (f + max(t, own))) / k for f, t, own, k in ranks) - state_l * n / max(k for *_, k in ranks)
+    need = n * acts.none_bytes - room
+    if need <= 0:
+        return 0.0
+    rates = [s / saved for s, saved in ((L.selective_recompute_s, acts.none_bytes - acts.selective_bytes),
+                                        (L.full_recompute_s, acts.none_bytes - acts.full_bytes)) if saved > 0]
+    return need * min(rates) if rates else 0.0
+
+
+def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins, limit: float = math.inf) -> tuple[float, float]:
+    """(time lower bound, memory lower bound) over every split and recompute choice of this layout; with the
+    memory `limit`, the time bound counts the least recompute that fitting in it takes."""
     lay, m = cm.lay, cm.m
     L = cm.layer
     num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
@@ -208,6 +226,8 @@ def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins) -> tuple[float, flo
     if cm.prof.host is not None and not lay.cuda_graph:
         modes = [pins.recompute] if pins.recompute else list(cm.host_per_layer_s)
         host_layer = min(cm.host_per_layer_s[k] for k in modes) * cm.prof.eff("host") - exposed_host
+    if not pins.recompute and limit < math.inf:
+        extra = _least_recompute_s(cm, num_micro, limit) / m.num_layers
     gpu_total = m.num_layers * (L.fwd_bwd_s + extra) + cm.ends.embedding_s + cm.ends.head_s + cm.ends.head_comm_s
     total = max(gpu_total, m.num_layers * host_layer) + m.num_layers * exposed_host + 2 * stages * cm.p2p_s
     avg = total / lay.pp
@@ -455,7 +475,7 @@ def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit
         c = candidates[i]
         if not bounded:
             if math.isnan(c.time_bound_s):
-                c.time_bound_s, c.memory_bound_bytes = _bounds(c.cost, shape, pins)
+                c.time_bound_s, c.memory_bound_bytes = _bounds(c.cost, shape, pins, limit)
                 stats.layouts_bounded += 1
                 stats.layouts_fit_bound += c.memory_bound_bytes <= limit
             if min_mem is None or c.memory_bound_bytes < min_mem[0]:

@@ -179,7 +179,7 @@ def test_bounds_are_below_every_split_they_bound(profile, name, cuda_graph):
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=16, gpus_per_node=8)
     pins = Pins(cuda_graph=cuda_graph)
     limit = mem.memory_limit_bytes(cluster.usable_memory_gib)
-    checked = host_bound = 0
+    checked = host_bound = need_recompute = fitting = 0
     for lay in enumerate_layouts(model, shape, cluster, pins):
         if layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node):
             continue
@@ -187,16 +187,24 @@ def test_bounds_are_below_every_split_they_bound(profile, name, cuda_graph):
         compute_s = _compute_bound(cm, shape, pins)
         time_s, memory_bytes = _bounds(cm, shape, pins)
         assert compute_s <= time_s * (1 + 1e-12), lay
+        # with the memory limit the time bound adds the least recompute that fitting takes: still below every
+        # split that fits
+        fitting_time_s, _ = _bounds(cm, shape, pins, limit)
+        assert fitting_time_s >= time_s * (1 - 1e-12)
+        need_recompute += fitting_time_s > time_s * (1 + 1e-9)
         splits = [even_stages(model.num_layers, lay.pp * lay.vpp, rc) for rc in ("none", "selective", "full")]
-        splits.append(greedy_stages(cm, shape, limit * 10))
+        splits += [greedy_stages(cm, shape, limit * 10), greedy_stages(cm, shape, limit)]
         for stages in splits:
             if stages is None:
                 continue
             pred = cm.predict(stages, play=False)
             assert time_s <= pred.step_s * (1 + 1e-9), (lay, stages, time_s, pred.step_s)
             assert memory_bytes <= max(pred.memory_gib_per_rank) * mem.GIB * (1 + 1e-9), (lay, stages)
+            if max(pred.memory_gib_per_rank) * mem.GIB <= limit:
+                assert fitting_time_s <= pred.step_s * (1 + 1e-9), (lay, stages, fitting_time_s, pred.step_s)
+                fitting += 1
             host_bound += pred.breakdown_s["host"] > 0
         checked += 1
-    assert checked > 100
+    assert checked > 100 and fitting > 100 and need_recompute > 10  # the recompute term is exercised
     if model.is_moe:
         assert host_bound > 0  # host-paced splits are among them (eager plans; EP > 1 cannot be captured)
