@@ -587,7 +587,7 @@ class CostModel:
         workspace = mem.cublas_workspace_bytes(lay, self.cluster.gpu)
         ranks = []
         for r in range(lay.pp):
-            inflight = [mem.in_flight_micro_batches(r, c, lay, num_micro) for c in range(lay.vpp)]
+            inflight = mem.in_flight_by_chunk(r, lay, num_micro)
             first, last = r == 0, r == lay.pp - 1  # stage 0 is rank 0's chunk 0; the last stage rank pp-1's last
             dense, expert = self.params_of(0, first, last)
             f = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, dense) + workspace
@@ -614,7 +614,7 @@ class CostModel:
         state_l = mem.state_bytes(dense_l, expert_l, lay)
         return MemoryTerms(
             base_bytes=act_base, state_per_layer_bytes=state_l,
-            in_flight=[mem.in_flight_micro_batches(rank, c, lay, num_micro) for c in range(lay.vpp)],
+            in_flight=list(mem.in_flight_by_chunk(rank, lay, num_micro)),
             none_bytes=acts.none_bytes, sel_saving_bytes=acts.none_bytes - acts.selective_bytes,
             full_saving_bytes=acts.none_bytes - acts.full_bytes)
 

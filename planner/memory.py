@@ -330,12 +330,17 @@ def in_flight_micro_batches(rank: int, chunk: int, lay: Layout, num_micro_batche
     forwards (all m*v of them when m == pp), then one forward and one backward at a time. The count is the
     most that chunk holds at any moment of the step (an upper bound on its share of the rank's peak; the
     chunks' maxima need not coincide, so their sum can exceed the rank's true peak by about one chunk)."""
+    return in_flight_by_chunk(rank, lay, num_micro_batches)[chunk]
+
+
+def in_flight_by_chunk(rank: int, lay: Layout, num_micro_batches: int) -> tuple[int, ...]:
+    """in_flight_micro_batches of each of the rank's chunks, at once."""
     p, v, mb = lay.pp, lay.vpp, num_micro_batches
     if v == 1:
-        return min(p - rank, mb)
+        return (min(p - rank, mb),)
     # beyond this many micro-batches the warm-up and one steady-state period no longer depend on m
     m_cap = -(-(2 * (p - 1) + (2 * v - 1) * p) // v) + 1
-    return _interleaved_in_flight(p, v, rank, min(mb, m_cap))[chunk]
+    return _interleaved_in_flight(p, v, rank, min(mb, m_cap))
 
 
 @lru_cache(maxsize=65536)
