@@ -103,7 +103,7 @@ def _play(pp: int, v: int, m: int, fwd_s, bwd_s, hop_s: float) -> float:
             start0 = free[r]
             while i < n:
                 k, a, a_remote, b, b_remote = p[i]
-                start = start0
+                start = start0  # the two dependencies written out: this loop runs for every action played
                 if a >= 0:
                     t = finish[a]
                     if t < 0:

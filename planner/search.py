@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from planner import memory as mem
 from planner.cluster import ClusterSpec
+from planner.bounds import compute_bound_s, time_and_memory_bounds
 from planner.cost import CostModel
 from planner.errors import NoFitError, PlanError
 from planner.legality import cuda_graph_violation, layout_violation
@@ -171,95 +172,13 @@ class _Candidate:
     layout: Layout
     cost: CostModel
     compute_bound_s: float
-    """_compute_bound: cheap, below time_bound_s; the order the layouts are examined in."""
+    """bounds.compute_bound_s: cheap, below time_bound_s; the order the layouts are examined in."""
     time_bound_s: float = math.nan
     memory_bound_bytes: float = math.nan
-    """_bounds, worked out only for layouts whose compute bound could still beat the k-th best plan."""
+    """bounds.time_and_memory_bounds, worked out only for layouts whose compute bound could still beat the k-th best plan."""
     greedy: list[StagePlan] | None = None
     greedy_tried: bool = False
     """greedy_stages, kept for the alternatives' searches (None: no split fits, or not tried yet)."""
-
-
-def _compute_bound(cm: CostModel, shape: TrainingShape, pins: Pins) -> float:
-    """A lower bound of _bounds' time bound from the layers' GPU time and MoE host time alone (no host floor,
-    data-parallel traffic, optimizer or hops): cheap enough for every layout, so the full bounds are worked
-    out only for layouts it cannot rule out."""
-    lay, L = cm.lay, cm.layer
-    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
-    extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(pins.recompute or "", 0.0)
-    exposed_host = cm.stage_expert_host_s(StagePlan(1)) if lay.ep > 1 else 0.0
-    per_rank = cm.m.num_layers * (L.fwd_bwd_s + extra + exposed_host) / lay.pp
-    return (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * per_rank
-
-
-def _least_recompute_s(cm: CostModel, num_micro: int, limit: float) -> float:
-    """A lower bound of the recompute seconds per micro-batch, summed over the layers, that fitting every rank in
-    `limit` bytes takes. A rank r fits when F_r + sum of its layers (state + act_l * k_r) <= limit (F_r and k_r as
-    in CostModel.memory_lower_bound_bytes), so the layers' activations sum to at most sum_r (limit - F_r) / k_r -
-    state * L / max_r k_r. What no recompute would hold beyond that must be saved, and no recompute choice saves a
-    byte for less than the cheaper of selective's and full's seconds per byte saved."""
-    acts, L, n = cm.activations, cm.layer, cm.m.num_layers
-    state_l, ranks = cm.rank_fixed_bytes(num_micro)
-    room = sum((limit - (f + max(t, own))) / k for f, t, own, k in ranks) - state_l * n / max(k for *_, k in ranks)
-    need = n * acts.none_bytes - room
-    if need <= 0:
-        return 0.0
-    rates = [s / saved for s, saved in ((L.selective_recompute_s, acts.none_bytes - acts.selective_bytes),
-                                        (L.full_recompute_s, acts.none_bytes - acts.full_bytes)) if saved > 0]
-    return need * min(rates) if rates else 0.0
-
-
-def _bounds(cm: CostModel, shape: TrainingShape, pins: Pins, limit: float = math.inf) -> tuple[float, float]:
-    """(time lower bound, memory lower bound) over every split and recompute choice of this layout; with the
-    memory `limit`, the time bound counts the least recompute that fitting in it takes."""
-    lay, m = cm.lay, cm.m
-    L = cm.layer
-    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
-    stages = lay.pp * lay.vpp
-    extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(pins.recompute or "", 0.0)
-    # a stage costs max(GPU, host less the MoE's exposed host time) + that exposed time (CostModel.stage_time_s);
-    # summed over stages that is at least max(sum GPU, sum host) + sum exposed, with each layer's host time at
-    # its cheapest recompute mode
-    one = {"full": StagePlan(1, 1, 0), "selective": StagePlan(1, 0, 1)}.get(pins.recompute or "", StagePlan(1))
-    exposed_host = cm.stage_expert_host_s(one)
-    host_layer = 0.0
-    if cm.prof.host is not None and not lay.cuda_graph:
-        modes = [pins.recompute] if pins.recompute else list(cm.host_per_layer_s)
-        host_layer = min(cm.host_per_layer_s[k] for k in modes) * cm.prof.eff("host") - exposed_host
-    if not pins.recompute and limit < math.inf:
-        extra = _least_recompute_s(cm, num_micro, limit) / m.num_layers
-    gpu_total = m.num_layers * (L.fwd_bwd_s + extra) + cm.ends.embedding_s + cm.ends.head_s + cm.ends.head_comm_s
-    total = max(gpu_total, m.num_layers * host_layer) + m.num_layers * exposed_host + 2 * stages * cm.p2p_s
-    avg = total / lay.pp
-    # a lower bound of the score the search ranks candidates by (CostModel.predict(play=False), the
-    # schedule's closed form), not of the played schedule: with uneven stages a play can come in under it
-    pipe = (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * avg
-    # data-parallel traffic and optimizer of a rank with the fewest layers the busiest rank can hold, without the
-    # embedding and head (which sit on one rank each)
-    bound_layers = max(m.num_layers // stages, 1) * lay.vpp
-    dense, expert = cm.params_of(bound_layers, lay.pp == 1, lay.pp == 1)
-    layers = m.num_layers / lay.pp
-    dp = cm.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro)
-    time_lb = pipe + dp + cm.optimizer_s(dense, expert, cm.fused_wgrad_params(bound_layers, lay.pp == 1, lay.pp == 1))
-    # memory: every layer keeps at least its recompute mode's activations; the busiest rank holds at least the
-    # mean over ranks (one micro-batch in flight each), and at least what the layers spread evenly over the
-    # ranks' fixed bytes and in-flight counts leave (CostModel.memory_lower_bound_bytes)
-    acts = cm.activations
-    per_layer_act = {"none": acts.none_bytes, "selective": acts.selective_bytes}.get(pins.recompute or "",
-                                                                                   acts.full_bytes)
-    total_dense, total_expert = cm.params_of(m.num_layers, True, True)
-    mean_lb = (mem.state_bytes(total_dense, total_expert, lay) + m.num_layers * per_layer_act) / lay.pp \
-        + mem.fsdp_gather_bytes(m, lay)
-    # a rank with any fully recomputed layer also holds one layer's activations while it rematerialises them, so
-    # free recompute is bounded by the lesser of all-selective and all-full with that transient
-    if pins.recompute:
-        spread = cm.memory_lower_bound_bytes(per_layer_act, num_micro,
-                                             acts.none_bytes if pins.recompute == "full" else 0.0)
-    else:
-        spread = min(cm.memory_lower_bound_bytes(acts.selective_bytes, num_micro),
-                     cm.memory_lower_bound_bytes(acts.full_bytes, num_micro, acts.none_bytes))
-    mem_lb = max(mean_lb, spread)
-    return time_lb, mem_lb
 
 
 def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
@@ -475,7 +394,7 @@ def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit
         c = candidates[i]
         if not bounded:
             if math.isnan(c.time_bound_s):
-                c.time_bound_s, c.memory_bound_bytes = _bounds(c.cost, shape, pins, limit)
+                c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
                 stats.layouts_bounded += 1
                 stats.layouts_fit_bound += c.memory_bound_bytes <= limit
             if min_mem is None or c.memory_bound_bytes < min_mem[0]:
@@ -529,7 +448,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
         if lay.ep > 1 and "ep" not in pins.no_overlap:
             cm = _cheaper_dispatch(cm, model, shape, cluster, profile, shared)
             lay = cm.lay
-        candidates.append(_Candidate(lay, cm, _compute_bound(cm, shape, pins)))
+        candidates.append(_Candidate(lay, cm, compute_bound_s(cm, shape, pins.recompute)))
     stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
@@ -710,7 +629,7 @@ def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit) -> int | 
         for lay in enumerate_layouts(model, shape, c2, Pins(**{**pins.__dict__, "dp": None})):
             if layout_violation(model, shape, lay, n, c2.gpus_per_node):
                 continue
-            _, m_lb = _bounds(CostModel(model, shape, lay, c2, profile), shape, pins)
+            _, m_lb = time_and_memory_bounds(CostModel(model, shape, lay, c2, profile), shape, pins.recompute)
             if m_lb <= limit:
                 return n
     return None

@@ -172,7 +172,8 @@ def test_bounds_are_below_every_split_they_bound(profile, name, cuda_graph):
     memory bound below its busiest rank (an MoE model at EP > 1 with the host's time in play,
     where the bounds include the host floor and the MoE's exposed host time)."""
     from planner.model import resolve_model
-    from planner.search import _bounds, _compute_bound, greedy_stages
+    from planner.bounds import compute_bound_s, time_and_memory_bounds
+    from planner.search import greedy_stages
 
     model = resolve_model(name)
     shape = TrainingShape(4096, 64)
@@ -184,12 +185,12 @@ def test_bounds_are_below_every_split_they_bound(profile, name, cuda_graph):
         if layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node):
             continue
         cm = CostModel(model, shape, lay, cluster, profile)
-        compute_s = _compute_bound(cm, shape, pins)
-        time_s, memory_bytes = _bounds(cm, shape, pins)
+        compute_s = compute_bound_s(cm, shape, pins.recompute)
+        time_s, memory_bytes = time_and_memory_bounds(cm, shape, pins.recompute)
         assert compute_s <= time_s * (1 + 1e-12), lay
         # with the memory limit the time bound adds the least recompute that fitting takes: still below every
         # split that fits
-        fitting_time_s, _ = _bounds(cm, shape, pins, limit)
+        fitting_time_s, _ = time_and_memory_bounds(cm, shape, pins.recompute, limit)
         assert fitting_time_s >= time_s * (1 - 1e-12)
         need_recompute += fitting_time_s > time_s * (1 + 1e-9)
         splits = [even_stages(model.num_layers, lay.pp * lay.vpp, rc) for rc in ("none", "selective", "full")]
