@@ -121,7 +121,7 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
                   f"{q.mfu:.1%}", f"{max(q.memory_gib_per_rank):.1f}", f"+{q.step_s / p.step_s - 1:.1%}" if i else "")
     con.print(r)
     if result.alternatives:
-        w = Table(title="Why not another kind of layout (the best of each; its greedy split)", title_justify="left")
+        w = Table(title="Why not another kind of layout (the best found of each)", title_justify="left")
         for col in ("instead", "its best layout", "mb", "sharding", "step s", "vs best", "where it loses"):
             w.add_column(col, justify="right" if col in ("mb", "step s", "vs best") else "left")
         for alt in result.alternatives:
