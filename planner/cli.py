@@ -158,7 +158,7 @@ def run_plan(argv: list[str]) -> int:
     if args.json:
         print(result_json(result, elapsed))
     else:
-        print_result(result, elapsed)
+        print_result(result, elapsed, why_not=args.why_not)
         if args.output:
             print(f"wrote {args.output}")
     return 0

@@ -61,7 +61,8 @@ def _recompute_summary(plan: Plan) -> str:
     return ", ".join(parts)
 
 
-def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
+def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: bool = False) -> None:
+    """why_not: the alternatives were asked for (`plan --why-not`)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -132,6 +133,10 @@ def print_result(result: SearchResult, elapsed_s: float, console=None) -> None:
             w.add_row(alt.label, alt.plan.layout.short(), str(alt.plan.layout.micro_batch), alt.plan.layout.sharding,
                       f"{q.step_s:.3f}", f"{q.step_s / p.step_s - 1:+.1%}", alt.why)
         con.print(w)
+    elif why_not:
+        con.print("why not: no other kind of layout (TP degree, pipeline, sharding level, CP, EP) is legal here and "
+                  "within the pins",
+                  style="dim")
     else:
         con.print("why not TP 8, no pipeline, ZeRO-3, ...? --why-not shows the best plan of each other kind of layout "
                   "and where it loses time", style="dim")

@@ -74,3 +74,9 @@ def test_cli_shows_alternatives_when_asked():
     assert rc == 0 and "Why not another kind of layout" in out
     rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--json")
     assert rc == 0 and json.loads(out)["alternatives"] == []
+
+
+def test_cli_says_when_no_other_kind_of_layout_exists():
+    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "1", "--why-not")
+    assert rc == 0, err
+    assert "no other kind of layout" in out and "--why-not shows" not in out
