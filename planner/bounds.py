@@ -23,14 +23,14 @@ def compute_bound_s(cm: CostModel, shape: TrainingShape, recompute: str | None =
     return (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * per_rank
 
 
-def least_recompute_s(cm: CostModel, num_micro: int, limit: float) -> float:
+def least_recompute_s(cm: CostModel, limit: float) -> float:
     """A lower bound of the recompute seconds per micro-batch, summed over the layers, that fitting every rank in
     `limit` bytes takes. A rank r fits when F_r + sum of its layers (state + act_l * k_r) <= limit (F_r and k_r as
     in CostModel.memory_lower_bound_bytes), so the layers' activations sum to at most sum_r (limit - F_r) / k_r -
     state * L / max_r k_r. What no recompute would hold beyond that must be saved, and no recompute choice saves a
     byte for less than the cheaper of selective's and full's seconds per byte saved."""
     acts, L, n = cm.activations, cm.layer, cm.m.num_layers
-    state_l, ranks = cm.rank_fixed_bytes(num_micro)
+    state_l, ranks = cm.rank_fixed_bytes
     room = sum((limit - (f + max(t, own))) / k for f, t, own, k in ranks) - state_l * n / max(k for *_, k in ranks)
     need = n * acts.none_bytes - room
     if need <= 0:
@@ -59,7 +59,7 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
         modes = [recompute] if recompute else list(cm.host_per_layer_s)
         host_layer = min(cm.host_per_layer_s[k] for k in modes) * cm.prof.eff("host") - exposed_host
     if not recompute and limit < math.inf:
-        extra = least_recompute_s(cm, num_micro, limit) / m.num_layers
+        extra = least_recompute_s(cm, limit) / m.num_layers
     gpu_total = m.num_layers * (L.fwd_bwd_s + extra) + cm.ends.embedding_s + cm.ends.head_s + cm.ends.head_comm_s
     total = max(gpu_total, m.num_layers * host_layer) + m.num_layers * exposed_host + 2 * stages * cm.p2p_s
     avg = total / lay.pp
@@ -85,10 +85,9 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
     # a rank with any fully recomputed layer also holds one layer's activations while it rematerialises them, so
     # free recompute is bounded by the lesser of all-selective and all-full with that transient
     if recompute:
-        spread = cm.memory_lower_bound_bytes(per_layer_act, num_micro,
-                                             acts.none_bytes if recompute == "full" else 0.0)
+        spread = cm.memory_lower_bound_bytes(per_layer_act, acts.none_bytes if recompute == "full" else 0.0)
     else:
-        spread = min(cm.memory_lower_bound_bytes(acts.selective_bytes, num_micro),
-                     cm.memory_lower_bound_bytes(acts.full_bytes, num_micro, acts.none_bytes))
+        spread = min(cm.memory_lower_bound_bytes(acts.selective_bytes),
+                     cm.memory_lower_bound_bytes(acts.full_bytes, acts.none_bytes))
     mem_lb = max(mean_lb, spread)
     return time_lb, mem_lb

@@ -122,8 +122,9 @@ class CostModel:
         # layer and end costs depend only on (tp, cp, ep, micro-batch, overlap, fp8, gradient precision): a
         # search shares them
         self._shared = shared if shared is not None else {}
-        self._key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8,
-                     layout.grad_dtype, self.dispatch_chunks, self.stacks_expert_weights)
+        self.layer_key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8,
+                          layout.grad_dtype, self.dispatch_chunks, self.stacks_expert_weights)
+        """What a layer's price depends on: the key of its memo in `shared`."""
 
     @property
     def stacks_expert_weights(self) -> bool:
@@ -137,7 +138,7 @@ class CostModel:
         return 2 if self.lay.overlap_ep and self.lay.ep > 1 and self.m.is_moe else 1
 
     def _memo(self, name, fn):
-        k = (name, self._key)
+        k = (name, self.layer_key)
         v = self._shared.get(k)
         if v is None:
             v = self._shared[k] = fn()
@@ -544,8 +545,7 @@ class CostModel:
             total += inflight * per_mb
         return total + transient
 
-    def memory_lower_bound_bytes(self, per_layer_act_bytes: float, num_micro: int,
-                                 extra_transient_bytes: float = 0.0) -> float:
+    def memory_lower_bound_bytes(self, per_layer_act_bytes: float, extra_transient_bytes: float = 0.0) -> float:
         """A lower bound of the busiest rank's rank_memory_bytes over every layer split, with each layer keeping at
         least per_layer_act_bytes per micro-batch in flight (the least its recompute choices allow). Each rank r
         holds fixed bytes F_r that no split moves (workspace, the smallest transient, its chunks' per-micro-batch
@@ -553,7 +553,7 @@ class CostModel:
         micro-batches any of its chunks holds in flight. The continuous relaxation spreads the L layers so that
         every rank holding any reaches the same M: sum_r max(0, M - F_r) / w_r = L. extra_transient_bytes: a
         transient every rank has for the recompute assumed (a fully recomputed layer's rematerialised activations)."""
-        state_l, ranks = self.rank_fixed_bytes(num_micro)
+        state_l, ranks = self.rank_fixed_bytes
         fixed = [f + max(transient + extra_transient_bytes, own_transient) for f, transient, own_transient, _ in ranks]
         weight = [state_l + per_layer_act_bytes * k for _, _, _, k in ranks]
         # the smallest M: add ranks in order of F_r while M stays above the next one's F
@@ -568,15 +568,13 @@ class CostModel:
                 break
         return M
 
-    def rank_fixed_bytes(self, num_micro: int) -> tuple[float, list[tuple[float, float, float, int]]]:
+    @cached_property
+    def rank_fixed_bytes(self) -> tuple[float, list[tuple[float, float, float, int]]]:
         """(state bytes per layer, per rank (bytes no split moves, the transient every rank has, this rank's own
         transient (the logits, on the last stage's rank), the fewest micro-batches any of its chunks holds in
         flight)) for memory_lower_bound_bytes; worked out once per layout."""
-        key = ("rank fixed bytes", num_micro)
-        cached = self.__dict__.get("_rank_fixed")
-        if cached is not None and cached[0] == key:
-            return cached[1]
         m, lay, shape = self.m, self.lay, self.shape
+        num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
         S = lay.pp * lay.vpp
         state_l = mem.state_bytes(*self.per_layer_params, lay)
         transient = self.activations.working_bytes + mem.dp_reduction_transient_bytes(
@@ -598,7 +596,6 @@ class CostModel:
                     per_mb += mem.embedding_activation_bytes(m, shape, lay)
                 f += k * per_mb
             ranks.append((f, transient, head_transient if last else 0.0, min(inflight)))
-        self.__dict__["_rank_fixed"] = (key, (state_l, ranks))
         return state_l, ranks
 
     def memory_terms(self, rank: int, num_micro: int) -> "MemoryTerms":

@@ -30,6 +30,8 @@ BREAKDOWN_LABEL = {"compute": "compute", "host": "host-bound (kernels issued slo
                    "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm", "pp_comm": "exposed PP comm",
                    "bubble": "pipeline bubble", "dp_comm": "exposed DP comm",
                    "optimizer": "optimizer + grad accumulation"}
+BREAKDOWN_SHORT_LABEL = {**BREAKDOWN_LABEL, "host": "host-bound", "optimizer": "optimizer"}
+"""For table cells (planner/why_not.py)."""
 
 
 def _stage_summary(plan: Plan) -> str:

@@ -350,9 +350,9 @@ def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> 
     layer less: smaller expert GEMMs and one more round of host work against hidden all-to-alls. Only the MoE
     layer differs between the two, so the choice needs no search of its own."""
     lay = cm.lay
-    # the choice depends only on what prices the MoE layer: decided once per such key and search
-    key = ("cheaper dispatch", lay.tp, lay.cp, lay.dp, lay.ep, lay.micro_batch, lay.overlap_tp, lay.fp8,
-           lay.grad_dtype, lay.overlap_ep, cm.stacks_expert_weights)
+    # the choice depends only on what prices the MoE layer (the layer memo's key, which holds the dispatch chunks):
+    # decided once per such key and search
+    key = ("cheaper dispatch",) + cm.layer_key
     flip = shared.get(key)
     if flip is False:
         return cm

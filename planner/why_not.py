@@ -14,6 +14,7 @@ from typing import Callable
 
 from planner.model import ModelSpec
 from planner.plan import Layout
+from planner.report import BREAKDOWN_SHORT_LABEL as TERM_LABEL
 
 Kind = tuple[str, Callable[[Layout], bool]]
 
@@ -23,10 +24,6 @@ SHOWN_TERMS = 2
 SMALLEST_SHOWN_SHARE = 0.005
 """A term that grows by less than this share of the recommended step is not worth naming."""
 
-TERM_LABEL = {"compute": "compute", "host": "host-bound", "recompute": "recompute",
-              "tp_comm": "exposed TP comm", "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm",
-              "pp_comm": "exposed PP comm", "bubble": "pipeline bubble", "dp_comm": "exposed DP comm",
-              "optimizer": "optimizer"}
 
 
 def alternative_kinds(best: Layout, layouts: list[Layout], model: ModelSpec) -> list[Kind]:
