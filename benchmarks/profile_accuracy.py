@@ -90,13 +90,6 @@ def held_out_gemms(profile: Profile, device, n: int, seed: int = 0, first: int =
     return uniq[first:first + n]
 
 
-def timed_at_power_cap(profile: Profile) -> bool:
-    """Whether the profile's kernels were timed with the GPU held at its power cap (runtime/profiler/timing.py;
-    profiles from before session 13 were timed in bursts): the held-out kernels are timed the same way."""
-    return any(part.get("part") == "kernel_timing" and part.get("at_power_cap")
-               for part in profile.provenance.get("parts", []))
-
-
 def _in_passes(items: list, passes: int, time_all) -> list[list]:
     """time_all(items) -> one result per item, run `passes` times, every other pass in reverse order (a case's
     place in the sequence, and so the clock it meets, changes between passes); results[pass][item]."""
@@ -138,7 +131,7 @@ def _gemms_against(profile, held_out, device, csv_path, passes: int = 1):
         by_key = {(m, n, k, kind): t for m, n, k, t, kind in pts}
         return [by_key.get((s.m, s.n, s.k, s.kind)) for s in shapes_]
 
-    with at_power_cap(device, timed_at_power_cap(profile)):
+    with at_power_cap(device, profile.kernels_timed_at_power_cap):
         runs = _in_passes(held_out, passes, time_all)
     rows, errs, first = [], [], []
     for i, s in enumerate(held_out):
@@ -198,7 +191,7 @@ def bench_attention(profile, device, out_dir, passes=1):
         cases = [dict(batch=1, heads=2, kv_heads=kv, seq=s, head_dim=d, causal=c)
                  for s, kv in [(24, 2), (48, 1), (96, 2)] for d in (16, 32) for c in (True, False)]
     rows, errs, first = [], [], []
-    with at_power_cap(device, timed_at_power_cap(profile)):
+    with at_power_cap(device, profile.kernels_timed_at_power_cap):
         runs = _in_passes(cases, passes, lambda cs_: [kernels.time_attention(**c, device=device) for c in cs_])
     for i, cs in enumerate(cases):
         for bwd, key in ((False, "fwd_s"), (True, "bwd_s")):

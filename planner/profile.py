@@ -282,6 +282,14 @@ class Profile:
         scaling = 5.0 * (m * k + n * k) / self.copy_bandwidth_bytes_per_s + 4 * self.kernel_launch_s
         return max(bf16 / FP8_GEMM_SPEEDUP, t_mem) + scaling + 5e-6
 
+    @property
+    def kernels_timed_at_power_cap(self) -> bool:
+        """Whether the profiler timed this profile's kernels with the GPU held at its power cap
+        (runtime/profiler/timing.py; profiles from before session 13 were timed in short bursts). Kernels timed
+        to compare with it, or to add to it, are timed the same way."""
+        return any(part.get("part") == "kernel_timing" and part.get("at_power_cap")
+                   for part in self.provenance.get("parts", []))
+
     def gemm_table_s(self, table: str, m: int, n: int, k: int) -> float:
         """A GEMM from the named table: 'mm' (gemm_s), 'wgrad' (wgrad_s) or 'fp8' (fp8_gemm_s)."""
         return getattr(self, _TABLE_LOOKUP[table])(m, n, k)
@@ -727,6 +735,17 @@ def resolve_profile_path(path: str) -> Path:
     if not Path(path).exists() and shipped_profile_path(path).exists():
         return shipped_profile_path(path)
     return Path(path)
+
+
+def profile_argument(profile: Profile) -> str:
+    """How a command line names this profile: the bare name of a shipped one (resolve_profile_path reads it
+    back), else its path."""
+    path = Path(profile.source_path) if profile.source_path else None
+    if path is None:
+        return profile.gpu
+    if path.parent == shipped_profile_path(profile.gpu).parent:
+        return path.stem
+    return str(path)
 
 
 def gpu_kind_of_device(name: str) -> str:

@@ -30,7 +30,7 @@ from planner.errors import NoFitError, PlanError
 from planner.legality import cuda_graph_violation, layout_violation
 from planner.model import ModelSpec
 from planner.plan import SHARDING_LEVELS, Layout, Plan, StagePlan, TrainingShape
-from planner.profile import FP8_MODEL_NOTE, Profile
+from planner.profile import FP8_MODEL_NOTE, Profile, profile_argument
 
 MAX_VPP = 8
 MAX_MICRO_BATCH = 16
@@ -533,7 +533,8 @@ def _plan_of(c: _Candidate, stages: list[StagePlan], pred, model, shape, cluster
     off_grid, queries = c.cost.interpolated_gemms()
     if off_grid:  # say so: between the grid's points cuBLAS can run 10-30% off the interpolated rate
         prov["modelled"].insert(0, f"GEMMs: {off_grid} of this layout's {queries} layer GEMM shapes interpolated "
-                                   f"between profile points (`plan profile --model {model.name}` measures them)")
+                                   f"between profile points (`plan profile --model {model.name} --base "
+                                   f"{profile_argument(profile)}` measures them and adds them to this profile)")
     return Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
                 prediction=pred, provenance=prov)
 

@@ -1,5 +1,6 @@
-"""`plan profile [--out FILE] [--quick] [--gpus N] [--device cpu|cuda] [--model NAME]`: measure this machine,
-write a profile.
+"""`plan profile [--out FILE] [--quick] [--gpus N] [--device cpu|cuda] [--model NAME [--base PROFILE]]`: measure
+this machine, write a profile; with --base, time only the model's GEMMs that profile lacks and add them to it
+(runtime/profiler/extend.py).
 
 `main(argv)` returns the exit code; bad input gets one sentence on stderr and a non-zero code.
 """
@@ -33,6 +34,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=[], metavar="NAME",
                    help="also time every GEMM this model's plans can run, before the catalogue grid (a catalogue "
                         "name or a Hugging Face config.json; repeat or comma-separate for several)")
+    p.add_argument("--base", metavar="PROFILE",
+                   help="with --model: time only that model's GEMMs that this profile (a file, or a shipped name such "
+                        "as h200-sxm-calibrated) has not measured, and write it with them added; the rest of it, "
+                        "calibration included, is kept (a minute or two on one GPU, against five for a full profile)")
     p.add_argument("--burst", action="store_true",
                    help="time kernels in short bursts at whatever clock the GPU is at, not held at its power cap "
                         "where sustained training runs (the default; see runtime/profiler/timing.py)")
@@ -85,16 +90,29 @@ def run(args: argparse.Namespace) -> Path:
     if args.budget is not None and args.budget <= 0:
         raise PlanError(f"--budget must be positive, got {args.budget}")
     _, _, kind = resolve_device(opts)   # validates device and --gpus before anything is measured
-    out = Path(args.out) if args.out else Path(f"profile-{kind}.json")
+    base = None
+    if args.base:
+        from planner.profile import Profile, resolve_profile_path
+        from runtime.profiler.extend import extend_profile
+        if not models:
+            raise PlanError("--base adds a model's GEMMs to a profile: name the model with --model")
+        base = Profile.load(resolve_profile_path(args.base))
+        default_out = f"profile-{kind}-{'-'.join(m.name for m in models)}.json"
+    else:
+        default_out = f"profile-{kind}.json"
+    out = Path(args.out) if args.out else Path(default_out)
     check_output_file(out, "--out", overwrite=args.force)   # before minutes of measuring, not after
 
+    def measure(reporter=None):
+        return extend_profile(base, opts, reporter) if base is not None else build_profile(opts, reporter)
+
     if args.no_progress:
-        prof = build_profile(opts)
+        prof = measure()
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), transient=False) as progress:
-            prof = build_profile(opts, _RichReporter(progress))
+            prof = measure(_RichReporter(progress))
 
     # write atomically, then check that what was written loads
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -108,8 +126,21 @@ def run(args: argparse.Namespace) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    _summary(prof, out)
+    if base is not None:
+        _added_summary(prof, out)
+    else:
+        _summary(prof, out)
     return out
+
+
+def _added_summary(prof, out: Path) -> None:
+    from runtime.profiler.extend import ADDED_KEY
+    r = prof.provenance[ADDED_KEY][-1]
+    added = sum(r["added"].values())
+    print(f"wrote {out}: {added} GEMM shapes of {', '.join(r['models'])} added ({r['already_measured']} of its "
+          f"{r['shapes_wanted']} were measured in the base already"
+          + (f"; {r['skipped_by_budget']} left out by the time budget" if r["skipped_by_budget"] else "")
+          + f") in {r['wall_s']} s on {r.get('gpu_name')}")
 
 
 def _summary(prof, out: Path) -> None:

@@ -161,3 +161,82 @@ def test_burst_and_no_host_reach_the_options(tmp_path, monkeypatch):
         assert cli.main(["--device", "cpu", "--quick", "--out", str(tmp_path / "p.json"), "--no-progress"] + extra) != 0
         assert (seen[-1].at_power_cap, seen[-1].host) == (cap, host)
     assert not (tmp_path / "p.json").exists()
+
+
+def _tiny_gpt2_config(tmp_path):
+    cfg = tmp_path / "tiny-gpt2" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({"model_type": "gpt2", "n_embd": 48, "n_layer": 2, "n_head": 4, "n_positions": 16,
+                               "vocab_size": 96}))
+    return cfg
+
+
+def test_base_gets_the_models_gemms_and_keeps_the_rest(cpu_profile, tmp_path, capsys):
+    """`plan profile --model CONFIG --base PROFILE`: every GEMM of the model's plans becomes a measured point; the
+    base's own points, collectives, attention, calibration and host figures are kept as they were; the provenance
+    says what was added; a second run adds nothing; plans stop saying their GEMMs are interpolated."""
+    from dataclasses import replace
+
+    from planner.cluster import ClusterSpec
+    from planner.model import resolve_model
+    from planner.plan import TrainingShape
+    from planner.search import Pins, search
+    from runtime.profiler import shapes
+    from runtime.profiler.extend import ADDED_KEY, table_of
+
+    cfg = _tiny_gpt2_config(tmp_path)
+    spec = resolve_model(str(cfg))
+    # a calibrated base: the factors must survive the extension
+    base = Profile.load(cpu_profile)
+    base = replace(base, efficiency={"compute": 1.07, "tp": 1.2})
+    base_path = tmp_path / "base.json"
+    base.save(base_path)
+    base = Profile.load(base_path)
+    out = tmp_path / "ext.json"
+    assert cli.main(["--device", "cpu", "--gpus", "1", "--model", str(cfg), "--base", str(base_path),
+                     "--out", str(out), "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    ext = Profile.load(out)
+    grid = base.extras["gemm_grid"]
+    want = shapes.model_gemm_shapes(spec, spec.default_seq_len, grid["tp"], flops_cap=grid["flops_cap"])
+    assert want and all(ext.gemm_measured(table_of(g), g.m, g.n, g.k) for g in want)
+    assert not all(base.gemm_measured(table_of(g), g.m, g.n, g.k) for g in want)
+    assert set(base.gemm_points) <= set(ext.gemm_points) and set(base.wgrad_points) <= set(ext.wgrad_points)
+    for field in ("attention_points", "collectives", "efficiency", "overlap_hidden_fraction", "host",
+                  "copy_bandwidth_bytes_per_s", "optimizer_s_per_param", "gpu"):
+        assert getattr(ext, field) == getattr(base, field), field
+    rec = ext.provenance[ADDED_KEY][-1]
+    added = len(ext.gemm_points) + len(ext.wgrad_points) - len(base.gemm_points) - len(base.wgrad_points)
+    assert rec["models"] == ["tiny-gpt2"] and sum(rec["added"].values()) == added > 0
+    assert rec["shapes_wanted"] == len(want) and rec["already_measured"] == len(want) - added
+    assert f"{added} GEMM shapes of tiny-gpt2 added" in said
+    # again on the extended profile: nothing left to time, nothing changes but the record
+    again = tmp_path / "again.json"
+    assert cli.main(["--device", "cpu", "--gpus", "1", "--model", str(cfg), "--base", str(out),
+                     "--out", str(again), "--no-progress"]) == 0
+    twice = Profile.load(again)
+    assert twice.gemm_points == ext.gemm_points and twice.provenance[ADDED_KEY][-1]["already_measured"] == len(want)
+
+    def gemm_note(prof):
+        plan = search(spec, TrainingShape(16, 5), ClusterSpec(gpu="cpu", num_gpus=1, gpus_per_node=1), prof,
+                      Pins(micro_batch=5), top_k=1).plans[0]
+        return [m for m in plan.provenance["modelled"] if m.startswith("GEMMs:")]
+
+    note = gemm_note(base)
+    assert note and f"--base {base_path}" in note[0]
+    assert not gemm_note(ext)
+
+
+def test_base_of_another_gpu_or_without_model_is_one_sentence(tmp_path, capsys):
+    from planner.profile import shipped_profile_path
+
+    cfg = _tiny_gpt2_config(tmp_path)
+    out = tmp_path / "x.json"
+    assert cli.main(["--device", "cpu", "--gpus", "1", "--model", str(cfg), "--base", "h200-sxm",
+                     "--out", str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "measured on h200-sxm and this device is cpu" in err and "Traceback" not in err
+    assert not out.exists()
+    assert cli.main(["--device", "cpu", "--gpus", "1", "--base", str(shipped_profile_path("h200-sxm")),
+                     "--out", str(out)]) == 1
+    assert "name the model with --model" in capsys.readouterr().err and not out.exists()

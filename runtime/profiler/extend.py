@@ -1,0 +1,105 @@
+"""`plan profile --model NAME --base PROFILE`: time one model's GEMMs on this GPU and add them to a profile.
+
+A plan whose layer GEMMs fall between a profile's measured points reads interpolated times, and between the
+grid's lines cuBLAS runs some shapes 10-25% off the interpolated rate, repeatably (benchmarks/results/README.md,
+sessions 11 and 15: 2560 x 2560 x 8192 weight gradients, for instance). The planner says so in every such plan's
+provenance. Measuring a whole new profile to fix that takes five minutes and loses what the base profile holds
+that a fresh one does not: the calibration `plan calibrate` fitted on measured runs, host figures from another
+machine, collectives from a two-GPU node. This times only the GEMMs of the models asked for that the base has
+not measured (shapes.model_gemm_shapes: every TP degree, micro-batch 1-16, CP 1-8), in the profiler's own way
+(warm-up, median of repeats, at the power cap if the base was timed there), adds them to the base's tables and
+records in the provenance what was added, on which machine, when and at which commit. Nothing else changes.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import replace
+
+import torch
+
+from planner.errors import PlanError
+from planner.profile import Profile
+from runtime.profiler import environment, shapes
+from runtime.profiler.build import Options, Reporter, gemm_devices, resolve_device
+from runtime.profiler.gemm_workers import time_gemms_parallel
+from runtime.profiler.timing import at_power_cap
+
+ADDED_KEY = "added_gemms"
+"""Provenance key: one record per extension (models, shapes added, machine, date, commit)."""
+
+
+def table_of(g: shapes.GemmShape) -> str:
+    """The profile table a GEMM's time goes into (Profile.gemm_table_s)."""
+    return "fp8" if g.kind.startswith("fp8") else "wgrad" if g.kind == "wgrad" else "mm"
+
+
+def missing_shapes(base: Profile, models, tp_degrees, flops_cap: float) -> tuple[list[shapes.GemmShape], int]:
+    """(the models' GEMMs that the base has not measured, how many GEMMs the models run in all)."""
+    wanted: dict[tuple, shapes.GemmShape] = {}
+    for spec in models:
+        for g in shapes.model_gemm_shapes(spec, spec.default_seq_len, tp_degrees, flops_cap=flops_cap):
+            wanted.setdefault(g.key, g)
+    todo = [g for g in wanted.values() if not base.gemm_measured(table_of(g), g.m, g.n, g.k)]
+    return todo, len(wanted)
+
+
+def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = None) -> Profile:
+    """The base with the GEMMs of opts.models that it lacks timed here and added; raises PlanError for a base
+    measured on another GPU kind, or when no model was asked for."""
+    rep = reporter or Reporter()
+    if not opts.models:
+        raise PlanError("--base adds a model's GEMMs to a profile: name the model with --model")
+    device, world, kind = resolve_device(opts)
+    if base.gpu != kind:
+        raise PlanError(f"the base profile was measured on {base.gpu} and this device is {kind}: its GEMMs would "
+                        f"not compare; profile this GPU in full with `plan profile` instead")
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)
+    grid_spec = shapes.gpu_grid_spec(False) if cuda else shapes.cpu_grid_spec(False)
+    flops_cap = float(base.extras.get("gemm_grid", {}).get("flops_cap", grid_spec.flops_cap))
+    todo, wanted = missing_shapes(base, opts.models, grid_spec.tp_degrees, flops_cap)
+    names = [spec.name for spec in opts.models]
+    budget = opts.budget_s or (270.0 if cuda else 120.0)
+    t0 = time.monotonic()
+    points, spreads, skipped = [], [], 0
+    cap = cuda and base.kernels_timed_at_power_cap   # as the base was timed, or they would not compare
+    if todo:
+        rep.stage(f"GEMMs of {', '.join(names)} ({len(todo)} of {wanted} not in the base)", len(todo))
+        reps = dict(warmup=2, repeats=7) if cuda else dict(warmup=1, repeats=3)
+        with contextlib.ExitStack() as heat:
+            heat.enter_context(at_power_cap(device, cap))
+            if cuda:
+                torch.cuda.empty_cache()
+            points, spreads, skipped = time_gemms_parallel(todo, gemm_devices(device, world),
+                                                           deadline=t0 + budget, progress=rep.advance,
+                                                           at_power_cap=cap, **reps)
+    tables = {"mm": list(base.gemm_points), "wgrad": list(base.wgrad_points), "fp8": list(base.fp8_points)}
+    added = {"mm": 0, "wgrad": 0, "fp8": 0}
+    for m, n, k, t, knd in points:
+        name = table_of(shapes.GemmShape(m, n, k, knd))
+        tables[name].append((m, n, k, t))
+        added[name] += 1
+    where = environment.describe(device, world)
+    record = {"models": names, "shapes_wanted": wanted, "already_measured": wanted - len(todo),
+              "added": added, "skipped_by_budget": skipped, "at_power_cap": cap,
+              "wall_s": round(time.monotonic() - t0, 1),
+              "median_spread": sorted(spreads)[len(spreads) // 2] if spreads else None,
+              "how": "runtime/profiler/extend.py: each model's GEMMs (every TP degree it allows, micro-batch 1-16, "
+                     "CP 1-8 at its default sequence; forward, dgrad, wgrad) that the base had not measured, timed "
+                     "as the profiler times its grid (warm-up, median of repeats, device time)",
+              **{k: where.get(k) for k in ("date", "gpu_name", "driver", "cuda", "torch", "hostname", "git_commit",
+                                           "git_dirty") if k in where}}
+    prov = copy.deepcopy(base.provenance)
+    prov.setdefault(ADDED_KEY, []).append(record)
+    prov.setdefault("parts", []).append(
+        {"part": f"gemm (added: {', '.join(names)})", "status": "measured",
+         "how": f"{sum(added.values())} shapes timed on {where.get('gpu_name')} on {where.get('date')} and added "
+                f"to this profile's tables (provenance.{ADDED_KEY})"})
+    extras = copy.deepcopy(base.extras)
+    return replace(base, provenance=prov, extras=extras, gemm_points=tables["mm"], wgrad_points=tables["wgrad"],
+                   fp8_points=tables["fp8"], source_path="")
