@@ -329,6 +329,11 @@ class Profile:
         rate = self._attention_rate(max(seq_q, seq_kv), head_dim, causal, backward)
         return flops / rate + self.kernel_launch_s
 
+    def attention_measured(self, head_dim: int, causal: bool) -> bool:
+        """Whether attention at this head dimension and mask has measured points (else attention_s reads the
+        nearest measured head dimension's rate)."""
+        return any(p["head_dim"] == head_dim and p["causal"] == causal for p in self.attention_points)
+
     def _attention_rate(self, seq: int, head_dim: int, causal: bool, backward: bool) -> float:
         """Achieved rate at this sequence length: linear in log2(seq) between the two nearest measured
         lengths of the nearest head_dim (clamped at the ends of the grid)."""

@@ -535,6 +535,10 @@ def _plan_of(c: _Candidate, stages: list[StagePlan], pred, model, shape, cluster
         prov["modelled"].insert(0, f"GEMMs: {off_grid} of this layout's {queries} layer GEMM shapes interpolated "
                                    f"between profile points (`plan profile --model {model.name} --base "
                                    f"{profile_argument(profile)}` measures them and adds them to this profile)")
+    if not profile.attention_measured(model.head_dim, model.causal):
+        prov["modelled"].insert(0, f"attention: head dimension {model.head_dim} not measured, read at the nearest "
+                                   f"measured one's rate (`plan profile --model {model.name} --base "
+                                   f"{profile_argument(profile)}` measures it)")
     return Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
                 prediction=pred, provenance=prov)
 

@@ -44,6 +44,13 @@ class Options:
     first, before the catalogue grid (`plan profile --model`)."""
 
 
+ATTENTION_POINT_KEYS = ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads", "fwd_s", "bwd_s",
+                        "fwd_spread", "bwd_spread")
+"""What a profile keeps of each kernels.time_attention result."""
+
+ATTENTION_REPS = {"cuda": dict(warmup=2, repeats=5), "cpu": dict(warmup=1, repeats=3)}
+
+
 class Reporter:
     """Progress sink; the CLI's rich progress bar implements it. Stages report steps as they finish."""
 
@@ -199,7 +206,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     else:
         gqa_grid = [dict(batch=2, heads=4, kv_heads=2, seq=64, head_dim=16, causal=True)]
     rep.stage("attention (SDPA fwd+bwd)", len(att_grid) + len(gqa_grid))
-    reps = dict(warmup=2, repeats=5) if cuda else dict(warmup=1, repeats=3)
+    reps = ATTENTION_REPS[device.type]
     att_points = []
     for p in att_grid:
         att_points.append(kernels.time_attention(**p, device=device, **reps))
@@ -330,8 +337,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
 
     prov["parts"] = parts
     prov["wall_s"] = round(time.monotonic() - t_start, 1)
-    att_for_profile = [{k: p[k] for k in ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads",
-                                          "fwd_s", "bwd_s", "fwd_spread", "bwd_spread")} for p in att_points]
+    att_for_profile = [{k: p[k] for k in ATTENTION_POINT_KEYS} for p in att_points]
     mm_points, wgrad_points, fp8_points = tables["mm"], tables["wgrad"], tables["fp8"]
     if not mm_points:
         raise PlanError("the time budget ran out before any forward GEMM was timed; give a larger --budget")

@@ -137,10 +137,13 @@ def _added_summary(prof, out: Path) -> None:
     from runtime.profiler.extend import ADDED_KEY
     r = prof.provenance[ADDED_KEY][-1]
     added = sum(r["added"].values())
+    att = r["attention_added"]
     print(f"wrote {out}: {added} GEMM shapes of {', '.join(r['models'])} added ({r['already_measured']} of its "
           f"{r['shapes_wanted']} were measured in the base already"
           + (f"; {r['skipped_by_budget']} left out by the time budget" if r["skipped_by_budget"] else "")
-          + f") in {r['wall_s']} s on {r.get('gpu_name')}")
+          + ")" + (f" and {len(att)} attention points at head dimension "
+                   f"{', '.join(sorted({str(p[1]) for p in att}))}" if att else "")
+          + f" in {r['wall_s']} s on {r.get('gpu_name')}")
 
 
 def _summary(prof, out: Path) -> None:

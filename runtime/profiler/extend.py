@@ -1,4 +1,5 @@
-"""`plan profile --model NAME --base PROFILE`: time one model's GEMMs on this GPU and add them to a profile.
+"""`plan profile --model NAME --base PROFILE`: time one model's GEMMs (and its attention, where the profile has
+not measured its head dimension) on this GPU and add them to a profile.
 
 A plan whose layer GEMMs fall between a profile's measured points reads interpolated times, and between the
 grid's lines cuBLAS runs some shapes 10-25% off the interpolated rate, repeatably (benchmarks/results/README.md,
@@ -21,8 +22,9 @@ import torch
 
 from planner.errors import PlanError
 from planner.profile import Profile
-from runtime.profiler import environment, shapes
-from runtime.profiler.build import Options, Reporter, gemm_devices, resolve_device
+from runtime.profiler import environment, kernels, shapes
+from runtime.profiler.build import (ATTENTION_POINT_KEYS, ATTENTION_REPS, Options, Reporter, gemm_devices,
+                                    resolve_device)
 from runtime.profiler.gemm_workers import time_gemms_parallel
 from runtime.profiler.timing import at_power_cap
 
@@ -43,6 +45,21 @@ def missing_shapes(base: Profile, models, tp_degrees, flops_cap: float) -> tuple
             wanted.setdefault(g.key, g)
     todo = [g for g in wanted.values() if not base.gemm_measured(table_of(g), g.m, g.n, g.k)]
     return todo, len(wanted)
+
+
+def missing_attention(base: Profile, models, device_type: str) -> list[dict]:
+    """Attention grid points (shapes.attention_grid) for each model's head dimension and mask where the base has
+    none: the planner reads the nearest measured head dimension's rate otherwise, and kernels do not run a head
+    dimension of 96 at the rate of 128 (phi3-mini in session 16: its steps 13-19% slower than so predicted)."""
+    have = {(p["head_dim"], bool(p["causal"])) for p in base.attention_points}
+    out: dict[tuple, dict] = {}
+    for spec in models:
+        causal = spec.causal
+        if (spec.head_dim, causal) in have:
+            continue
+        for p in shapes.attention_grid(device_type, False, [spec.head_dim], spec.max_seq_len, (causal,)):
+            out.setdefault((p["seq"], p["head_dim"], p["causal"]), p)
+    return list(out.values())
 
 
 def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = None) -> Profile:
@@ -78,6 +95,16 @@ def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = Non
             points, spreads, skipped = time_gemms_parallel(todo, gemm_devices(device, world),
                                                            deadline=t0 + budget, progress=rep.advance,
                                                            at_power_cap=cap, **reps)
+    attention_todo = missing_attention(base, opts.models, device.type)
+    attention = []
+    if attention_todo:
+        rep.stage(f"attention at head dimension {', '.join(sorted({str(p['head_dim']) for p in attention_todo}))} "
+                  f"({len(attention_todo)} points)", len(attention_todo))
+        with at_power_cap(device, cap):
+            for p in attention_todo:
+                r = kernels.time_attention(**p, device=device, **ATTENTION_REPS[device.type])
+                attention.append({k: r[k] for k in ATTENTION_POINT_KEYS})
+                rep.advance()
     tables = {"mm": list(base.gemm_points), "wgrad": list(base.wgrad_points), "fp8": list(base.fp8_points)}
     added = {"mm": 0, "wgrad": 0, "fp8": 0}
     for m, n, k, t, knd in points:
@@ -86,7 +113,7 @@ def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = Non
         added[name] += 1
     where = environment.describe(device, world)
     record = {"models": names, "shapes_wanted": wanted, "already_measured": wanted - len(todo),
-              "added": added, "skipped_by_budget": skipped, "at_power_cap": cap,
+              "added": added, "attention_added": [[p["seq"], p["head_dim"], p["causal"]] for p in attention], "skipped_by_budget": skipped, "at_power_cap": cap,
               "wall_s": round(time.monotonic() - t0, 1),
               "median_spread": sorted(spreads)[len(spreads) // 2] if spreads else None,
               "how": "runtime/profiler/extend.py: each model's GEMMs (every TP degree it allows, micro-batch 1-16, "
@@ -98,8 +125,9 @@ def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = Non
     prov.setdefault(ADDED_KEY, []).append(record)
     prov.setdefault("parts", []).append(
         {"part": f"gemm (added: {', '.join(names)})", "status": "measured",
-         "how": f"{sum(added.values())} shapes timed on {where.get('gpu_name')} on {where.get('date')} and added "
+         "how": f"{sum(added.values())} GEMM shapes and {len(attention)} attention points timed on {where.get('gpu_name')} on {where.get('date')} and added "
                 f"to this profile's tables (provenance.{ADDED_KEY})"})
     extras = copy.deepcopy(base.extras)
     return replace(base, provenance=prov, extras=extras, gemm_points=tables["mm"], wgrad_points=tables["wgrad"],
-                   fp8_points=tables["fp8"], source_path="")
+                   fp8_points=tables["fp8"], attention_points=list(base.attention_points) + attention,
+                   source_path="")

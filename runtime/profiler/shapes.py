@@ -207,21 +207,26 @@ def _coarse_first(s: GemmShape):
     return (between, common, level, s.flops, s.key)
 
 
-def attention_grid(device_type: str, quick: bool) -> list[dict]:
+def attention_grid(device_type: str, quick: bool, head_dims: list[int] | None = None,
+                   max_seq: int | None = None, causal: tuple[bool, ...] = (True, False)) -> list[dict]:
     """(batch, heads, seq, head_dim, causal) points; batch x heads chosen so each point is a bounded amount
-    of work while still filling the GPU (at least a few thousand query tiles)."""
+    of work while still filling the GPU (at least a few thousand query tiles). head_dims / max_seq / causal
+    narrow it to one model's attention (`plan profile --model M --base P`, runtime/profiler/extend.py)."""
     if device_type != "cuda":
         seqs = [16, 64, 256] if quick else [16, 32, 64, 128, 256]
-        dims = [16, 32]
-        return [dict(batch=2, heads=4, seq=s, head_dim=d, causal=c) for s in seqs for d in dims for c in (True, False)]
+        dims = head_dims or [16, 32]
+        return [dict(batch=2, heads=4, seq=s, head_dim=d, causal=c) for s in seqs for d in dims for c in causal
+                if max_seq is None or s <= max(max_seq, seqs[0])]
     seqs = pow2_range(512, 32768, 2) if quick else pow2_range(512, 131072)
-    dims = [128] if quick else [64, 128]
+    if max_seq is not None:  # the smallest grid length at or above max_seq covers it
+        seqs = [s for s in seqs if s < max_seq] + [s for s in seqs if s >= max_seq][:1]
+    dims = head_dims or ([128] if quick else [64, 128])
     pts = []
     for s in seqs:
         tokens = 16384 if s <= 16384 else s
         batch = max(1, tokens // s)
         heads = 16 if s <= 32768 else max(4, 16 * 32768 // s)
         for d in dims:
-            for c in (True, False):
+            for c in causal:
                 pts.append(dict(batch=batch, heads=heads, seq=s, head_dim=d, causal=c))
     return pts

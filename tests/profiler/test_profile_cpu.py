@@ -202,7 +202,7 @@ def test_base_gets_the_models_gemms_and_keeps_the_rest(cpu_profile, tmp_path, ca
     assert want and all(ext.gemm_measured(table_of(g), g.m, g.n, g.k) for g in want)
     assert not all(base.gemm_measured(table_of(g), g.m, g.n, g.k) for g in want)
     assert set(base.gemm_points) <= set(ext.gemm_points) and set(base.wgrad_points) <= set(ext.wgrad_points)
-    for field in ("attention_points", "collectives", "efficiency", "overlap_hidden_fraction", "host",
+    for field in ("collectives", "efficiency", "overlap_hidden_fraction", "host",
                   "copy_bandwidth_bytes_per_s", "optimizer_s_per_param", "gpu"):
         assert getattr(ext, field) == getattr(base, field), field
     rec = ext.provenance[ADDED_KEY][-1]
@@ -210,6 +210,10 @@ def test_base_gets_the_models_gemms_and_keeps_the_rest(cpu_profile, tmp_path, ca
     assert rec["models"] == ["tiny-gpt2"] and sum(rec["added"].values()) == added > 0
     assert rec["shapes_wanted"] == len(want) and rec["already_measured"] == len(want) - added
     assert f"{added} GEMM shapes of tiny-gpt2 added" in said
+    # its head dimension (48 / 4 = 12) is not on the CPU grid's (16, 32): its causal attention is timed and added
+    assert not base.attention_measured(12, True) and ext.attention_measured(12, True)
+    assert not ext.attention_measured(12, False) and "attention points at head dimension 12" in said
+    assert ext.attention_points[:len(base.attention_points)] == base.attention_points
     # again on the extended profile: nothing left to time, nothing changes but the record
     again = tmp_path / "again.json"
     assert cli.main(["--device", "cpu", "--gpus", "1", "--model", str(cfg), "--base", str(out),
@@ -220,10 +224,10 @@ def test_base_gets_the_models_gemms_and_keeps_the_rest(cpu_profile, tmp_path, ca
     def gemm_note(prof):
         plan = search(spec, TrainingShape(16, 5), ClusterSpec(gpu="cpu", num_gpus=1, gpus_per_node=1), prof,
                       Pins(micro_batch=5), top_k=1).plans[0]
-        return [m for m in plan.provenance["modelled"] if m.startswith("GEMMs:")]
+        return [m for m in plan.provenance["modelled"] if m.startswith(("GEMMs:", "attention: head dimension 12"))]
 
     note = gemm_note(base)
-    assert note and f"--base {base_path}" in note[0]
+    assert len(note) == 2 and all(f"--base {base_path}" in n for n in note)  # the GEMMs and the attention
     assert not gemm_note(ext)
 
 
