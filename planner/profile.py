@@ -320,7 +320,9 @@ class Profile:
     def attention_s(self, batch: int, heads: int, seq_q: int, seq_kv: int, head_dim: int, causal: bool,
                     backward: bool) -> float:
         """Flash attention for `batch` x `heads` over seq_q queries and seq_kv keys; causal halves the work
-        when seq_q == seq_kv (the diagonal block of a ring step or a plain causal layer)."""
+        when seq_q == seq_kv (the diagonal block of a ring step or a plain causal layer). A head dimension the
+        profile has not measured runs as the next larger one measured (attention_kernel_head_dim)."""
+        head_dim = self.attention_kernel_head_dim(head_dim, causal)
         flops = 4.0 * batch * heads * seq_q * seq_kv * head_dim
         if causal:
             flops /= 2
@@ -333,6 +335,17 @@ class Profile:
         """Whether attention at this head dimension and mask has measured points (else attention_s reads the
         nearest measured head dimension's rate)."""
         return any(p["head_dim"] == head_dim and p["causal"] == causal for p in self.attention_points)
+
+    def attention_kernel_head_dim(self, head_dim: int, causal: bool) -> int:
+        """The head dimension whose measured kernel this one is priced as: itself where measured; else the next
+        larger one measured, since the kernels pad the head dimension to their tile (on H200, head dimensions 80,
+        96 and 112 ran in the time of 128 within 2%, forward and backward, and 160 in that of 192: session 16,
+        benchmarks/attention_head_dims.py); above the largest measured, itself (at the nearest one's rate)."""
+        dims = {p["head_dim"] for p in self.attention_points if p["causal"] == causal} \
+            or {p["head_dim"] for p in self.attention_points}
+        if head_dim in dims:
+            return head_dim
+        return min((d for d in dims if d > head_dim), default=head_dim)
 
     def _attention_rate(self, seq: int, head_dim: int, causal: bool, backward: bool) -> float:
         """Achieved rate at this sequence length: linear in log2(seq) between the two nearest measured

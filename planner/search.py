@@ -536,9 +536,11 @@ def _plan_of(c: _Candidate, stages: list[StagePlan], pred, model, shape, cluster
                                    f"between profile points (`plan profile --model {model.name} --base "
                                    f"{profile_argument(profile)}` measures them and adds them to this profile)")
     if not profile.attention_measured(model.head_dim, model.causal):
-        prov["modelled"].insert(0, f"attention: head dimension {model.head_dim} not measured, read at the nearest "
-                                   f"measured one's rate (`plan profile --model {model.name} --base "
-                                   f"{profile_argument(profile)}` measures it)")
+        as_dim = profile.attention_kernel_head_dim(model.head_dim, model.causal)
+        how = (f"priced as {as_dim}, the next larger one measured (kernels pad to their tile)" if as_dim != model.head_dim
+               else "read at the nearest measured one's rate")
+        prov["modelled"].insert(0, f"attention: head dimension {model.head_dim} not measured, {how} (`plan profile "
+                                   f"--model {model.name} --base {profile_argument(profile)}` measures it)")
     return Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
                 prediction=pred, provenance=prov)
 
