@@ -24,13 +24,13 @@ from runtime.triton_support import tl, triton, use_triton
 if triton is not None:
     @triton.jit
     def _heads(row_ptr, heads_ptr, cos_lo, cos_hi, sin_lo, sin_hi, t, i, j, S, B, FIRST: tl.constexpr,
-               N: tl.constexpr, NH: tl.constexpr, N_P2: tl.constexpr, D: tl.constexpr, ROTATE: tl.constexpr,
-               BACKWARD: tl.constexpr):
+               N: tl.constexpr, NH: tl.constexpr, N_P2: tl.constexpr, D: tl.constexpr, HALF_P2: tl.constexpr,
+               ROTATE: tl.constexpr, BACKWARD: tl.constexpr):
         """N heads starting at head FIRST of token t's qkv row (NH heads of D) <-> [b, N, s, D] (heads_ptr)."""
         HALF: tl.constexpr = D // 2
         n = tl.arange(0, N_P2)[:, None]
-        c = tl.arange(0, HALF)[None, :]
-        mask = n < N
+        c = tl.arange(0, HALF_P2)[None, :]
+        mask = (n < N) & (c < HALF)
         row = row_ptr + t * NH * D + (FIRST + n) * D
         head = heads_ptr + ((j * N + n) * S + i) * D
         if BACKWARD:
@@ -58,7 +58,8 @@ if triton is not None:
 
     @triton.jit
     def _rotary_kernel(row_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, S, B, H: tl.constexpr, KV: tl.constexpr,
-                       D: tl.constexpr, H_P2: tl.constexpr, KV_P2: tl.constexpr, BACKWARD: tl.constexpr):
+                       D: tl.constexpr, H_P2: tl.constexpr, KV_P2: tl.constexpr, HALF_P2: tl.constexpr,
+                       BACKWARD: tl.constexpr):
         """Program t = token (position i = t // B, batch j = t % B): forward reads row t of qkv [s*b, NH*D] and
         writes its heads to q / k / v [b, heads, s, D]; backward the reverse."""
         t = tl.program_id(0).to(tl.int64)
@@ -66,14 +67,19 @@ if triton is not None:
         j = t % B
         NH: tl.constexpr = H + 2 * KV
         HALF: tl.constexpr = D // 2
-        c = tl.arange(0, HALF)[None, :]
-        cos_lo = tl.load(cos_ptr + i * D + c)
-        cos_hi = tl.load(cos_ptr + i * D + HALF + c)
-        sin_lo = tl.load(sin_ptr + i * D + c)
-        sin_hi = tl.load(sin_ptr + i * D + HALF + c)
-        _heads(row_ptr, q_ptr, cos_lo, cos_hi, sin_lo, sin_hi, t, i, j, S, B, 0, H, NH, H_P2, D, True, BACKWARD)
-        _heads(row_ptr, k_ptr, cos_lo, cos_hi, sin_lo, sin_hi, t, i, j, S, B, H, KV, NH, KV_P2, D, True, BACKWARD)
-        _heads(row_ptr, v_ptr, cos_lo, cos_hi, sin_lo, sin_hi, t, i, j, S, B, H + KV, KV, NH, KV_P2, D, False,
+        # a half width that is not a power of two (head dimension 80, 96, 112: Phi-3, Phi-2, ...) is padded to one
+        # and masked: tl.arange needs a power of two
+        c = tl.arange(0, HALF_P2)[None, :]
+        cm = c < HALF
+        cos_lo = tl.load(cos_ptr + i * D + c, mask=cm, other=0.0)
+        cos_hi = tl.load(cos_ptr + i * D + HALF + c, mask=cm, other=0.0)
+        sin_lo = tl.load(sin_ptr + i * D + c, mask=cm, other=0.0)
+        sin_hi = tl.load(sin_ptr + i * D + HALF + c, mask=cm, other=0.0)
+        _heads(row_ptr, q_ptr, cos_lo, cos_hi, sin_lo, sin_hi, t, i, j, S, B, 0, H, NH, H_P2, D, HALF_P2, True,
+               BACKWARD)
+        _heads(row_ptr, k_ptr, cos_lo, cos_hi, sin_lo, sin_hi, t, i, j, S, B, H, KV, NH, KV_P2, D, HALF_P2, True,
+               BACKWARD)
+        _heads(row_ptr, v_ptr, cos_lo, cos_hi, sin_lo, sin_hi, t, i, j, S, B, H + KV, KV, NH, KV_P2, D, HALF_P2, False,
                BACKWARD)
 
 
@@ -81,7 +87,7 @@ def _launch(row, q, k, v, cos, sin, s, b, heads, kv_heads, d, backward):
     width = triton.next_power_of_2(heads) * d
     _rotary_kernel[(s * b,)](row, q, k, v, cos, sin, s, b, H=heads, KV=kv_heads, D=d,
                              H_P2=triton.next_power_of_2(heads), KV_P2=triton.next_power_of_2(kv_heads),
-                             BACKWARD=backward, num_warps=max(1, min(8, width // 512)))
+                             HALF_P2=triton.next_power_of_2(d // 2), BACKWARD=backward, num_warps=max(1, min(8, width // 512)))
 
 
 class _QKVRotary(torch.autograd.Function):
@@ -114,8 +120,7 @@ def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
     by the fp32 tables cos, sin [s, d] (see the module doc)."""
     s, b, width = qkv.shape
     d = width // (heads + 2 * kv_heads)
-    half = d // 2
-    if use_triton(qkv.device) and qkv.is_contiguous() and d % 2 == 0 and half & (half - 1) == 0 and kv_heads > 0 \
+    if use_triton(qkv.device) and qkv.is_contiguous() and d % 2 == 0 and kv_heads > 0 \
             and cos.is_contiguous() and sin.is_contiguous() and cos.dtype == torch.float32 == sin.dtype \
             and tuple(cos.shape) == (s, d) and tuple(sin.shape) == (s, d):
         return _QKVRotary.apply(qkv, cos, sin, heads, kv_heads)

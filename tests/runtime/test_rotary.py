@@ -54,9 +54,12 @@ def test_pytorch_path_matches_apply_rotary(dtype):
 def _interpreted(rank, world):
     from runtime.triton_support import use_triton
     assert use_triton(torch.device("cpu"))
-    # GQA with head counts that are not powers of two; multi-head attention (kv = heads)
+    # GQA with head counts that are not powers of two; multi-head attention (kv = heads); half head dimensions
+    # that are not (Phi-3's 96: 48 here as 12 and 6)
     return _check("cpu", torch.float32) + _check("cpu", torch.float32, s=5, b=2, heads=3, kv_heads=3, d=8) \
-        + _check("cpu", torch.float32, s=4, b=1, heads=6, kv_heads=1, d=32)
+        + _check("cpu", torch.float32, s=4, b=1, heads=6, kv_heads=1, d=32) \
+        + _check("cpu", torch.float32, s=3, b=2, heads=4, kv_heads=2, d=24) \
+        + _check("cpu", torch.float32, s=3, b=1, heads=2, kv_heads=1, d=12)
 
 
 def test_triton_rotary_matches_apply_rotary_interpreted(monkeypatch):
@@ -67,6 +70,7 @@ def test_triton_rotary_matches_apply_rotary_interpreted(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_rotary_matches_apply_rotary_on_cuda(dtype):
     assert _check("cuda", dtype) == [] and _check("cuda", dtype, s=2048, b=2, heads=16, kv_heads=4, d=128) == []
+    assert _check("cuda", dtype, s=1024, b=2, heads=32, kv_heads=32, d=96) == []   # Phi-3: half of 96 is 48
 
 
 def _llama_step(fused: bool, mode: str, monkeypatch, device: str):
