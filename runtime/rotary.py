@@ -84,7 +84,7 @@ if triton is not None:
 
 
 def _launch(row, q, k, v, cos, sin, s, b, heads, kv_heads, d, backward):
-    width = triton.next_power_of_2(heads) * d
+    width = triton.next_power_of_2(heads) * 2 * triton.next_power_of_2(d // 2)   # the padded tile: num_warps a power of 2
     _rotary_kernel[(s * b,)](row, q, k, v, cos, sin, s, b, H=heads, KV=kv_heads, D=d,
                              H_P2=triton.next_power_of_2(heads), KV_P2=triton.next_power_of_2(kv_heads),
                              HALF_P2=triton.next_power_of_2(d // 2), BACKWARD=backward, num_warps=max(1, min(8, width // 512)))
