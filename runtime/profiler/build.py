@@ -198,6 +198,13 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
 
     # -- attention ----------------------------------------------------------------------------------------------
     att_grid = shapes.attention_grid(device.type, opts.quick)
+    # the models asked for (--model): their head dimensions too, where the grid has none (an unmeasured one is
+    # priced as the next larger measured, Profile.attention_kernel_head_dim: right for the kernels' padding,
+    # not measured)
+    grid_dims = {p["head_dim"] for p in att_grid}
+    model_dims = sorted({spec.head_dim for spec in opts.models} - grid_dims)
+    if model_dims:
+        att_grid += shapes.attention_grid(device.type, opts.quick, model_dims)
     gqa_grid = []
     if cuda:
         gqa_grid = [dict(batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128, causal=True)]

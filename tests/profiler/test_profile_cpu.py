@@ -137,6 +137,7 @@ def test_model_gemms_are_timed_first(tmp_path):
     for g in want:
         assert (g.m, g.n, g.k) in (wgrad if g.kind == "wgrad" else measured), g
     assert any(g.m == 5 * 16 and g.kind == "fwd" for g in want)   # micro-batch 5, between the grid's lines
+    assert {p["head_dim"] for p in d["attention"]["points"]} >= {12}   # its head dimension, 48 / 4
 
 
 def test_unknown_profile_model_is_one_sentence(tmp_path, capsys):
