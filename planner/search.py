@@ -42,7 +42,16 @@ ALTERNATIVE_SPLITS = 6
 """The alternatives' searches split at most this many of each kind's layouts, best bound first (a few tenths of a
 second for all kinds together; their figures are that kind's best found, not proven best)."""
 SOLVER_WORKERS = 8
-"""CP-SAT's portfolio of workers: several strategies proving optimality beat one even on two cores."""
+"""CP-SAT's portfolio of workers for a solve with a wall-clock limit (solve_stages' time_limit_s; the tests'
+brute-force comparisons): several strategies proving optimality beat one even on two cores."""
+SOLVE_WORK = 0.01
+"""CP-SAT's deterministic time (its own work measure, not seconds on the clock) per solve in the search, on one
+worker: the same command gives the same plans on any machine and load. With a 30 ms wall-clock limit on eight
+workers (before session 16) the runners-up, and now and then the first choice (mixtral-8x7b on 64 GPUs, between
+plans 0.2% apart), changed from run to run on a loaded machine. On twelve catalogue cases this finds the same first
+choices, one 0.05% better and one 0.015% worse (benchmarks/results/README.md, session 16), in about the same time."""
+SOLVE_WALL_CAP_S = 2.0
+"""A guard on a solve with a work limit (SOLVE_WORK): only a far slower machine than a laptop reaches it."""
 
 
 @dataclass(frozen=True)
@@ -248,9 +257,11 @@ class SolveResult:
 
 
 def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recompute_pin: str | None = None,
-                 time_limit_s: float = 10.0, hint: list[StagePlan] | None = None) -> SolveResult:
+                 time_limit_s: float = 10.0, hint: list[StagePlan] | None = None,
+                 work_limit: float | None = None) -> SolveResult:
     """CP-SAT: the layer split and recompute per stage that minimise the schedule's step time within
-    memory; stages None when no split fits (or none was found in the time limit)."""
+    memory; stages None when no split fits (or none was found in the limit). work_limit: one worker for that much
+    deterministic time (reproducible; the search's SOLVE_WORK), else SOLVER_WORKERS for time_limit_s seconds."""
     from ortools.sat.python import cp_model
 
     lay, m = cm.lay, cm.m
@@ -334,8 +345,13 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
             mdl.AddHint(f[j], hint[j].full_recompute_layers)
             mdl.AddHint(s[j], hint[j].selective_recompute_layers)
     solver = cp_model.CpSolver()
-    solver.parameters.num_workers = SOLVER_WORKERS
-    solver.parameters.max_time_in_seconds = time_limit_s
+    if work_limit is not None:
+        solver.parameters.num_workers = 1
+        solver.parameters.max_deterministic_time = work_limit
+        solver.parameters.max_time_in_seconds = SOLVE_WALL_CAP_S
+    else:
+        solver.parameters.num_workers = SOLVER_WORKERS
+        solver.parameters.max_time_in_seconds = time_limit_s
     status = solver.Solve(mdl)
     bound_s = solver.BestObjectiveBound() / V / 1e6 if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else 0.0
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -369,11 +385,11 @@ def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> 
 
 
 def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit: float, top_k: int,
-           stats: SearchStats, solve_time_s: float | None, max_splits: float = math.inf):
+           stats: SearchStats, solve_work: float | None, max_splits: float = math.inf):
     """The top_k candidates by the score of a split (CostModel.predict(play=False)): best bound first, a layout
     known by its compute bound gets its full bounds (memory, and time with communication and optimizer) and goes
     back in line; one known by its full bound gets a greedy split (CP-SAT where that finds none, while fewer than
-    top_k are scored, unless solve_time_s is None). So the splits come in the order of the full bounds, and only
+    top_k are scored, unless solve_work is None). So the splits come in the order of the full bounds, and only
     layouts whose compute bound is below the k-th best are bounded in full. Bounds and splits are kept on the
     candidates for later calls. Returns (scored [(score, candidate, stages)], the lowest bound of the layouts not
     scored, (least memory bound, its layout) among those bounded, whether max_splits cut the search short).
@@ -407,8 +423,8 @@ def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit
             stats.layouts_greedy += 1
         stages = c.greedy
         tries += 1
-        if stages is None and len(scored) < top_k and solve_time_s is not None:
-            stages = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s).stages
+        if stages is None and len(scored) < top_k and solve_work is not None:
+            stages = solve_stages(c.cost, shape, limit, pins.recompute, work_limit=solve_work).stages
             stats.layouts_solved += 1
         if stages is None:
             continue
@@ -422,12 +438,12 @@ def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit
 
 
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
-           pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_time_s: float = 0.03,
+           pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_work: float = SOLVE_WORK,
            progress=None, alternatives: bool = False) -> SearchResult:
     """Best plans first. Phases: enumerate every legal layout with a cheap bound (its layers' compute); in that
     bound's order, the full time and memory bounds of each layout that could still beat the k-th best, and a
     greedy split of each whose full bound could too; CP-SAT on the `top_k + refine` best of those (hinted with
-    the greedy split, `solve_time_s` each); the schedule played for those and the next PLAYED_RUNNERS_UP, which
+    the greedy split, `solve_work` of deterministic time each); the schedule played for those and the next PLAYED_RUNNERS_UP, which
     ranks the plans. The stats say how close the result is proven to be: the first
     plan's step over the lowest bound of every layout that CP-SAT did not settle. alternatives: also the best
     plan of each kind of layout the first plan is not (planner/why_not.py), from the same candidates."""
@@ -452,13 +468,15 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    scored, unsettled_bound, min_mem, _ = _score(candidates, shape, pins, limit, top_k, stats, solve_time_s)
+    scored, unsettled_bound, min_mem, _ = _score(candidates, shape, pins, limit, top_k, stats, solve_work)
     stats.phase_s["greedy"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
     refined: list[tuple[float, _Candidate, list[StagePlan], bool]] = []
-    for step, c, stages in scored[: top_k + refine]:
-        res = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s, hint=stages)
+    leaders = scored[: top_k + refine]
+    solved = _solve_concurrently([(c.cost, stages) for _, c, stages in leaders], shape, limit, pins.recompute,
+                                 solve_work)
+    for (step, c, stages), res in zip(leaders, solved):
         stats.layouts_solved += 1
         stats.cpsat_variables += 3 * c.layout.num_virtual_stages
         proven = res.proven_optimal
@@ -489,7 +507,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     plans.sort(key=lambda p: p.prediction.step_s)
     if all(plans[0].layout != c.layout for _, c, _, _ in refined):
         c = next(c for _, c, _ in scored if c.layout == plans[0].layout)
-        plans[0] = _faster_split(c, plans[0], model, shape, cluster, profile, pins, limit, solve_time_s, stats)
+        plans[0] = _faster_split(c, plans[0], model, shape, cluster, profile, pins, limit, solve_work, stats)
     stats.phase_s["played_runners_up"] = time.perf_counter() - t4
     plans = plans[:top_k]
     if not plans:
@@ -507,7 +525,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
         if faster:
             for alt in faster:
                 c = next(c for c in candidates if c.layout == alt.layout)
-                plans.append(_faster_split(c, alt, model, shape, cluster, profile, pins, limit, solve_time_s, stats))
+                plans.append(_faster_split(c, alt, model, shape, cluster, profile, pins, limit, solve_work, stats))
             plans.sort(key=lambda p: p.prediction.step_s)
             del plans[top_k:]
             alts = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
@@ -516,10 +534,29 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     return result
 
 
-def _faster_split(c: _Candidate, plan: Plan, model, shape, cluster, profile, pins, limit, solve_time_s,
+def _solve_concurrently(jobs: list[tuple[CostModel, list[StagePlan]]], shape: TrainingShape, limit: float,
+                        recompute: str | None, solve_work: float) -> list[SolveResult]:
+    """solve_stages for each (cost model, hint), on as many threads as there are CPUs: CP-SAT releases the GIL
+    while it solves, and each solve is single-threaded and deterministic (SOLVE_WORK), so the results do not
+    depend on the threads (gpt-70b on 64 GPUs: four solves in 0.16 s on two cores against 0.27 s one by one)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job):
+        cm, hint = job
+        return solve_stages(cm, shape, limit, recompute, hint=hint, work_limit=solve_work)
+
+    threads = min(len(jobs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if threads <= 1:
+        return [one(job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(one, jobs))
+
+
+def _faster_split(c: _Candidate, plan: Plan, model, shape, cluster, profile, pins, limit, solve_work,
                   stats: SearchStats) -> Plan:
     """plan (c's layout with a greedy split, played) or CP-SAT's split hinted with it, whichever plays faster."""
-    res = solve_stages(c.cost, shape, limit, pins.recompute, solve_time_s, hint=plan.stages)
+    res = solve_stages(c.cost, shape, limit, pins.recompute, hint=plan.stages, work_limit=solve_work)
     stats.layouts_solved += 1
     if res.stages is not None:
         pred = c.cost.predict(res.stages)

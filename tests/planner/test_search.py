@@ -209,3 +209,32 @@ def test_bounds_are_below_every_split_they_bound(profile, name, cuda_graph):
     assert checked > 100 and fitting > 100 and need_recompute > 10  # the recompute term is exercised
     if model.is_moe:
         assert host_bound > 0  # host-paced splits are among them (eager plans; EP > 1 cannot be captured)
+
+
+def test_the_same_search_gives_the_same_plans(profile):
+    """CP-SAT runs on a work limit, not the clock (planner.search.SOLVE_WORK): a search repeated, here with the
+    CPU busy in another thread, returns the same plans, splits included."""
+    import threading
+
+    from planner.model import CATALOGUE
+
+    def plans():
+        r = search(CATALOGUE["gpt-70b"], TrainingShape(2048, 1024), ClusterSpec(num_gpus=64), profile, Pins())
+        return [(p.layout, p.stages, p.prediction.step_s) for p in r.plans]
+
+    first = plans()
+    stop = threading.Event()
+
+    def busy():
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    t = threading.Thread(target=busy)
+    t.start()
+    try:
+        again = plans()
+    finally:
+        stop.set()
+        t.join()
+    assert again == first
