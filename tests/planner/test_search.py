@@ -238,3 +238,26 @@ def test_the_same_search_gives_the_same_plans(profile):
         stop.set()
         t.join()
     assert again == first
+
+
+def test_least_recompute_cost_lies_between_the_cheapest_rate_and_every_integer_choice(profile):
+    """bounds.least_recompute_cost_s, the linear programme's least, against every count of selectively and fully
+    recomputed layers that saves enough (brute force): never above any, never below the cheapest rate's figure,
+    and above it once selective recompute alone cannot save enough."""
+    from planner.bounds import least_recompute_cost_s
+    from planner.model import CATALOGUE
+
+    model = CATALOGUE["llama3-70b"]
+    cm = CostModel(model, TrainingShape(8192, 64), Layout(tp=2, pp=4, cp=2), ClusterSpec(num_gpus=16), profile)
+    acts, L, n = cm.activations, cm.layer, 12
+    d_s, d_f = acts.none_bytes - acts.selective_bytes, acts.none_bytes - acts.full_bytes
+    cheapest = min(L.selective_recompute_s / d_s, L.full_recompute_s / d_f)
+    tighter = 0
+    for frac in [0.05 * i for i in range(1, 21)]:
+        need = frac * n * d_f
+        lp = least_recompute_cost_s(cm, need, n)
+        best = min(xs * L.selective_recompute_s + xf * L.full_recompute_s
+                   for xs in range(n + 1) for xf in range(n + 1 - xs) if xs * d_s + xf * d_f >= need)
+        assert need * cheapest * (1 - 1e-9) <= lp <= best * (1 + 1e-9), (frac, lp, best)
+        tighter += lp > need * cheapest * 1.01
+    assert tighter > 5
