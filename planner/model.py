@@ -9,6 +9,7 @@ the counts of the tensors it allocates (tests check this against `sum(p.numel())
 from __future__ import annotations
 
 import math
+import warnings
 
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -281,8 +282,20 @@ def _first(cfg: dict, *keys, default=None):
     return default
 
 
+PLAIN_MLP_TYPES = ("phi", "gpt_neox", "falcon", "starcoder2", "opt")
+"""Hugging Face model types with hidden_size keys whose MLP is plain (up, GELU, down: two matrices), not gated: read
+as GPT-style models, with a warning. As Llama-style ones their MLPs would count a third matrix (phi-2: 3.6B
+parameters against its 2.7B). Their rotary / ALiBi positions and parallel residuals are not modelled."""
+
+LLAMA_STYLE_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+                     "phi3", "olmo", "olmo2", "granite", "internlm2", "yi", "")
+"""Model types read as Llama-style (gated MLP, rotary, RMSNorm) without a warning; another unknown type with
+hidden_size keys is read so too, with a warning. (Gemma's gated GELU costs what SwiGLU does.)"""
+
+
 def from_hf_config(path: Path) -> ModelSpec:
-    """Read a Hugging Face config.json: llama/mistral/mixtral/qwen keys, gpt2 keys or BERT keys."""
+    """Read a Hugging Face config.json: llama/mistral/mixtral/qwen keys, gpt2 keys or BERT keys; the plain-MLP
+    types of PLAIN_MLP_TYPES as GPT-style models (warned)."""
     cfg = read_json(path, "model config")
     if not isinstance(cfg, dict):
         raise PlanError(f"model config '{path}' is not a JSON object")
@@ -296,6 +309,21 @@ def from_hf_config(path: Path) -> ModelSpec:
                              num_heads=int(cfg["num_attention_heads"]), num_kv_heads=int(cfg["num_attention_heads"]),
                              ffn_hidden=int(cfg.get("intermediate_size", 4 * hidden)), vocab_size=int(cfg["vocab_size"]),
                              max_seq_len=seq, default_seq_len=seq, default_global_batch=256, tie_embeddings=True)
+        elif model_type in PLAIN_MLP_TYPES:
+            hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+            kv = _first(cfg, "num_key_value_heads", "num_kv_heads", default=1 if cfg.get("multi_query") else heads)
+            seq = int(_first(cfg, "max_position_embeddings", default=2048))
+            spec = ModelSpec(name=name, family="gpt", num_layers=int(cfg["num_hidden_layers"]), hidden=hidden,
+                             num_heads=heads, num_kv_heads=int(kv),
+                             ffn_hidden=int(_first(cfg, "intermediate_size", "ffn_dim", "ffn_hidden_size",
+                                                   default=4 * hidden)),
+                             vocab_size=int(cfg["vocab_size"]), max_seq_len=seq, default_seq_len=min(seq, 4096),
+                             default_global_batch=1024,
+                             # Hugging Face ties by default; phi and gpt_neox configs say they do not
+                             tie_embeddings=bool(cfg.get("tie_word_embeddings", model_type not in ("phi", "gpt_neox"))))
+            warnings.warn(f"model config '{path}': model_type '{model_type}' has a plain GELU MLP and is read as a "
+                          "GPT-style model (layers, widths, heads and vocabulary as given; its positions and residual "
+                          "wiring priced as GPT's learned positions and sequential residual)", stacklevel=2)
         elif "n_embd" in cfg or model_type == "gpt2":
             hidden = int(cfg["n_embd"])
             seq = int(_first(cfg, "n_positions", "n_ctx", default=1024))
@@ -306,6 +334,9 @@ def from_hf_config(path: Path) -> ModelSpec:
                              default_global_batch=1024, tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
         else:
             heads = int(cfg["num_attention_heads"])
+            if model_type not in LLAMA_STYLE_TYPES and not model_type.startswith(("deepseek", "qwen", "llama")):
+                warnings.warn(f"model config '{path}': model_type '{model_type}' is not one parallel-plan knows; read "
+                              "as a Llama-style model (gated MLP, rotary, RMSNorm)", stacklevel=2)
             experts = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=1))
             if "kv_lora_rank" in cfg or int(cfg.get("first_k_dense_replace") or 0) > 0:
                 # DeepSeek V2/V3: latent attention and dense first layers; counting them as plain layers would

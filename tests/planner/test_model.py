@@ -283,3 +283,33 @@ def test_unknown_model_and_missing_file(tmp_path):
         resolve_model("gpt-7")
     with pytest.raises(PlanError, match="does not exist"):
         resolve_model(str(tmp_path / "nope.json"))
+
+
+PHI2 = {"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "vocab_size": 51200, "max_position_embeddings": 2048, "partial_rotary_factor": 0.4,
+        "hidden_act": "gelu_new", "tie_word_embeddings": False}
+
+
+def test_import_plain_mlp_types_as_gpt_with_a_warning(tmp_path):
+    """phi-2 (a plain GELU MLP, two matrices) is read as GPT-style: within 0.5% of its released 2,779,683,840
+    parameters (ours adds GPT's learned positions, 5.2M, and a second norm per layer; it leaves out the head's bias).
+    Read as Llama-style, its MLP counted a third matrix: 3.6B. Falcon's multi_query gives one KV head."""
+    with pytest.warns(UserWarning, match="model_type 'phi' has a plain GELU MLP and is read as a GPT-style model"):
+        m = from_hf_config(_write(tmp_path, PHI2))
+    assert (m.family, m.num_layers, m.hidden, m.ffn_hidden, m.tie_embeddings) == ("gpt", 32, 2560, 10240, False)
+    assert abs(m.total_params() / 2_779_683_840 - 1) < 0.005
+    falcon = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+              "vocab_size": 65024, "multi_query": True}
+    with pytest.warns(UserWarning, match="'falcon'"):
+        f = from_hf_config(_write(tmp_path, falcon, "falcon.json"))
+    assert (f.num_kv_heads, f.ffn_hidden, f.tie_embeddings) == (1, 4 * 4544, True)
+
+
+def test_unknown_model_type_is_read_as_llama_with_a_warning(tmp_path, recwarn):
+    with pytest.warns(UserWarning, match="model_type 'newarch' is not one parallel-plan knows"):
+        m = from_hf_config(_write(tmp_path, dict(MISTRAL_7B, model_type="newarch")))
+    assert m.family == "llama" and m.gated_mlp
+    recwarn.clear()
+    from_hf_config(_write(tmp_path, QWEN2_05B, "qwen.json"))
+    from_hf_config(_write(tmp_path, MISTRAL_7B, "mistral.json"))
+    assert not [w for w in recwarn if "parallel-plan" in str(w.message) or "model_type" in str(w.message)]
