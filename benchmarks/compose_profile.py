@@ -13,8 +13,14 @@ worse, by measurement:
     with the same spin but one machine earlier, were monotonic and its accuracy run agreed within 5% for 54
     of 55 points.
 
+  * attention points: head dimensions the base has none of, timed by benchmarks/attention_head_dims.py (the
+    profiler's kernels.time_attention on shapes.attention_grid's rows) in a later call. Session 16 added 192 and
+    256 (Gemma's) to the shipped profiles, which had 64 and 128: above 128 the nearest measured rate was used, and
+    the backward ran up to 54% slower than so predicted (call s3).
+
     python benchmarks/compose_profile.py BASE.json [--host-from A.json] [--collectives-from B.json] \
-        [--elementwise-from C.json] [--calibration-from D.json] --why "..." --out NEW.json
+        [--elementwise-from C.json] [--calibration-from D.json] [--attention-points-from E.csv] --why "..." \
+        --out NEW.json
 """
 from __future__ import annotations
 
@@ -60,6 +66,40 @@ def compose(base: dict, others: dict[str, dict], why: str) -> dict:
     return out
 
 
+ATTENTION_KEYS = ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads", "fwd_s", "bwd_s",
+                  "fwd_spread", "bwd_spread")
+
+
+def add_attention_points(base: dict, csv_path: Path, why: str) -> dict:
+    """base with the attention points of csv_path (benchmarks/attention_head_dims.py's CSV) whose head dimension
+    the base has none of; the provenance names the file and why. Points of head dimensions it has are left out."""
+    import csv
+
+    out = json.loads(json.dumps(base))
+    have = {p["head_dim"] for p in out["attention"]["points"]}
+    rows = list(csv.DictReader(csv_path.open()))
+    if not rows:
+        raise SystemExit(f"{csv_path} has no rows")
+    added = []
+    for r in rows:
+        if int(r["head_dim"]) in have:
+            continue
+        pt = {k: (r[k] == "True" if k == "causal" else int(r[k]) if k in ("seq", "head_dim", "batch", "heads")
+                  else float(r[k])) for k in ATTENTION_KEYS}
+        added.append(pt)
+    if not added:
+        raise SystemExit(f"{csv_path} holds no head dimension the base lacks")
+    out["attention"]["points"] += added
+    dims = sorted({p["head_dim"] for p in added})
+    out["provenance"]["parts"].append({
+        "part": f"attention head dimensions {', '.join(map(str, dims))}", "status": "measured",
+        "how": f"{len(added)} points from {csv_path.as_posix()} (benchmarks/attention_head_dims.py: kernels.time_attention "
+               "on shapes.attention_grid's rows, as the profiler times its grid), added to this profile",
+        "from_another_profile": {"note": "measured apart from the rest of this profile (another call, maybe another "
+                                         "lent machine of the same kind)", "why": why}})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("base", type=Path)
@@ -67,6 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--collectives-from", type=Path)
     ap.add_argument("--elementwise-from", type=Path)
     ap.add_argument("--calibration-from", type=Path)
+    ap.add_argument("--attention-points-from", type=Path)
     ap.add_argument("--why", required=True)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
@@ -76,10 +117,12 @@ def main(argv=None) -> int:
                                                                     ("collectives", a.collectives_from),
                                                                     ("elementwise", a.elementwise_from),
                                                                     ("calibration", a.calibration_from)) if path}
-    if not others:
-        raise SystemExit("nothing to compose: give --host-from, --collectives-from, --elementwise-from and/or "
-                         "--calibration-from")
+    if not others and not a.attention_points_from:
+        raise SystemExit("nothing to compose: give --host-from, --collectives-from, --elementwise-from, "
+                         "--calibration-from and/or --attention-points-from")
     new = compose(json.loads(a.base.read_text()), others, a.why)
+    if a.attention_points_from:
+        new = add_attention_points(new, a.attention_points_from, a.why)
     a.out.write_text(json.dumps(new, indent=1) + "\n")
     print(f"wrote {a.out}")
     return 0
