@@ -87,3 +87,18 @@ def test_saved_activations_match_the_documented_list(family):
     }
     for mode, n in expected.items():
         assert saved_bytes_per_token(spec, mode) / 4 == n, mode
+
+
+def test_gpt_style_with_fewer_kv_heads_builds_and_trains():
+    """Configs read as GPT-style with grouped or multi-query attention (falcon, starcoder2: planner/model.py,
+    PLAIN_MLP_TYPES): the runtime builds exactly the parameters the planner counts, and a step gives finite
+    gradients on every parameter."""
+    for kv in (2, 1):
+        spec = tiny_model("gpt", num_kv_heads=kv, tie_embeddings=False)
+        model = build_model(spec, single_process_groups())
+        assert sum(p.numel() for p in model.parameters()) == spec.total_params()
+        gen = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, spec.vocab_size, (2, 32), generator=gen)
+        loss, n = model(tokens, labels=torch.roll(tokens, -1, dims=1))
+        (loss / n).backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
