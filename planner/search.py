@@ -443,8 +443,8 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     """Best plans first. Phases: enumerate every legal layout with a cheap bound (its layers' compute); in that
     bound's order, the full time and memory bounds of each layout that could still beat the k-th best, and a
     greedy split of each whose full bound could too; CP-SAT on the `top_k + refine` best of those (hinted with
-    the greedy split, `solve_work` of deterministic time each); the schedule played for those and the next PLAYED_RUNNERS_UP, which
-    ranks the plans. The stats say how close the result is proven to be: the first
+    the greedy split, `solve_work` of deterministic time each); the schedule played for those and the next
+    PLAYED_RUNNERS_UP, which ranks the plans. The stats say how close the result is proven to be: the first
     plan's step over the lowest bound of every layout that CP-SAT did not settle. alternatives: also the best
     plan of each kind of layout the first plan is not (planner/why_not.py), from the same candidates."""
     stats = SearchStats()

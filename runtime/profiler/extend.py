@@ -13,7 +13,6 @@ records in the provenance what was added, on which machine, when and at which co
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from dataclasses import replace
@@ -49,8 +48,8 @@ def missing_shapes(base: Profile, models, tp_degrees, flops_cap: float) -> tuple
 
 def missing_attention(base: Profile, models, device_type: str) -> list[dict]:
     """Attention grid points (shapes.attention_grid) for each model's head dimension and mask where the base has
-    none: the planner reads the nearest measured head dimension's rate otherwise, and kernels do not run a head
-    dimension of 96 at the rate of 128 (phi3-mini in session 16: its steps 13-19% slower than so predicted)."""
+    none: the planner otherwise prices it as the next larger head dimension measured (Profile.attention_kernel_
+    head_dim), right where the kernel pads to that one's tile and a guess elsewhere."""
     have = {(p["head_dim"], bool(p["causal"])) for p in base.attention_points}
     out: dict[tuple, dict] = {}
     for spec in models:
@@ -63,8 +62,8 @@ def missing_attention(base: Profile, models, device_type: str) -> list[dict]:
 
 
 def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = None) -> Profile:
-    """The base with the GEMMs of opts.models that it lacks timed here and added; raises PlanError for a base
-    measured on another GPU kind, or when no model was asked for."""
+    """The base with the GEMMs and attention of opts.models that it lacks timed here and added; raises PlanError
+    for a base measured on another GPU kind, or when no model was asked for."""
     rep = reporter or Reporter()
     if not opts.models:
         raise PlanError("--base adds a model's GEMMs to a profile: name the model with --model")
@@ -88,8 +87,7 @@ def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = Non
     if todo:
         rep.stage(f"GEMMs of {', '.join(names)} ({len(todo)} of {wanted} not in the base)", len(todo))
         reps = dict(warmup=2, repeats=7) if cuda else dict(warmup=1, repeats=3)
-        with contextlib.ExitStack() as heat:
-            heat.enter_context(at_power_cap(device, cap))
+        with at_power_cap(device, cap):
             if cuda:
                 torch.cuda.empty_cache()
             points, spreads, skipped = time_gemms_parallel(todo, gemm_devices(device, world),
@@ -113,7 +111,8 @@ def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = Non
         added[name] += 1
     where = environment.describe(device, world)
     record = {"models": names, "shapes_wanted": wanted, "already_measured": wanted - len(todo),
-              "added": added, "attention_added": [[p["seq"], p["head_dim"], p["causal"]] for p in attention], "skipped_by_budget": skipped, "at_power_cap": cap,
+              "added": added, "attention_added": [[p["seq"], p["head_dim"], p["causal"]] for p in attention],
+              "skipped_by_budget": skipped, "at_power_cap": cap,
               "wall_s": round(time.monotonic() - t0, 1),
               "median_spread": sorted(spreads)[len(spreads) // 2] if spreads else None,
               "how": "runtime/profiler/extend.py: each model's GEMMs (every TP degree it allows, micro-batch 1-16, "
@@ -125,8 +124,9 @@ def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = Non
     prov.setdefault(ADDED_KEY, []).append(record)
     prov.setdefault("parts", []).append(
         {"part": f"gemm (added: {', '.join(names)})", "status": "measured",
-         "how": f"{sum(added.values())} GEMM shapes and {len(attention)} attention points timed on {where.get('gpu_name')} on {where.get('date')} and added "
-                f"to this profile's tables (provenance.{ADDED_KEY})"})
+         "how": f"{sum(added.values())} GEMM shapes and {len(attention)} attention points timed on "
+                f"{where.get('gpu_name')} on {where.get('date')} and added to this profile's tables "
+                f"(provenance.{ADDED_KEY})"})
     extras = copy.deepcopy(base.extras)
     return replace(base, provenance=prov, extras=extras, gemm_points=tables["mm"], wgrad_points=tables["wgrad"],
                    fp8_points=tables["fp8"], attention_points=list(base.attention_points) + attention,
