@@ -26,7 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from planner.profile import ATTENTION_POINT_KEYS  # noqa: E402
 
 PARTS = {"host": (("host",), lambda name: name == "host_overhead"),
          "collectives": (("collectives",), lambda name: name.startswith("collectives")),
@@ -66,10 +73,6 @@ def compose(base: dict, others: dict[str, dict], why: str) -> dict:
     return out
 
 
-ATTENTION_KEYS = ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads", "fwd_s", "bwd_s",
-                  "fwd_spread", "bwd_spread")
-
-
 def add_attention_points(base: dict, csv_path: Path, why: str) -> dict:
     """base with the attention points of csv_path (benchmarks/attention_head_dims.py's CSV) whose head dimension
     the base has none of; the provenance names the file and why. Points of head dimensions it has are left out."""
@@ -85,7 +88,7 @@ def add_attention_points(base: dict, csv_path: Path, why: str) -> dict:
         if int(r["head_dim"]) in have:
             continue
         pt = {k: (r[k] == "True" if k == "causal" else int(r[k]) if k in ("seq", "head_dim", "batch", "heads")
-                  else float(r[k])) for k in ATTENTION_KEYS}
+                  else float(r[k])) for k in ATTENTION_POINT_KEYS}
         added.append(pt)
     if not added:
         raise SystemExit(f"{csv_path} holds no head dimension the base lacks")

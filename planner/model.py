@@ -287,10 +287,10 @@ PLAIN_MLP_TYPES = ("phi", "gpt_neox", "falcon", "starcoder2", "opt")
 as GPT-style models, with a warning. As Llama-style ones their MLPs would count a third matrix (phi-2: 3.6B
 parameters against its 2.7B). Their rotary / ALiBi positions and parallel residuals are not modelled."""
 
-LLAMA_STYLE_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-                     "phi3", "olmo", "olmo2", "granite", "internlm2", "yi", "")
-"""Model types read as Llama-style (gated MLP, rotary, RMSNorm) without a warning; another unknown type with
-hidden_size keys is read so too, with a warning. (Gemma's gated GELU costs what SwiGLU does.)"""
+LLAMA_STYLE_TYPES = ("mistral", "mixtral", "gemma", "gemma2", "phi3", "olmo", "olmo2", "granite", "internlm2", "yi", "")
+LLAMA_STYLE_PREFIXES = ("llama", "qwen", "deepseek")
+"""Model types (and prefixes) read as Llama-style (gated MLP, rotary, RMSNorm) without a warning; another unknown
+type with hidden_size keys is read so too, with a warning. (Gemma's gated GELU costs what SwiGLU does.)"""
 
 
 def from_hf_config(path: Path) -> ModelSpec:
@@ -334,7 +334,7 @@ def from_hf_config(path: Path) -> ModelSpec:
                              default_global_batch=1024, tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
         else:
             heads = int(cfg["num_attention_heads"])
-            if model_type not in LLAMA_STYLE_TYPES and not model_type.startswith(("deepseek", "qwen", "llama")):
+            if model_type not in LLAMA_STYLE_TYPES and not model_type.startswith(LLAMA_STYLE_PREFIXES):
                 warnings.warn(f"model config '{path}': model_type '{model_type}' is not one parallel-plan knows; read "
                               "as a Llama-style model (gated MLP, rotary, RMSNorm)", stacklevel=2)
             experts = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=1))

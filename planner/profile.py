@@ -211,6 +211,11 @@ class HostOverheads:
                                                                   "ep_extra_s", "pp_chunk_s", "ends_s")})
 
 
+ATTENTION_POINT_KEYS = ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads", "fwd_s", "bwd_s",
+                        "fwd_spread", "bwd_spread")
+"""What a profile's attention points hold (the profiler keeps these of each kernels.time_attention result)."""
+
+
 @dataclass
 class Profile:
     gpu: str

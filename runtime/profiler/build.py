@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from planner.errors import PlanError
-from planner.profile import Profile, gpu_kind_of_device
+from planner.profile import ATTENTION_POINT_KEYS, Profile, gpu_kind_of_device
 from runtime.profiler import collectives as coll
 from runtime.profiler import environment, kernels, modelled, shapes
 from runtime.profiler.gemm_workers import time_gemms_parallel
@@ -43,10 +43,6 @@ class Options:
     """ModelSpecs whose every GEMM (shapes.model_gemm_shapes, at each model's default sequence length) is timed
     first, before the catalogue grid (`plan profile --model`)."""
 
-
-ATTENTION_POINT_KEYS = ("seq", "head_dim", "causal", "fwd_tflops", "bwd_tflops", "batch", "heads", "fwd_s", "bwd_s",
-                        "fwd_spread", "bwd_spread")
-"""What a profile keeps of each kernels.time_attention result."""
 
 ATTENTION_REPS = {"cuda": dict(warmup=2, repeats=5), "cpu": dict(warmup=1, repeats=3)}
 
@@ -302,7 +298,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
     tables = {"mm": [], "wgrad": [], "fp8": []}   # (m, n, k, seconds) per table, spreads aligned with them
     table_spreads = {name: [] for name in tables}
     for (m, n, k, t, knd), sp in zip(points, spreads):
-        name = "fp8" if knd.startswith("fp8") else "wgrad" if knd == "wgrad" else "mm"
+        name = shapes.GemmShape(m, n, k, knd).table
         tables[name].append((m, n, k, t))
         table_spreads[name].append(sp)
     extras["gemm_spread"] = table_spreads["mm"]

@@ -22,18 +22,13 @@ import torch
 from planner.errors import PlanError
 from planner.profile import Profile
 from runtime.profiler import environment, kernels, shapes
-from runtime.profiler.build import (ATTENTION_POINT_KEYS, ATTENTION_REPS, Options, Reporter, gemm_devices,
-                                    resolve_device)
+from planner.profile import ATTENTION_POINT_KEYS
+from runtime.profiler.build import ATTENTION_REPS, Options, Reporter, gemm_devices, resolve_device
 from runtime.profiler.gemm_workers import time_gemms_parallel
 from runtime.profiler.timing import at_power_cap
 
 ADDED_KEY = "added_gemms"
 """Provenance key: one record per extension (models, shapes added, machine, date, commit)."""
-
-
-def table_of(g: shapes.GemmShape) -> str:
-    """The profile table a GEMM's time goes into (Profile.gemm_table_s)."""
-    return "fp8" if g.kind.startswith("fp8") else "wgrad" if g.kind == "wgrad" else "mm"
 
 
 def missing_shapes(base: Profile, models, tp_degrees, flops_cap: float) -> tuple[list[shapes.GemmShape], int]:
@@ -42,7 +37,7 @@ def missing_shapes(base: Profile, models, tp_degrees, flops_cap: float) -> tuple
     for spec in models:
         for g in shapes.model_gemm_shapes(spec, spec.default_seq_len, tp_degrees, flops_cap=flops_cap):
             wanted.setdefault(g.key, g)
-    todo = [g for g in wanted.values() if not base.gemm_measured(table_of(g), g.m, g.n, g.k)]
+    todo = [g for g in wanted.values() if not base.gemm_measured(g.table, g.m, g.n, g.k)]
     return todo, len(wanted)
 
 
@@ -50,13 +45,11 @@ def missing_attention(base: Profile, models, device_type: str) -> list[dict]:
     """Attention grid points (shapes.attention_grid) for each model's head dimension and mask where the base has
     none: the planner otherwise prices it as the next larger head dimension measured (Profile.attention_kernel_
     head_dim), right where the kernel pads to that one's tile and a guess elsewhere."""
-    have = {(p["head_dim"], bool(p["causal"])) for p in base.attention_points}
     out: dict[tuple, dict] = {}
     for spec in models:
-        causal = spec.causal
-        if (spec.head_dim, causal) in have:
+        if base.attention_measured(spec.head_dim, spec.causal):
             continue
-        for p in shapes.attention_grid(device_type, False, [spec.head_dim], spec.max_seq_len, (causal,)):
+        for p in shapes.attention_grid(device_type, False, [spec.head_dim], spec.max_seq_len, (spec.causal,)):
             out.setdefault((p["seq"], p["head_dim"], p["causal"]), p)
     return list(out.values())
 
@@ -106,7 +99,7 @@ def extend_profile(base: Profile, opts: Options, reporter: Reporter | None = Non
     tables = {"mm": list(base.gemm_points), "wgrad": list(base.wgrad_points), "fp8": list(base.fp8_points)}
     added = {"mm": 0, "wgrad": 0, "fp8": 0}
     for m, n, k, t, knd in points:
-        name = table_of(shapes.GemmShape(m, n, k, knd))
+        name = shapes.GemmShape(m, n, k, knd).table
         tables[name].append((m, n, k, t))
         added[name] += 1
     where = environment.describe(device, world)

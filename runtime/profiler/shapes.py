@@ -36,6 +36,11 @@ class GemmShape:
         return 2.0 * self.m * self.n * self.k
 
     @property
+    def table(self) -> str:
+        """The profile table its time goes into (Profile.gemm_table_s): 'fp8', 'wgrad' or 'mm'."""
+        return "fp8" if self.kind.startswith("fp8") else "wgrad" if self.kind == "wgrad" else "mm"
+
+    @property
     def key(self) -> tuple[int, int, int, bool]:
         """Shape and whether it is a weight-gradient GEMM (fp32 accumulation: timed and tabled apart)."""
         return (self.m, self.n, self.k, self.kind == "wgrad")

@@ -183,7 +183,7 @@ def test_base_gets_the_models_gemms_and_keeps_the_rest(cpu_profile, tmp_path, ca
     from planner.plan import TrainingShape
     from planner.search import Pins, search
     from runtime.profiler import shapes
-    from runtime.profiler.extend import ADDED_KEY, table_of
+    from runtime.profiler.extend import ADDED_KEY
 
     cfg = _tiny_gpt2_config(tmp_path)
     spec = resolve_model(str(cfg))
@@ -200,8 +200,8 @@ def test_base_gets_the_models_gemms_and_keeps_the_rest(cpu_profile, tmp_path, ca
     ext = Profile.load(out)
     grid = base.extras["gemm_grid"]
     want = shapes.model_gemm_shapes(spec, spec.default_seq_len, grid["tp"], flops_cap=grid["flops_cap"])
-    assert want and all(ext.gemm_measured(table_of(g), g.m, g.n, g.k) for g in want)
-    assert not all(base.gemm_measured(table_of(g), g.m, g.n, g.k) for g in want)
+    assert want and all(ext.gemm_measured(g.table, g.m, g.n, g.k) for g in want)
+    assert not all(base.gemm_measured(g.table, g.m, g.n, g.k) for g in want)
     assert set(base.gemm_points) <= set(ext.gemm_points) and set(base.wgrad_points) <= set(ext.wgrad_points)
     for field in ("collectives", "efficiency", "overlap_hidden_fraction", "host",
                   "copy_bandwidth_bytes_per_s", "optimizer_s_per_param", "gpu"):
