@@ -6,12 +6,14 @@ one's rate, and `plan profile --model M --base P` measures the model's own.
     python benchmarks/attention_head_dims.py --out DIR [--head-dims 64,80,96,112,128,160,192,256] [--seqs 1024,4096,16384]
       [--at-power-cap]
 
-Writes DIR/attention_head_dims.csv (one row a case) and prints it.
+Writes DIR/attention_head_dims.csv (one row a case) and DIR/provenance.json (machine, date, commit:
+runtime/profiler/environment.py), and prints the rows.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -23,7 +25,7 @@ if str(ROOT) not in sys.path:
 def main(argv=None) -> int:
     import torch
 
-    from runtime.profiler import kernels, shapes
+    from runtime.profiler import environment, kernels, shapes
     from runtime.profiler.build import ATTENTION_REPS
     from runtime.profiler.timing import at_power_cap
 
@@ -52,6 +54,9 @@ def main(argv=None) -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    prov = environment.describe(device, 1)
+    prov["at_power_cap"] = args.at_power_cap
+    (args.out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
     for r in rows:
         print(f"causal={r['causal']!s:5} seq={r['seq']:6} d={r['head_dim']:3}: fwd {r['fwd_tflops']:6.1f} "
               f"bwd {r['bwd_tflops']:6.1f} TFLOP/s ({r['fwd_s'] * 1e3:.3f} / {r['bwd_s'] * 1e3:.3f} ms)")

@@ -94,12 +94,18 @@ def add_attention_points(base: dict, csv_path: Path, why: str) -> dict:
         raise SystemExit(f"{csv_path} holds no head dimension the base lacks")
     out["attention"]["points"] += added
     dims = sorted({p["head_dim"] for p in added})
+    # where and when they were measured: attention_head_dims.py's provenance.json beside the CSV (calls before it
+    # wrote one name their machine, date and tree in `why`)
+    side = csv_path.parent / "provenance.json"
+    measured = {k: v for k, v in json.loads(side.read_text()).items()
+                if k in ("date", "git_commit", "gpu_name", "hostname", "driver", "cuda", "torch", "at_power_cap")} \
+        if side.exists() else {}
     out["provenance"]["parts"].append({
         "part": f"attention head dimensions {', '.join(map(str, dims))}", "status": "measured",
         "how": f"{len(added)} points from {csv_path.as_posix()} (benchmarks/attention_head_dims.py: kernels.time_attention "
                "on shapes.attention_grid's rows, as the profiler times its grid), added to this profile",
-        "from_another_profile": {"note": "measured apart from the rest of this profile (another call, maybe another "
-                                         "lent machine of the same kind)", "why": why}})
+        "from_another_profile": {**measured, "note": "measured apart from the rest of this profile (another call, "
+                                                     "maybe another lent machine of the same kind)", "why": why}})
     return out
 
 
