@@ -273,13 +273,15 @@ class CostModel:
             rot_bytes = BF16 * 2 * T * (m.q_width + 2 * m.kv_width) / t
             ew_f += k("rotary_fwd", rot_bytes)
             ew_b += k("rotary_bwd", rot_bytes)
-        if m.has_bias:
-            # bias gradients: dY summed over its rows (runtime/parallel/tensor.py), column-parallel over all T
-            # tokens of the local columns, row-parallel over this rank's sequence shard of all columns
-            # (session 4's trace of a GPT 1.3B step: 3.6 ms of 128 ms in these sums)
-            # qkv, proj, fc1 (unless inside the activation's backward), fc2
-            sums = [T * qkv_n, tok_t * h] + ([] if m.is_moe else ([] if bias_act else [T * (f // t)]) + [tok_t * h])
-            ew_b += sum(k("bias_grad", BF16 * rows_x_cols) for rows_x_cols in sums)
+        # bias gradients: dY summed over its rows (runtime/parallel/tensor.py), column-parallel over all T
+        # tokens of the local columns, row-parallel over this rank's sequence shard of all columns
+        # (session 4's trace of a GPT 1.3B step: 3.6 ms of 128 ms in these sums)
+        # qkv, proj (GPT, BERT; Llama-style per qkv_bias / attn_out_bias), fc1 (unless inside the activation's
+        # backward), fc2
+        sums = ([T * qkv_n] if m.has_qkv_bias else []) + ([tok_t * h] if m.has_attn_out_bias else [])
+        if m.has_bias and not m.is_moe:
+            sums += ([] if bias_act else [T * (f // t)]) + [tok_t * h]
+        ew_b += sum(k("bias_grad", BF16 * rows_x_cols) for rows_x_cols in sums)
         ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows,
                                                                  fallback=f"{act}_fwd")
         comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}

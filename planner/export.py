@@ -14,7 +14,7 @@ megatron/training/arguments.py (hand-written arguments, e.g. --num-layers-per-vi
 through ArgumentGroupFactory (field `foo_bar` -> `--foo-bar`): megatron/core/model_parallel_config.py
 (--tensor-model-parallel-size, --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
 --tp-comm-overlap, --bf16), megatron/core/transformer/transformer_config.py (--num-layers, --hidden-size,
---num-query-groups, --normalization, --disable-bias-linear, --recompute-granularity/-method/-num-layers,
+--num-query-groups, --normalization, --disable-bias-linear, --add-qkv-bias, --recompute-granularity/-method/-num-layers,
 --recompute-modules, --moe-router-topk), megatron/training/config/training_config.py (--micro-batch-size,
 --global-batch-size), megatron/core/transformer/pipeline_parallel_layer_layout.py (layout syntax).
 --virtual-pipeline-model-parallel-size is no longer a command-line argument there (excluded from the
@@ -212,6 +212,13 @@ def megatron_args(plan: Plan) -> MegatronExport:
         add("--untie-embeddings-and-output-weights")
     if not m.has_bias:
         add("--disable-bias-linear")
+        if m.qkv_bias:  # Megatron-Core's linear_qkv takes a bias under add_bias_linear or add_qkv_bias
+            add("--add-qkv-bias")
+        if m.attn_out_bias:
+            notes.append("the attention's output projection has a bias (Hugging Face attention_bias); Megatron-LM "
+                         "gives it one only with biases on every linear layer (no --disable-bias-linear), which would "
+                         "add the MLP's biases too, so the export leaves it out: the exported model lacks "
+                         f"{m.num_layers * m.hidden:,} of the plan's parameters")
     add("--attention-dropout", "0.0")
     add("--hidden-dropout", "0.0")
     add("--bf16")

@@ -58,8 +58,10 @@ def layer_dense_params_local(m: ModelSpec, tp: int) -> float:
     h = m.hidden
     qkv_out = m.q_width + 2 * m.kv_width
     attn = h * qkv_out / tp + m.q_width * h / tp
-    if m.has_bias:
-        attn += qkv_out / tp + h
+    if m.has_qkv_bias:
+        attn += qkv_out / tp
+    if m.has_attn_out_bias:
+        attn += h
     norms = 2 * m.norm_params()
     if m.is_moe:  # router and shared experts whole on every TP rank, like the routed experts
         return attn + norms + m.router_params() + m.shared_expert_params()
@@ -123,8 +125,9 @@ def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, las
     h, f = m.hidden, m.ffn_hidden
     norm = 2 if m.has_bias else 1                                   # LayerNorm: weight and bias
     per_layer = [(2 * norm, h)]
-    if m.has_bias:
-        per_layer.append((1 if m.is_moe else 2, h))                 # out-proj bias (and fc2's when dense)
+    row_biases = int(m.has_attn_out_bias) + int(m.has_bias and not m.is_moe)
+    if row_biases:
+        per_layer.append((row_biases, h))                           # out-proj bias (and fc2's when dense)
     if m.is_moe:
         local = m.num_experts // ep
         per_layer.append((1, m.num_experts * h))                    # router

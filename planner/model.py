@@ -60,6 +60,12 @@ class ModelSpec:
     """Output layer shares the input embedding's weight."""
     head_dim_override: int = 0
     """Per-head width when it is not hidden // num_heads (0: hidden // num_heads)."""
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections of a Llama-style model (Qwen2 and Qwen2-MoE always have them; Llama-family
+    configs with attention_bias true). GPT and BERT have them whatever this says (has_bias)."""
+    attn_out_bias: bool = False
+    """A bias on the attention's output projection of a Llama-style model (Llama-family attention_bias true, with
+    qkv_bias). GPT and BERT have it whatever this says (has_bias)."""
 
     # -- derived structure -------------------------------------------------
     @property
@@ -85,6 +91,16 @@ class ModelSpec:
         return self.family in ("gpt", "bert")
 
     @property
+    def has_qkv_bias(self) -> bool:
+        """The fused q/k/v projection has a bias (column-parallel: each TP rank holds its heads' part)."""
+        return self.has_bias or self.qkv_bias
+
+    @property
+    def has_attn_out_bias(self) -> bool:
+        """The attention's output projection has a bias (row-parallel: whole on every TP rank)."""
+        return self.has_bias or self.attn_out_bias
+
+    @property
     def learned_positions(self) -> bool:
         return self.family in ("gpt", "bert")
 
@@ -101,9 +117,9 @@ class ModelSpec:
         return 2 * self.hidden if self.has_bias else self.hidden
 
     def attention_params(self) -> int:
-        h, b = self.hidden, self.has_bias
-        qkv = h * (self.q_width + 2 * self.kv_width) + (self.q_width + 2 * self.kv_width if b else 0)
-        out = self.q_width * h + (h if b else 0)
+        h, qkv_width = self.hidden, self.q_width + 2 * self.kv_width
+        qkv = h * qkv_width + (qkv_width if self.has_qkv_bias else 0)
+        out = self.q_width * h + (h if self.has_attn_out_bias else 0)
         return qkv + out
 
     def expert_params(self) -> int:
@@ -233,8 +249,9 @@ def validate_model(m: ModelSpec) -> None:
         v = getattr(m, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise PlanError(f"model '{m.name}': {name} must be a number >= 0, got {v!r}")
-    if not isinstance(m.moe_normalize_topk, bool):
-        raise PlanError(f"model '{m.name}': moe_normalize_topk must be true or false, got {m.moe_normalize_topk!r}")
+    for name in ("moe_normalize_topk", "qkv_bias", "attn_out_bias"):
+        if not isinstance(getattr(m, name), bool):
+            raise PlanError(f"model '{m.name}': {name} must be true or false, got {getattr(m, name)!r}")
 
 
 def _gpt(name, layers, hidden, heads, seq=2048, gb=1024, vocab=50304):
@@ -291,6 +308,21 @@ LLAMA_STYLE_TYPES = ("mistral", "mixtral", "gemma", "gemma2", "phi3", "olmo", "o
 LLAMA_STYLE_PREFIXES = ("llama", "qwen", "deepseek")
 """Model types (and prefixes) read as Llama-style (gated MLP, rotary, RMSNorm) without a warning; another unknown
 type with hidden_size keys is read so too, with a warning. (Gemma's gated GELU costs what SwiGLU does.)"""
+
+
+QKV_BIAS_PREFIXES = ("qwen2",)
+"""Model types (prefixes) whose q, k and v projections have biases and whose output projection has none (Qwen2,
+Qwen2-MoE, Qwen2-VL's language model: Hugging Face builds them with bias=True, whatever the config says)."""
+
+
+def _attention_biases(cfg: dict, model_type: str) -> tuple[bool, bool]:
+    """(qkv_bias, attn_out_bias) of a Llama-style config. Qwen2 types: q, k, v biases unless the config says
+    otherwise (an explicit qkv_bias or attention_bias key). Others: attention_bias true puts biases on q, k, v and
+    the output projection (Hugging Face's LlamaAttention and the models built after it); a qkv_bias key on q, k, v."""
+    if model_type.startswith(QKV_BIAS_PREFIXES):
+        return bool(_first(cfg, "qkv_bias", "attention_bias", default=True)), False
+    out = bool(_first(cfg, "attention_bias", default=False))
+    return bool(_first(cfg, "qkv_bias", default=out)), out
 
 
 def from_hf_config(path: Path) -> ModelSpec:
@@ -350,6 +382,7 @@ def from_hf_config(path: Path) -> ModelSpec:
             hidden = int(cfg["hidden_size"])
             head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
             ffn = int(_first(cfg, "moe_intermediate_size", default=0) if experts > 1 else 0) or int(cfg["intermediate_size"])
+            qkv_bias, attn_out_bias = _attention_biases(cfg, model_type)
             spec = ModelSpec(name=name, family="llama", num_layers=int(cfg["num_hidden_layers"]), hidden=hidden,
                              num_heads=heads, num_kv_heads=int(_first(cfg, "num_key_value_heads", default=heads)),
                              ffn_hidden=ffn, vocab_size=int(cfg["vocab_size"]), max_seq_len=max_seq,
@@ -363,7 +396,8 @@ def from_hf_config(path: Path) -> ModelSpec:
                              moe_normalize_topk=bool(cfg.get("norm_topk_prob", not model_type.startswith("qwen"))),
                              moe_capacity_factor=float(_first(cfg, "capacity_factor", default=0.0) or 0.0),
                              tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                             head_dim_override=head_dim if head_dim * heads != hidden else 0)
+                             head_dim_override=head_dim if head_dim * heads != hidden else 0,
+                             qkv_bias=qkv_bias, attn_out_bias=attn_out_bias)
     except KeyError as exc:
         raise PlanError(f"model config '{path}' lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:

@@ -104,9 +104,10 @@ class Attention(nn.Module):
         t = group_size(groups.tp)
         self.spec, self.groups = spec, groups
         self.heads, self.kv_heads, self.d = spec.num_heads // t, spec.num_kv_heads // t, spec.head_dim
-        self.qkv = ColumnParallelLinear(spec.hidden, [spec.q_width, spec.kv_width, spec.kv_width], spec.has_bias,
+        # the qkv bias (GPT, BERT, Qwen2-style) is split like the weight's rows: each rank its heads' q, k, v parts
+        self.qkv = ColumnParallelLinear(spec.hidden, [spec.q_width, spec.kv_width, spec.kv_width], spec.has_qkv_bias,
                                         groups.tp, overlap)
-        self.proj = RowParallelLinear(spec.q_width, spec.hidden, spec.has_bias, groups.tp,
+        self.proj = RowParallelLinear(spec.q_width, spec.hidden, spec.has_attn_out_bias, groups.tp,
                                       std=0.02 / math.sqrt(2 * spec.num_layers))
 
     def core(self, qkv, cos, sin):

@@ -1,6 +1,7 @@
-"""The layer's backward pays one bias-gradient reduction per linear layer with a bias (GPT, BERT; not Llama):
-dY summed over its rows, priced from the profile's measured `bias_grad` kernel (hand-computed bytes); except
-fc1's, whose gradient comes with the activation's backward (runtime/bias_gelu.py)."""
+"""The layer's backward pays one bias-gradient reduction per linear layer with a bias (GPT, BERT; Llama-style
+models only their attention biases, where they have them): dY summed over its rows, priced from the profile's
+measured `bias_grad` kernel (hand-computed bytes); except fc1's, whose gradient comes with the activation's
+backward (runtime/bias_gelu.py)."""
 import copy
 from dataclasses import replace
 
@@ -41,6 +42,21 @@ def test_llama_has_no_bias_sums():
     spec, lay = resolve_model("llama3-8b"), Layout(micro_batch=1, sharding="none")
     base = load_profile("h200-sxm", "h200-sxm")
     assert _bwd(spec, lay, _with_bias_rate(base, 1e12)) == _bwd(spec, lay, _with_bias_rate(base, 2e12))
+
+
+@pytest.mark.parametrize("out_bias", [False, True])
+def test_llama_attention_biases_pay_their_sums_by_hand(out_bias):
+    """Qwen2-style q/k/v biases: the qkv sum over all T tokens of this rank's columns; Llama's attention_bias adds
+    the output projection's over this rank's sequence shard. The SwiGLU MLP has none."""
+    tp = 2
+    spec = replace(resolve_model("llama3-8b"), qkv_bias=True, attn_out_bias=out_bias)
+    lay = Layout(tp=tp, micro_batch=2, sharding="none")
+    base = load_profile("h200-sxm", "h200-sxm")
+    slow, fast = _with_bias_rate(base, 1e12), _with_bias_rate(base, 2e12)
+    T = 2 * 2048
+    nbytes = 2 * (T * (spec.q_width + 2 * spec.kv_width) // tp + (T / tp * spec.hidden if out_bias else 0))
+    ce = base.eff("compute")
+    assert _bwd(spec, lay, slow) - _bwd(spec, lay, fast) == pytest.approx(ce * (nbytes / 1e12 - nbytes / 2e12))
 
 
 def test_gpt_fc1_bias_is_priced_inside_the_activation():

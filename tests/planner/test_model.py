@@ -69,6 +69,28 @@ def test_tiny_llama_params_by_hand():
     assert m.total_params() == 180800
 
 
+def test_tiny_qwen2_style_attention_biases_by_hand():
+    """q/k/v biases (Qwen2): q width 64 + k, v widths 32 each per layer; Llama's attention_bias adds the output
+    projection's [64]. On a TP2 rank the q/k/v bias is halved with its heads, the output bias is whole."""
+    from planner.memory import layer_dense_params_local
+    plain, qkv = tiny_model("llama"), tiny_model("llama", qkv_bias=True)
+    both = tiny_model("llama", qkv_bias=True, attn_out_bias=True)
+    attn = 64 * (64 + 2 * 32) + 64 * 64                    # q + k + v + out weights, as without biases
+    assert plain.attention_params() == attn == 12288
+    assert qkv.attention_params() == attn + (64 + 2 * 32) == 12416
+    assert both.attention_params() == attn + 128 + 64 == 12480
+    assert qkv.layer_params() == 2 * 64 + 12416 + 3 * 64 * 128 == 37120
+    assert plain.total_params() == 180800
+    assert qkv.total_params() == 180800 + 4 * 128 == 181312
+    assert both.total_params() == 180800 + 4 * (128 + 64) == 181568
+    tp2 = 64 * 128 / 2 + 64 * 64 / 2 + 2 * 64 + 3 * 64 * 128 / 2   # weights halved, norms whole
+    assert layer_dense_params_local(plain, 2) == tp2
+    assert layer_dense_params_local(qkv, 2) == tp2 + 128 / 2
+    assert layer_dense_params_local(both, 2) == tp2 + 128 / 2 + 64
+    # FLOPs are the GEMMs' only
+    assert qkv.model_flops_per_token(32) == both.model_flops_per_token(32) == plain.model_flops_per_token(32)
+
+
 def test_tiny_moe_params_by_hand():
     m = tiny_model("llama", num_experts=4, top_k=2)
     expert = 3 * 64 * 128
@@ -164,8 +186,31 @@ def test_import_mixtral(tmp_path):
 def test_import_qwen2_dense(tmp_path):
     m = from_hf_config(_write(tmp_path, QWEN2_05B))
     assert m.tie_embeddings and m.num_kv_heads == 2 and m.head_dim == 64
-    # Qwen2-0.5B has 494,032,768 parameters; 5,376 of them are the q/k/v biases this spec leaves out
-    assert m.total_params() == 494_032_768 - 24 * (896 + 2 * 128)
+    assert (m.qkv_bias, m.attn_out_bias) == (True, False)
+    # Qwen2-0.5B has 494,032,768 parameters (Qwen2ForCausalLM, tied), its q/k/v biases among them
+    assert m.total_params() == 494_032_768
+    # an explicit key is honoured: without the biases, 24 layers x (896 + 2 x 128) fewer
+    for key in ("attention_bias", "qkv_bias"):
+        off = from_hf_config(_write(tmp_path, dict(QWEN2_05B, **{key: False}), f"{key}.json"))
+        assert not off.qkv_bias and off.total_params() == 494_032_768 - 24 * (896 + 2 * 128)
+
+
+def test_import_attention_bias(tmp_path):
+    """Llama-family attention_bias true: biases on q, k, v and the output projection; Qwen2-MoE: q, k, v only."""
+    m = from_hf_config(_write(tmp_path, dict(LLAMA3_8B, attention_bias=True)))
+    assert (m.qkv_bias, m.attn_out_bias) == (True, True)
+    assert m.total_params() == CATALOGUE["llama3-8b"].total_params() + 32 * (4096 + 2 * 1024 + 4096)
+    assert not from_hf_config(_write(tmp_path, dict(LLAMA3_8B, attention_bias=False), "f.json")).qkv_bias
+    assert not from_hf_config(_write(tmp_path, MISTRAL_7B, "mistral.json")).qkv_bias
+    moe = from_hf_config(_write(tmp_path, QWEN15_MOE_A27B, "moe.json"))
+    assert (moe.qkv_bias, moe.attn_out_bias) == (True, False)
+    assert not from_hf_config(_write(tmp_path, GPT2, "gpt2.json")).qkv_bias  # GPT: biases everywhere (has_bias)
+
+
+@pytest.mark.parametrize("field", ["qkv_bias", "attn_out_bias"])
+def test_bias_fields_must_be_booleans(field):
+    with pytest.raises(PlanError, match=field):
+        ModelSpec.from_dict(dict(tiny_model("llama").to_dict(), **{field: 1}))
 
 
 def test_import_qwen2_moe_keys(tmp_path):
@@ -220,11 +265,12 @@ QWEN15_MOE_A27B = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate
 
 def test_import_qwen_moe_with_shared_experts(tmp_path):
     """Qwen1.5-MoE-A2.7B: 14.3B parameters, 2.7B activated (its model card). By hand: per layer attention
-    4 h^2, 60 experts of 3 h f, shared 3 h 5632 and its [h] gate, router 60 h, two norms; embeddings untied."""
+    4 h^2 and the q/k/v biases 3 h, 60 experts of 3 h f, shared 3 h 5632 and its [h] gate, router 60 h, two norms;
+    embeddings untied."""
     m = from_hf_config(_write(tmp_path, QWEN15_MOE_A27B))
     assert (m.shared_expert_ffn, m.shared_expert_gate) == (5632, True)
     h = 2048
-    layer = 4 * h * h + 60 * 3 * h * 1408 + 3 * h * 5632 + h + 60 * h + 2 * h
+    layer = 4 * h * h + 3 * h + 60 * 3 * h * 1408 + 3 * h * 5632 + h + 60 * h + 2 * h
     assert m.total_params() == 24 * layer + 2 * 151936 * h + h
     active = m.active_params()
     assert m.total_params() == pytest.approx(14.3e9, rel=0.01) and active == pytest.approx(2.7e9, rel=0.02)

@@ -206,3 +206,17 @@ def test_fp8_plan_exports_the_hybrid_tensorwise_recipe():
     assert any("Transformer Engine" in n for n in ex.notes)
     plain = make_plan(m, even_stages(24, 1, "none"), gb=64, tp=2, dp=4, micro_batch=4)
     assert megatron_args(plain).value("--fp8-format") is None
+
+
+def test_attention_biases_export_qkv_bias_and_note_the_output_bias():
+    """Qwen2-style q/k/v biases are Megatron's --add-qkv-bias beside --disable-bias-linear; the output
+    projection's bias (Llama attention_bias) has no flag of its own and is named in the notes. GPT: neither."""
+    from dataclasses import replace
+    base = CATALOGUE["llama3-8b"]
+    for spec, qkv_flag, noted in [(base, None, False), (replace(base, qkv_bias=True), True, False),
+                                  (replace(base, qkv_bias=True, attn_out_bias=True), True, True),
+                                  (CATALOGUE["gpt-1.3b"], None, False)]:
+        ex = megatron_args(make_plan(spec, gb=512, tp=2, micro_batch=1))
+        assert ex.value("--add-qkv-bias") is qkv_flag, spec
+        assert ex.value("--disable-bias-linear") is (None if spec.has_bias else True)
+        assert any("output projection has a bias" in n and f"{32 * 4096:,}" in n for n in ex.notes) is noted

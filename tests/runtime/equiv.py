@@ -6,7 +6,7 @@ import torch
 from planner.model import tiny_model
 from planner.plan import Layout
 from runtime.mesh import build_groups, single_process_groups
-from runtime.model import IGNORE_INDEX, build_model
+from runtime.model import IGNORE_INDEX, build_model, init_weights
 from runtime.parallel.data import GRAD_DTYPES, AdamConfig, build_optimizer
 from runtime.parallel.tensor import gather_logical
 from runtime.step import train_step
@@ -37,9 +37,29 @@ def micro_batches(spec, step, dp, dp_rank, mb):
     return out
 
 
+def tiny_spec(model: str, **over):
+    """The tiny model of a case: a family ('llama'), or a family with boolean spec fields turned on after '+'
+    ('llama+qkv_bias', 'llama+qkv_bias+attn_out_bias')."""
+    family, *flags = model.split("+")
+    return tiny_model(family, **{f: True for f in flags}, **over)
+
+
+def draw_attention_biases(model, spec, groups, seed=1234):
+    """Nonzero attention biases for a Llama-style spec that has them: the runtime starts them at zero (as Hugging
+    Face and Megatron do), where a rank adding another rank's q/k/v part would go unnoticed. Each is drawn per
+    logical tensor and sliced to this rank's shard by init_weights, rerun (every other tensor gets its values again)."""
+    if spec.has_bias or not (spec.qkv_bias or spec.attn_out_bias):
+        return
+    for name, p in model.named_parameters():
+        if name.endswith(("attn.qkv.bias", "attn.proj.bias")):
+            p.init = ("normal", 0.02)
+    init_weights(model, groups, seed)
+
+
 def run_case(spec, lay: Layout, groups, modes, steps=2):
     """Returns losses of `steps` steps and logical grads of the first step (gathered over TP)."""
     model = build_model(spec, groups, modes, overlap=lay.overlap_tp, fp8=lay.fp8)
+    draw_attention_biases(model, spec, groups)
     opt = build_optimizer([model], groups, lay.sharding, AdamConfig(lr=1e-3), overlap=lay.overlap_dp,
                           bucket_elems=20_000, grad_dtype=GRAD_DTYPES[lay.grad_dtype])
     grads = {}
@@ -59,7 +79,7 @@ def run_case(spec, lay: Layout, groups, modes, steps=2):
 
 
 def reference(family, modes=None, **over):
-    spec = tiny_model(family, **over)
+    spec = tiny_spec(family, **over)
     lay = Layout(sharding="none", micro_batch=2)
     return run_case(spec, lay, single_process_groups(), modes or ["none"] * spec.num_layers)
 
@@ -67,7 +87,7 @@ def reference(family, modes=None, **over):
 def worker(rank, world, cases):
     out = []
     for family, lay_kw, modes in cases:
-        spec = tiny_model(family)
+        spec = tiny_spec(family)
         lay = Layout(**lay_kw)
         groups = build_groups(lay, "cpu")
         out.append(run_case(spec, lay, groups, modes or ["none"] * spec.num_layers))

@@ -119,7 +119,8 @@ def test_tp_replicated_gradient_tensors_match_the_runtime_model():
     from runtime.model import build_stage
     for spec in (tiny_model("gpt"), tiny_model("llama"), tiny_model("bert"),
                  tiny_model("llama", num_experts=4, top_k=2), dc_replace(tiny_model("gpt"), num_experts=4, top_k=2),
-                 tiny_model("llama", num_experts=4, top_k=2, shared_expert_ffn=96, shared_expert_gate=True)):
+                 tiny_model("llama", num_experts=4, top_k=2, shared_expert_ffn=96, shared_expert_gate=True),
+                 tiny_model("llama", qkv_bias=True, attn_out_bias=True)):
         stage = build_stage(spec, single_process_groups(), 0, spec.num_layers, True, True,
                             ["none"] * spec.num_layers, device="cpu")
         want = sorted(p.numel() for p in stage.parameters() if getattr(p, "sequence_parallel", False))

@@ -5,6 +5,7 @@ import torch
 from planner.model import CATALOGUE, tiny_model
 from runtime.mesh import single_process_groups
 from runtime.model import build_model, build_stage
+from tests.runtime.equiv import tiny_spec
 
 
 @pytest.mark.parametrize("name", ["gpt-1.3b", "llama3-8b", "bert-large", "gpt-175b"])
@@ -14,9 +15,9 @@ def test_catalogue_parameter_count_matches_spec(name):
     assert sum(p.numel() for p in model.parameters()) == spec.total_params()
 
 
-@pytest.mark.parametrize("family", ["gpt", "llama", "bert"])
+@pytest.mark.parametrize("family", ["gpt", "llama", "bert", "llama+qkv_bias+attn_out_bias"])
 def test_tiny_counts_and_stage_split(family):
-    spec = tiny_model(family)
+    spec = tiny_spec(family)
     g = single_process_groups()
     full = build_model(spec, g)
     assert sum(p.numel() for p in full.parameters()) == spec.total_params()

@@ -16,6 +16,10 @@ CASES_2 = [
     ("llama", dict(dp=2, micro_batch=1, sharding="optimizer"), None),
     ("gpt", dict(dp=2, micro_batch=2, sharding="optimizer+grads"), None),
     ("bert", dict(dp=2, micro_batch=2, sharding="full"), ["selective"] * 4),
+    # Qwen2-style q/k/v biases (column-parallel, split by heads like the weight), and Llama's attention_bias
+    # (q/k/v and the row-parallel output projection's), drawn nonzero by equiv.run_case
+    ("llama+qkv_bias", dict(tp=2, micro_batch=2, sharding="none"), None),
+    ("llama+qkv_bias+attn_out_bias", dict(tp=2, micro_batch=2, sharding="none", overlap_tp=False), ["selective"] * 4),
 ]
 
 CASES_4 = [
@@ -24,6 +28,7 @@ CASES_4 = [
     ("gpt", dict(tp=2, dp=2, micro_batch=2, sharding="optimizer+grads"), ["selective"] * 4),
     ("gpt", dict(tp=2, dp=2, micro_batch=2, sharding="full"), ["full"] * 4),
     ("bert", dict(tp=2, dp=2, micro_batch=1, sharding="none"), None),
+    ("llama+qkv_bias+attn_out_bias", dict(tp=2, dp=2, micro_batch=1, sharding="optimizer"), MIXED),
 ]
 
 
