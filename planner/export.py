@@ -15,8 +15,11 @@ through ArgumentGroupFactory (field `foo_bar` -> `--foo-bar`): megatron/core/mod
 (--tensor-model-parallel-size, --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
 --tp-comm-overlap, --bf16), megatron/core/transformer/transformer_config.py (--num-layers, --hidden-size,
 --num-query-groups, --normalization, --disable-bias-linear, --add-qkv-bias, --recompute-granularity/-method/-num-layers,
---recompute-modules, --moe-router-topk), megatron/training/config/training_config.py (--micro-batch-size,
---global-batch-size), megatron/core/transformer/pipeline_parallel_layer_layout.py (layout syntax).
+--recompute-modules, --moe-router-topk, --norm-epsilon: field layernorm_epsilon's own argparse name),
+megatron/training/config/training_config.py (--micro-batch-size, --global-batch-size),
+megatron/core/transformer/pipeline_parallel_layer_layout.py (layout syntax). The rotary arguments (--rotary-base,
+an int there; --use-rope-scaling, --rope-scaling-factor) are hand-written in arguments.py; what the llama3 scaling
+applies is in megatron/core/models/common/embeddings/rotary_pos_embedding.py and gpt_builders.py (MEGATRON_ROPE_SCALING).
 --virtual-pipeline-model-parallel-size is no longer a command-line argument there (excluded from the
 factory); --num-layers-per-virtual-pipeline-stage or the layout string set it.
 """
@@ -208,6 +211,9 @@ def megatron_args(plan: Plan) -> MegatronExport:
         add("--swiglu")
     add("--normalization", "LayerNorm" if m.has_bias else "RMSNorm")
     add("--position-embedding-type", "learned_absolute" if m.learned_positions else "rope")
+    if not m.learned_positions:
+        _rotary(m, add, notes)
+    add("--norm-epsilon", m.norm_eps)
     if not m.tie_embeddings:
         add("--untie-embeddings-and-output-weights")
     if not m.has_bias:
@@ -237,6 +243,38 @@ def megatron_args(plan: Plan) -> MegatronExport:
                  f"(for synthetic data: --tokenizer-type NullTokenizer --vocab-size {m.vocab_size} "
                  "--make-vocab-size-divisible-by 1)")
     return MegatronExport(a, notes, script)
+
+
+MEGATRON_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192}
+"""What Megatron-Core's llama3 rope scaling (RotaryEmbedding._apply_scaling, at MEGATRON_SOURCE's commit) applies:
+only the factor is an argument, and pretrain_gpt.py's model builder (gpt_builders.py) does not pass even that on,
+so --rope-scaling-factor is left at RotaryEmbedding's default 8; the other three are fixed."""
+
+
+def _rotary(m, add, notes: list[str]) -> None:
+    """The rotary base and Llama 3.1 frequency scaling of a rotary model, or a note where Megatron cannot say them."""
+    base = round(m.rope_theta)
+    add("--rotary-base", base)
+    if base != m.rope_theta:
+        notes.append(f"the rotary base is {m.rope_theta}; Megatron-LM's --rotary-base takes a whole number, so it "
+                     f"is given as {base}")
+    if m.rope_scaling_factor:
+        add("--use-rope-scaling")
+        add("--rope-scaling-factor", m.rope_scaling_factor)
+        ours = {"factor": m.rope_scaling_factor, "low_freq_factor": m.rope_low_freq_factor,
+                "high_freq_factor": m.rope_high_freq_factor,
+                "original_max_position_embeddings": m.rope_original_max_positions}
+        differ = {k: v for k, v in ours.items() if v != MEGATRON_ROPE_SCALING[k]}
+        if differ:
+            notes.append("Llama 3.1 rope scaling: Megatron-LM's pretrain_gpt.py scales with "
+                         + ", ".join(f"{k} {MEGATRON_ROPE_SCALING[k]:g}" for k in differ) + " whatever is given "
+                         "(only --rope-scaling-factor is an argument, and its model builder does not pass it on); the "
+                         "plan's model has " + ", ".join(f"{k} {v:g}" for k, v in differ.items()))
+    if m.unapplied_rope_scaling:
+        notes.append(f"the model's source config asks for rope_scaling of type '{m.unapplied_rope_scaling}', which "
+                     "the plan leaves out (its runtime trains with plain rotary), and so does this export; Megatron-LM "
+                     "has its own options for some types (e.g. --position-embedding-type yarn)")
 
 
 def _recompute(plan: Plan, add, notes: list[str]) -> None:

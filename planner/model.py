@@ -17,6 +17,10 @@ from pathlib import Path
 from planner.errors import PlanError, read_json
 
 
+BERT_NORM_EPS = 1e-12
+"""BERT's LayerNorm epsilon (Devlin et al.'s release; Hugging Face BertConfig.layer_norm_eps)."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -66,6 +70,28 @@ class ModelSpec:
     attn_out_bias: bool = False
     """A bias on the attention's output projection of a Llama-style model (Llama-family attention_bias true, with
     qkv_bias). GPT and BERT have it whatever this says (has_bias)."""
+    rope_theta: float = 10000.0
+    """Base of the rotary frequencies: pair i of a head turns by position x rope_theta^(-2i / head_dim) (Hugging Face
+    rope_theta, Megatron --rotary-base; Llama 3 500000, Mixtral and Qwen2 1e6). Meaningless for learned positions."""
+    norm_eps: float = 1e-5
+    """Epsilon of every LayerNorm / RMSNorm (Hugging Face rms_norm_eps / layer_norm_eps, Megatron --norm-epsilon;
+    BERT 1e-12 (BERT_NORM_EPS), Qwen2 1e-6)."""
+    rope_scaling_factor: float = 0.0
+    """Llama 3.1's rotary frequency scaling (Hugging Face rope_scaling of type llama3): 0 for none, else the factor
+    the low frequencies are divided by (Llama 3.1 8). The three fields below are set with it and 0 without it."""
+    rope_low_freq_factor: float = 0.0
+    """Llama 3.1 scaling: frequencies whose wavelength exceeds rope_original_max_positions / this are divided by the
+    factor (Llama 3.1 1)."""
+    rope_high_freq_factor: float = 0.0
+    """Llama 3.1 scaling: frequencies whose wavelength is below rope_original_max_positions / this are kept (Llama 3.1
+    4); those between the two bounds are interpolated."""
+    rope_original_max_positions: int = 0
+    """Llama 3.1 scaling: the context length the model was first trained at (Hugging Face
+    original_max_position_embeddings; Llama 3.1 8192)."""
+    unapplied_rope_scaling: str = ""
+    """The type of a rope_scaling the source config asked for that the spec leaves out (linear, dynamic, yarn,
+    longrope, ...): the runtime trains with plain rotary at rope_theta instead, and the Megatron export says so.
+    '' when there is none (Llama 3.1's llama3 type is applied: rope_scaling_factor above)."""
 
     # -- derived structure -------------------------------------------------
     @property
@@ -216,6 +242,9 @@ class ModelSpec:
         unknown = set(d) - names
         if unknown:
             raise PlanError(f"model spec has unknown fields {sorted(unknown)}")
+        if "norm_eps" not in d and d.get("family") == "bert":
+            # written before the spec had norm_eps, when the runtime gave BERT's norms 1e-12
+            d = dict(d, norm_eps=BERT_NORM_EPS)
         try:
             spec = ModelSpec(**d)
         except TypeError as exc:
@@ -247,11 +276,40 @@ def validate_model(m: ModelSpec) -> None:
         raise PlanError(f"model '{m.name}': shared_expert_gate is set but there are no shared experts")
     for name in ("moe_aux_loss_coeff", "moe_capacity_factor"):
         v = getattr(m, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        if not _is_number(v) or v < 0:
             raise PlanError(f"model '{m.name}': {name} must be a number >= 0, got {v!r}")
     for name in ("moe_normalize_topk", "qkv_bias", "attn_out_bias"):
         if not isinstance(getattr(m, name), bool):
             raise PlanError(f"model '{m.name}': {name} must be true or false, got {getattr(m, name)!r}")
+    if not isinstance(m.unapplied_rope_scaling, str):
+        raise PlanError(f"model '{m.name}': unapplied_rope_scaling must be a string, got {m.unapplied_rope_scaling!r}")
+    for name in ("rope_theta", "norm_eps"):
+        v = getattr(m, name)
+        if not _is_number(v) or not v > 0:
+            raise PlanError(f"model '{m.name}': {name} must be a positive number, got {v!r}")
+    if not _is_number(m.rope_scaling_factor) or m.rope_scaling_factor < 0:
+        raise PlanError(f"model '{m.name}': rope_scaling_factor must be 0 (none) or a positive number, "
+                        f"got {m.rope_scaling_factor!r}")
+    if m.rope_scaling_factor == 0:
+        scaling_set = [n for n in ("rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions")
+                       if getattr(m, n) != 0]
+        if scaling_set:
+            raise PlanError(f"model '{m.name}': {', '.join(scaling_set)} set without rope_scaling_factor")
+    else:
+        lo, hi, orig = m.rope_low_freq_factor, m.rope_high_freq_factor, m.rope_original_max_positions
+        if m.learned_positions:
+            raise PlanError(f"model '{m.name}': rope_scaling_factor is set but the model has learned positions")
+        if not (_is_number(lo) and _is_number(hi) and 0 < lo < hi):
+            raise PlanError(f"model '{m.name}': rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor, "
+                            f"got {lo!r} and {hi!r}")
+        if isinstance(orig, bool) or not isinstance(orig, int) or orig < 1:
+            raise PlanError(f"model '{m.name}': rope_original_max_positions must be a positive integer with rope "
+                            f"scaling, got {orig!r}")
+
+
+def _is_number(v) -> bool:
+    """A finite int or float (not a bool)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def _gpt(name, layers, hidden, heads, seq=2048, gb=1024, vocab=50304):
@@ -260,33 +318,43 @@ def _gpt(name, layers, hidden, heads, seq=2048, gb=1024, vocab=50304):
                      default_seq_len=seq, default_global_batch=gb, tie_embeddings=True)
 
 
-def _llama(name, layers, hidden, heads, kv, ffn, vocab, max_seq, seq, gb, experts=1, top_k=1):
+def _llama(name, layers, hidden, heads, kv, ffn, vocab, max_seq, seq, gb, theta, experts=1, top_k=1, **rope_scaling):
     return ModelSpec(name=name, family="llama", num_layers=layers, hidden=hidden, num_heads=heads,
                      num_kv_heads=kv, ffn_hidden=ffn, vocab_size=vocab, max_seq_len=max_seq,
-                     default_seq_len=seq, default_global_batch=gb, num_experts=experts, top_k=top_k)
+                     default_seq_len=seq, default_global_batch=gb, num_experts=experts, top_k=top_k,
+                     rope_theta=theta, **rope_scaling)
 
 
 def _bert(name, layers, hidden, heads):
     return ModelSpec(name=name, family="bert", num_layers=layers, hidden=hidden, num_heads=heads,
                      num_kv_heads=heads, ffn_hidden=4 * hidden, vocab_size=30522, max_seq_len=512,
-                     default_seq_len=512, default_global_batch=256, tie_embeddings=True)
+                     default_seq_len=512, default_global_batch=256, tie_embeddings=True, norm_eps=BERT_NORM_EPS)
+
+
+LLAMA31_ROPE_SCALING = dict(rope_scaling_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                            rope_original_max_positions=8192)
+"""Llama 3.1's rope_scaling (its config.json: rope_type llama3, factor 8, low 1, high 4, original 8192)."""
 
 
 # Shapes from the models' papers / released configs. GPT sizes follow GPT-3 (Brown et al. 2020) with
 # Megatron's padded GPT-2 vocabulary (50304); gpt-70b is the GPT-3 recipe at 88 layers x 8192 (70.9B).
 # Default batches: GPT 1024 x 2048 (2M tokens), Llama 3 512 x 8192 (4M; 405B 2048 x 8192 = 16M as
 # Meta trained it), Mixtral 1024 x 4096 (4M), BERT 256 x 512 (Devlin et al.).
+# Rotary bases and norm epsilons as the released config.json files give them: Llama 3 rope_theta 500000 (405B is
+# Llama 3.1 and scales its rotary frequencies), Mixtral 1e6, every rms_norm_eps 1e-5; GPT's LayerNorm 1e-5 (Megatron's
+# default), BERT's 1e-12.
 CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in [
     _gpt("gpt-1.3b", 24, 2048, 16),
     _gpt("gpt-6.7b", 32, 4096, 32),
     _gpt("gpt-13b", 40, 5120, 40),
     _gpt("gpt-70b", 88, 8192, 64),
     _gpt("gpt-175b", 96, 12288, 96),
-    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 8192, 512),
-    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 8192, 512),
-    _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 8192, 2048),
-    _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, 4096, 1024, experts=8, top_k=2),
-    _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, 4096, 1024, experts=8, top_k=2),
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 8192, 512, theta=500000.0),
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 8192, 512, theta=500000.0),
+    _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 8192, 2048, theta=500000.0,
+           **LLAMA31_ROPE_SCALING),
+    _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, 4096, 1024, theta=1e6, experts=8, top_k=2),
+    _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, 4096, 1024, theta=1e6, experts=8, top_k=2),
     _bert("bert-base", 12, 768, 12),
     _bert("bert-large", 24, 1024, 16),
 ]}
@@ -325,6 +393,36 @@ def _attention_biases(cfg: dict, model_type: str) -> tuple[bool, bool]:
     return bool(_first(cfg, "qkv_bias", default=out)), out
 
 
+def _norm_eps(cfg: dict, default: float = 1e-5) -> float:
+    """The norms' epsilon of a config (its key differs by model type); absent: the spec's default (BERT's for BERT)."""
+    return float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", default=default))
+
+
+def _rotary(cfg: dict, path) -> dict:
+    """The rotary fields of ModelSpec from a rotary model's config: rope_theta (rotary_emb_base in some configs;
+    inside rope_parameters in Transformers 5's) and a rope_scaling of type llama3 (Llama 3.1). Another scaling
+    type is left out, with a warning, and recorded in unapplied_rope_scaling."""
+    params = cfg.get("rope_parameters")
+    params = params if isinstance(params, dict) else {}
+    theta = float(_first(cfg, "rope_theta", "rotary_emb_base", default=params.get("rope_theta", 10000.0)))
+    out = {"rope_theta": theta}
+    scaling = cfg.get("rope_scaling") or params
+    if not isinstance(scaling, dict):
+        raise TypeError(f"rope_scaling is {scaling!r}, not an object")
+    kind = str(_first(scaling, "rope_type", "type", default="default")).lower()
+    if kind == "llama3":
+        out.update(rope_scaling_factor=float(scaling["factor"]),
+                   rope_low_freq_factor=float(scaling["low_freq_factor"]),
+                   rope_high_freq_factor=float(scaling["high_freq_factor"]),
+                   rope_original_max_positions=int(scaling["original_max_position_embeddings"]))
+    elif kind != "default":
+        out["unapplied_rope_scaling"] = kind
+        warnings.warn(f"model config '{path}': its rope_scaling of type '{kind}' is not applied by parallel-plan's "
+                      f"runtime, which trains without it (plain rotary at rope_theta {theta:.10g}); `plan export --to "
+                      "megatron` leaves it out too and says so", stacklevel=3)
+    return out
+
+
 def from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json: llama/mistral/mixtral/qwen keys, gpt2 keys or BERT keys; the plain-MLP
     types of PLAIN_MLP_TYPES as GPT-style models (warned)."""
@@ -340,7 +438,8 @@ def from_hf_config(path: Path) -> ModelSpec:
             spec = ModelSpec(name=name, family="bert", num_layers=int(cfg["num_hidden_layers"]), hidden=hidden,
                              num_heads=int(cfg["num_attention_heads"]), num_kv_heads=int(cfg["num_attention_heads"]),
                              ffn_hidden=int(cfg.get("intermediate_size", 4 * hidden)), vocab_size=int(cfg["vocab_size"]),
-                             max_seq_len=seq, default_seq_len=seq, default_global_batch=256, tie_embeddings=True)
+                             max_seq_len=seq, default_seq_len=seq, default_global_batch=256, tie_embeddings=True,
+                             norm_eps=_norm_eps(cfg, BERT_NORM_EPS))
         elif model_type in PLAIN_MLP_TYPES:
             hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
             kv = _first(cfg, "num_key_value_heads", "num_kv_heads", default=1 if cfg.get("multi_query") else heads)
@@ -352,7 +451,8 @@ def from_hf_config(path: Path) -> ModelSpec:
                              vocab_size=int(cfg["vocab_size"]), max_seq_len=seq, default_seq_len=min(seq, 4096),
                              default_global_batch=1024,
                              # Hugging Face ties by default; phi and gpt_neox configs say they do not
-                             tie_embeddings=bool(cfg.get("tie_word_embeddings", model_type not in ("phi", "gpt_neox"))))
+                             tie_embeddings=bool(cfg.get("tie_word_embeddings", model_type not in ("phi", "gpt_neox"))),
+                             norm_eps=_norm_eps(cfg))
             warnings.warn(f"model config '{path}': model_type '{model_type}' has a plain GELU MLP and is read as a "
                           "GPT-style model (layers, widths, heads and vocabulary as given; its positions and residual "
                           "wiring priced as GPT's learned positions and sequential residual)", stacklevel=2)
@@ -363,7 +463,8 @@ def from_hf_config(path: Path) -> ModelSpec:
                              num_heads=int(cfg["n_head"]), num_kv_heads=int(cfg["n_head"]),
                              ffn_hidden=int(_first(cfg, "n_inner", default=4 * hidden)),
                              vocab_size=int(cfg["vocab_size"]), max_seq_len=seq, default_seq_len=seq,
-                             default_global_batch=1024, tie_embeddings=bool(cfg.get("tie_word_embeddings", True)))
+                             default_global_batch=1024, tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+                             norm_eps=_norm_eps(cfg))
         else:
             heads = int(cfg["num_attention_heads"])
             if model_type not in LLAMA_STYLE_TYPES and not model_type.startswith(LLAMA_STYLE_PREFIXES):
@@ -397,7 +498,8 @@ def from_hf_config(path: Path) -> ModelSpec:
                              moe_capacity_factor=float(_first(cfg, "capacity_factor", default=0.0) or 0.0),
                              tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                              head_dim_override=head_dim if head_dim * heads != hidden else 0,
-                             qkv_bias=qkv_bias, attn_out_bias=attn_out_bias)
+                             qkv_bias=qkv_bias, attn_out_bias=attn_out_bias, norm_eps=_norm_eps(cfg),
+                             **_rotary(cfg, path))
     except KeyError as exc:
         raise PlanError(f"model config '{path}' lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
@@ -425,7 +527,7 @@ def tiny_model(family: str = "gpt", **over) -> ModelSpec:
     """A model small enough for CPU tests of every parallel layout (divisible by 2 and 4 everywhere)."""
     base = dict(name=f"tiny-{family}", family=family, num_layers=4, hidden=64, num_heads=4, num_kv_heads=4,
                 ffn_hidden=128, vocab_size=256, max_seq_len=64, default_seq_len=32, default_global_batch=8,
-                tie_embeddings=family != "llama")
+                tie_embeddings=family != "llama", norm_eps=BERT_NORM_EPS if family == "bert" else 1e-5)
     if family == "llama":
         base["num_kv_heads"] = 2
     base.update(over)

@@ -53,10 +53,10 @@ class Norm(nn.Module):
     """LayerNorm with bias (GPT, BERT) or RMSNorm (Llama). Replicated over TP, applied to sequence shards.
     `residual(x, delta)` fuses the residual add before it (runtime/norm.py: one Triton kernel each way on CUDA)."""
 
-    def __init__(self, spec: ModelSpec, eps: float | None = None):
+    def __init__(self, spec: ModelSpec):
         super().__init__()
         self.rms = not spec.has_bias
-        self.eps = eps if eps is not None else (1e-5 if spec.family != "bert" else 1e-12)
+        self.eps = spec.norm_eps
         self.weight = _tp_param((spec.hidden,), None, init=("ones",), sequence_parallel=True)
         self.bias = None if self.rms else _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)
         for p in (self.weight, self.bias):  # runtime/norm.py writes their gradients straight into main_grad
@@ -273,7 +273,7 @@ class Stage(nn.Module):
             x = inputs
             if positions is None:
                 positions = torch.arange(x.shape[0] * group_size(self.groups.tp), device=x.device)
-        rope = rotary_tables(positions, self.spec.head_dim) if not self.spec.learned_positions else None
+        rope = rotary_tables(positions, self.spec) if not self.spec.learned_positions else None
         for layer in self.layers.values():
             x = layer(x, rope)
         if self.head is None:

@@ -9,7 +9,10 @@ import _pp_common as C
 
 def _four(rank, world):
     gpt = tiny_model("gpt")
-    llama = tiny_model("llama")
+    # Llama 3.1-style rotary (theta 500000, llama3 frequency scaling over the tiny model's positions) and a norm
+    # epsilon of its own: every stage and CP rank must build the same tables and norms
+    llama = tiny_model("llama", rope_theta=500000.0, norm_eps=1e-6, rope_scaling_factor=8.0, rope_low_freq_factor=1.0,
+                       rope_high_freq_factor=4.0, rope_original_max_positions=16)
     # TP2 x PP2, tied embeddings (vocab-parallel, summed between first and last stage), uneven + recompute
     C.compare(C.reference(gpt), C.pipelined(gpt, Layout(tp=2, pp=2, micro_batch=2, sharding="none"),
                                             [StagePlan(1, 1), StagePlan(3, 0, 1)])[:2], f"rank {rank} tp2xpp2 gpt")

@@ -7,6 +7,7 @@ import pytest
 
 from planner.errors import PlanError
 from planner.model import CATALOGUE, ModelSpec, from_hf_config, resolve_model, tiny_model
+from tests.planner.conftest import run_cli
 
 # Published totals. Llama 3 / Mixtral / BERT counts are the exact figures of the released checkpoints
 # (HF `num_parameters()`; BERT as BertForMaskedLM, no pooler): the tolerance only absorbs rounding of
@@ -359,3 +360,120 @@ def test_unknown_model_type_is_read_as_llama_with_a_warning(tmp_path, recwarn):
     from_hf_config(_write(tmp_path, QWEN2_05B, "qwen.json"))
     from_hf_config(_write(tmp_path, MISTRAL_7B, "mistral.json"))
     assert not [w for w in recwarn if "parallel-plan" in str(w.message) or "model_type" in str(w.message)]
+
+
+# -- rotary base, norm epsilon, Llama 3.1 rope scaling ------------------------------------------------------
+
+def test_catalogue_rotary_bases_and_norm_epsilons():
+    """As the released config.json files say: Llama 3 rope_theta 500000 (405B is Llama 3.1: llama3 rope scaling,
+    factor 8, low 1, high 4, original 8192), Mixtral 1e6, rms_norm_eps 1e-5; GPT learned positions and LayerNorm
+    1e-5; BERT layer_norm_eps 1e-12."""
+    for name in ("llama3-8b", "llama3-70b", "llama3-405b"):
+        assert (CATALOGUE[name].rope_theta, CATALOGUE[name].norm_eps) == (500000.0, 1e-5)
+    m = CATALOGUE["llama3-405b"]
+    assert (m.rope_scaling_factor, m.rope_low_freq_factor, m.rope_high_freq_factor,
+            m.rope_original_max_positions) == (8.0, 1.0, 4.0, 8192)
+    assert CATALOGUE["llama3-8b"].rope_scaling_factor == CATALOGUE["llama3-70b"].rope_scaling_factor == 0
+    for name in ("mixtral-8x7b", "mixtral-8x22b"):
+        assert (CATALOGUE[name].rope_theta, CATALOGUE[name].norm_eps) == (1e6, 1e-5)
+    for name in ("gpt-1.3b", "gpt-6.7b", "gpt-13b", "gpt-70b", "gpt-175b"):
+        assert CATALOGUE[name].learned_positions and CATALOGUE[name].norm_eps == 1e-5
+    for name in ("bert-base", "bert-large"):
+        assert CATALOGUE[name].norm_eps == 1e-12
+    assert not any(m.unapplied_rope_scaling for m in CATALOGUE.values())
+
+
+LLAMA31_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
+
+def test_import_llama31_rope_scaling(tmp_path, recwarn):
+    """Llama 3.1's config (rope_scaling of type llama3, under rope_type or the older type key, or Transformers 5's
+    rope_parameters holding rope_theta too) gives the catalogue's llama3-405b rotary fields, without a warning."""
+    cfg = dict(LLAMA3_8B, max_position_embeddings=131072, rope_scaling=LLAMA31_SCALING)
+    older = dict(cfg, rope_scaling={**{k: v for k, v in LLAMA31_SCALING.items() if k != "rope_type"}, "type": "llama3"})
+    v5 = {k: v for k, v in cfg.items() if k not in ("rope_scaling", "rope_theta")}
+    v5["rope_parameters"] = dict(LLAMA31_SCALING, rope_theta=500000.0)
+    want = CATALOGUE["llama3-405b"]
+    for i, c in enumerate((cfg, older, v5)):
+        m = from_hf_config(_write(tmp_path, c, f"c{i}.json"))
+        assert (m.rope_theta, m.norm_eps, m.rope_scaling_factor, m.rope_low_freq_factor, m.rope_high_freq_factor,
+                m.rope_original_max_positions, m.unapplied_rope_scaling) == \
+            (want.rope_theta, want.norm_eps, 8.0, 1.0, 4.0, 8192, ""), i
+    assert not recwarn.list
+    plain = from_hf_config(_write(tmp_path, dict(LLAMA3_8B, rope_scaling=None), "plain.json"))
+    assert (plain.rope_theta, plain.rope_scaling_factor) == (500000.0, 0.0)
+    with pytest.raises(PlanError, match="lacks the key 'low_freq_factor'"):
+        from_hf_config(_write(tmp_path, dict(cfg, rope_scaling={"rope_type": "llama3", "factor": 8.0}), "bad.json"))
+
+
+def test_import_qwen2_rotary_base_and_norm_eps(tmp_path):
+    """Qwen2-0.5B's config: rope_theta 1e6, rms_norm_eps 1e-6. A config without the keys: theta 10000, eps 1e-5."""
+    m = from_hf_config(_write(tmp_path, dict(QWEN2_05B, rope_theta=1000000.0, rms_norm_eps=1e-6, rope_scaling=None)))
+    assert (m.rope_theta, m.norm_eps, m.rope_scaling_factor) == (1e6, 1e-6, 0.0)
+    m = from_hf_config(_write(tmp_path, QWEN2_05B, "bare.json"))
+    assert (m.rope_theta, m.norm_eps) == (10000.0, 1e-5)
+    neox_style = from_hf_config(_write(tmp_path, dict(MISTRAL_7B, rotary_emb_base=20000), "base.json"))
+    assert neox_style.rope_theta == 20000.0
+
+
+def test_import_norm_eps_keys(tmp_path):
+    assert from_hf_config(_write(tmp_path, GPT2)).norm_eps == 1e-5
+    assert from_hf_config(_write(tmp_path, dict(GPT2, layer_norm_epsilon=1e-6), "g.json")).norm_eps == 1e-6
+    assert from_hf_config(_write(tmp_path, BERT_BASE, "b.json")).norm_eps == 1e-12
+    assert from_hf_config(_write(tmp_path, dict(BERT_BASE, layer_norm_eps=1e-7), "b7.json")).norm_eps == 1e-7
+    with pytest.warns(UserWarning, match="plain GELU MLP"):
+        assert from_hf_config(_write(tmp_path, dict(PHI2, layer_norm_eps=1e-6), "phi.json")).norm_eps == 1e-6
+    starcoder2 = dict(PHI2, model_type="starcoder2", norm_epsilon=2e-5)
+    with pytest.warns(UserWarning, match="plain GELU MLP"):
+        assert from_hf_config(_write(tmp_path, starcoder2, "sc.json")).norm_eps == 2e-5
+
+
+def test_import_yarn_scaling_is_read_without_it_and_warned(tmp_path):
+    """Qwen2.5's long-context recipe (rope_scaling yarn): not applied by the runtime, so a warning says the model
+    trains without it; the spec records it for the export. On the command line the warning is one 'warning:' line."""
+    cfg = dict(QWEN2_05B, rope_theta=1000000.0, rms_norm_eps=1e-6,
+               rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    p = _write(tmp_path, cfg)
+    with pytest.warns(UserWarning, match="rope_scaling of type 'yarn' is not applied by parallel-plan's runtime, "
+                                         "which trains without it"):
+        m = from_hf_config(p)
+    assert (m.unapplied_rope_scaling, m.rope_scaling_factor, m.rope_theta) == ("yarn", 0.0, 1e6)
+    for kind in ("linear", "dynamic", "longrope"):
+        with pytest.warns(UserWarning, match=f"type '{kind}'"):
+            m = from_hf_config(_write(tmp_path, dict(cfg, rope_scaling={"rope_type": kind, "factor": 2.0}), f"{kind}.json"))
+        assert m.unapplied_rope_scaling == kind
+    rc, _, err = run_cli("--model", p, "--gpus", "1", "--global-batch", "8", "--seq-len", "512")
+    assert rc == 0, err
+    assert f"warning: model config '{p}': its rope_scaling of type 'yarn' is not applied" in err
+    assert "(plain rotary at rope_theta 1000000)" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("over,needle", [
+    (dict(rope_theta=0.0), "rope_theta must be a positive number"),
+    (dict(rope_theta=float("inf")), "rope_theta must be a positive number"),
+    (dict(rope_theta="500000"), "rope_theta must be a positive number"),
+    (dict(norm_eps=-1e-5), "norm_eps must be a positive number"),
+    (dict(norm_eps=float("nan")), "norm_eps must be a positive number"),
+    (dict(norm_eps=True), "norm_eps must be a positive number"),
+    (dict(rope_scaling_factor=-8.0), "rope_scaling_factor must be 0 (none) or a positive number"),
+    (dict(rope_low_freq_factor=1.0, rope_original_max_positions=8192),
+     "rope_low_freq_factor, rope_original_max_positions set without rope_scaling_factor"),
+    (dict(rope_scaling_factor=8.0, rope_low_freq_factor=4.0, rope_high_freq_factor=4.0, rope_original_max_positions=8),
+     "needs 0 < rope_low_freq_factor < rope_high_freq_factor"),
+    (dict(rope_scaling_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_positions=0),
+     "rope_original_max_positions must be a positive integer"),
+    (dict(unapplied_rope_scaling=None), "unapplied_rope_scaling must be a string"),
+])
+def test_bad_rotary_and_norm_fields_are_refused(over, needle):
+    with pytest.raises(PlanError) as e:
+        ModelSpec.from_dict(dict(tiny_model("llama").to_dict(), **over))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_rope_scaling_needs_rotary_positions():
+    scaling = dict(rope_scaling_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                   rope_original_max_positions=8192)
+    with pytest.raises(PlanError, match="rope_scaling_factor is set but the model has learned positions"):
+        ModelSpec.from_dict(dict(tiny_model("gpt").to_dict(), **scaling))
+    assert ModelSpec.from_dict(dict(tiny_model("llama").to_dict(), **scaling)).rope_scaling_factor == 8.0

@@ -75,3 +75,26 @@ def test_the_default_profile_is_the_calibrated_one_where_it_ships():
     assert default_profile_path("h200-sxm") == shipped_profile_path("h200-sxm-calibrated")
     assert load_profile(None, "h200-sxm").provenance.get("calibrations")
     assert default_profile_path("h100-sxm") == shipped_profile_path("h100-sxm")  # no calibrated one ships
+
+
+ROTARY_AND_NORM_FIELDS = ("rope_theta", "norm_eps", "rope_scaling_factor", "rope_low_freq_factor",
+                          "rope_high_freq_factor", "rope_original_max_positions", "unapplied_rope_scaling")
+
+
+def test_a_plan_written_before_the_rotary_and_norm_fields_loads(plan):
+    """A plan file from before the model spec had a rotary base, norm epsilon and rope scaling loads with what the
+    runtime used then: theta 10000, no scaling, eps 1e-5, and BERT's 1e-12."""
+    from planner.plan import Layout, even_stages
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert set(ROTARY_AND_NORM_FIELDS) <= set(d["model"])
+    for k in ROTARY_AND_NORM_FIELDS:
+        del d["model"][k]
+    m = Plan.from_dict(d).model
+    assert (m.rope_theta, m.norm_eps, m.rope_scaling_factor, m.rope_original_max_positions,
+            m.unapplied_rope_scaling) == (10000.0, 1e-5, 0.0, 0, "")
+    assert m == plan.model
+    bert = Plan(model=tiny_model("bert"), cluster=ClusterSpec(num_gpus=1, gpus_per_node=1).to_dict(),
+                training=TrainingShape(32, 8), layout=Layout(sharding="none"), stages=even_stages(4, 1)).to_dict()
+    for k in ROTARY_AND_NORM_FIELDS:
+        del bert["model"][k]
+    assert Plan.from_dict(bert).model.norm_eps == 1e-12

@@ -220,3 +220,35 @@ def test_attention_biases_export_qkv_bias_and_note_the_output_bias():
         assert ex.value("--add-qkv-bias") is qkv_flag, spec
         assert ex.value("--disable-bias-linear") is (None if spec.has_bias else True)
         assert any("output projection has a bias" in n and f"{32 * 4096:,}" in n for n in ex.notes) is noted
+
+
+def test_rotary_base_norm_epsilon_and_llama31_rope_scaling():
+    """--rotary-base for rotary models (an int in Megatron-LM), --norm-epsilon always; Llama 3.1's scaling as
+    --use-rope-scaling --rope-scaling-factor, with no note where it is Megatron's fixed llama3 recipe and one naming
+    what differs where it is not; a config's scaling the plan left out is noted."""
+    from dataclasses import replace
+    v = megatron_args(make_plan(CATALOGUE["llama3-70b"], gb=512, tp=8, micro_batch=1)).value
+    assert (v("--rotary-base"), v("--norm-epsilon")) == ("500000", "1e-05")
+    assert v("--use-rope-scaling") is None and v("--rope-scaling-factor") is None
+    ex = megatron_args(make_plan(CATALOGUE["llama3-405b"], gb=2048, tp=8, micro_batch=1))
+    assert (ex.value("--rotary-base"), ex.value("--use-rope-scaling"), ex.value("--rope-scaling-factor")) == \
+        ("500000", True, "8.0")
+    assert not any("rope" in n.lower() or "rotary" in n for n in ex.notes)
+    assert megatron_args(make_plan(CATALOGUE["mixtral-8x7b"], gb=1024, ep=8, dp=8, micro_batch=1)).value(
+        "--rotary-base") == "1000000"
+    gpt = megatron_args(make_plan(CATALOGUE["gpt-1.3b"], gb=64, micro_batch=1, sharding="none")).value
+    assert gpt("--rotary-base") is None and gpt("--norm-epsilon") == "1e-05"
+    assert megatron_args(make_plan(CATALOGUE["bert-base"], gb=256, micro_batch=4, sharding="none")).value(
+        "--norm-epsilon") == "1e-12"
+    qwen = replace(CATALOGUE["llama3-8b"], rope_theta=1e6, norm_eps=1e-6)
+    assert megatron_args(make_plan(qwen, gb=512, tp=2, micro_batch=1)).value("--norm-epsilon") == "1e-06"
+    # Llama 3.2-1B's factor 32: Megatron's pretrain_gpt.py scales by 8 whatever --rope-scaling-factor says
+    llama32 = replace(CATALOGUE["llama3-8b"], rope_scaling_factor=32.0, rope_low_freq_factor=1.0,
+                      rope_high_freq_factor=4.0, rope_original_max_positions=8192, rope_theta=500000.5)
+    ex = megatron_args(make_plan(llama32, gb=512, tp=2, micro_batch=1))
+    assert ex.value("--rope-scaling-factor") == "32.0" and ex.value("--rotary-base") == "500000"
+    assert any("scales with factor 8 whatever is given" in n and "the plan's model has factor 32" in n for n in ex.notes)
+    assert any("rotary base is 500000.5" in n and "given as 500000" in n for n in ex.notes)
+    yarn = replace(CATALOGUE["llama3-8b"], unapplied_rope_scaling="yarn")
+    notes = megatron_args(make_plan(yarn, gb=512, tp=2, micro_batch=1)).notes
+    assert any("rope_scaling of type 'yarn'" in n and "leaves out" in n for n in notes)

@@ -103,3 +103,26 @@ def test_gpt_style_with_fewer_kv_heads_builds_and_trains():
         loss, n = model(tokens, labels=torch.roll(tokens, -1, dims=1))
         (loss / n).backward()
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama", "bert"])
+def test_every_norm_uses_the_spec_norm_eps(family):
+    """Both norms of every layer, the decoders' final norm, BERT's embedding and MLM-head norms: spec.norm_eps (BERT's
+    tiny model and catalogue 1e-12 by default), and the normalisation computed with it."""
+    from runtime.model import Norm
+    assert tiny_model(family).norm_eps == (1e-12 if family == "bert" else 1e-5)
+    spec = tiny_model(family, norm_eps=0.5)
+    model = build_model(spec, single_process_groups())
+    norms = [m for m in model.modules() if isinstance(m, Norm)]
+    assert len(norms) == 2 * spec.num_layers + 1 + (family == "bert") and {n.eps for n in norms} == {0.5}
+    x = torch.randn(3, 2, spec.hidden, dtype=torch.float64)
+    norm = norms[-1].double()
+    with torch.no_grad():
+        norm.weight.normal_()
+        if family == "llama":
+            want = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 0.5) * norm.weight
+        else:
+            norm.bias.normal_()
+            xc = x - x.mean(-1, keepdim=True)
+            want = xc / torch.sqrt(xc.pow(2).mean(-1, keepdim=True) + 0.5) * norm.weight + norm.bias
+        torch.testing.assert_close(norm(x), want)
