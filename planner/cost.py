@@ -2,8 +2,8 @@
 
 Per layer and micro-batch on one rank (`LayerCosts`): GEMMs forward and backward (dgrad + wgrad) at the
 shapes the runtime runs (tensor-parallel shards, sequence-parallel gathers), flash attention forward and
-backward, elementwise kernels (norms, activations, rotary, residual adds) at the profile's achieved
-bandwidth, and the communication beside them: tensor-parallel all-gather / reduce-scatter, the context-
+backward, elementwise kernels (norms, Qwen3's q/k norms, activations, rotary, residual adds) at the profile's
+achieved bandwidth, and the communication beside them: tensor-parallel all-gather / reduce-scatter, the context-
 parallel ring's K/V passes, the expert all-to-alls. Communication that an overlapped implementation hides
 is at most the profile's hidden fraction of it and at most the compute it runs beside.
 
@@ -229,6 +229,22 @@ class CostModel:
         queries = [q for shape in self.layer_gemms() for q in self._gemm_queries(*shape, self.lay.fp8)]
         return sum(not self.prof.gemm_measured(*q) for q in queries), len(queries)
 
+    def _qk_norm_s(self, tokens: int) -> tuple[float, float]:
+        """(forward, backward) seconds of Qwen3's q/k norms on one rank (ModelSpec.qk_norm; 0 without them), as
+        runtime/model.py runs them (Attention.qk_normalize): torch's RMSNorm over each head of q and of k, then one
+        concatenation that puts them back beside v for the fused rotary. Forward reads and writes q and k, then the
+        whole qkv GEMM output; backward reads q, k and their gradients and writes theirs, and the split's backward
+        assembles the qkv gradient (a read and a write of it). The norms at the rate measured for the runtime's
+        RMSNorm kernels (torch's per-head one is not profiled), the copies at the elementwise bandwidth."""
+        m, t, prof = self.m, self.lay.tp, self.prof
+        if not m.qk_norm:
+            return 0.0, 0.0
+        qk_bytes = BF16 * tokens * (m.q_width + m.kv_width) / t
+        qkv_bytes = BF16 * tokens * (m.q_width + 2 * m.kv_width) / t
+        fwd_s = prof.kernel_s("rmsnorm_fwd", 2 * qk_bytes) + prof.memory_bound_s(2 * qkv_bytes)
+        bwd_s = prof.kernel_s("rmsnorm_bwd", 3 * qk_bytes) + prof.memory_bound_s(2 * qkv_bytes)
+        return fwd_s, bwd_s
+
     def _layer(self) -> LayerCosts:
         m, lay, prof = self.m, self.lay, self.prof
         t, h, f = lay.tp, m.hidden, m.ffn_hidden
@@ -273,6 +289,9 @@ class CostModel:
             rot_bytes = BF16 * 2 * T * (m.q_width + 2 * m.kv_width) / t
             ew_f += k("rotary_fwd", rot_bytes)
             ew_b += k("rotary_bwd", rot_bytes)
+        qk_norm_fwd_s, qk_norm_bwd_s = self._qk_norm_s(T)
+        ew_f += qk_norm_fwd_s
+        ew_b += qk_norm_bwd_s
         # bias gradients: dY summed over its rows (runtime/parallel/tensor.py), column-parallel over all T
         # tokens of the local columns, row-parallel over this rank's sequence shard of all columns
         # (session 4's trace of a GPT 1.3B step: 3.6 ms of 128 ms in these sums)
@@ -283,7 +302,8 @@ class CostModel:
             sums += ([] if bias_act else [T * (f // t)]) + [tok_t * h]
         ew_b += sum(k("bias_grad", BF16 * rows_x_cols) for rows_x_cols in sums)
         ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows,
-                                                                 fallback=f"{act}_fwd")
+                                                                 fallback=f"{act}_fwd") \
+            + qk_norm_fwd_s  # inside the checkpointed attention core
         comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
         moe_f = moe_b = 0.0
         if m.is_moe:

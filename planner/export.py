@@ -15,7 +15,10 @@ through ArgumentGroupFactory (field `foo_bar` -> `--foo-bar`): megatron/core/mod
 (--tensor-model-parallel-size, --sequence-parallel, --context-parallel-size, --expert-model-parallel-size,
 --tp-comm-overlap, --bf16), megatron/core/transformer/transformer_config.py (--num-layers, --hidden-size,
 --num-query-groups, --normalization, --disable-bias-linear, --add-qkv-bias, --recompute-granularity/-method/-num-layers,
---recompute-modules, --moe-router-topk, --norm-epsilon: field layernorm_epsilon's own argparse name),
+--recompute-modules, --moe-router-topk, --norm-epsilon: field layernorm_epsilon's own argparse name, --qk-layernorm:
+field qk_layernorm, a store_true flag; megatron/core/transformer/attention.py applies `normalization` with
+layernorm_epsilon over each head of q and k (hidden_size_per_attention_head) before rotary, as Qwen3; its
+examples/post_training/modelopt/conf/Qwen/Qwen3-*.sh pass it),
 megatron/training/config/training_config.py (--micro-batch-size, --global-batch-size),
 megatron/core/transformer/pipeline_parallel_layer_layout.py (layout syntax). The rotary arguments (--rotary-base,
 an int there; --use-rope-scaling, --rope-scaling-factor) are hand-written in arguments.py; what the llama3 scaling
@@ -214,6 +217,8 @@ def megatron_args(plan: Plan) -> MegatronExport:
     if not m.learned_positions:
         _rotary(m, add, notes)
     add("--norm-epsilon", m.norm_eps)
+    if m.qk_norm:  # per head, RMSNorm (--normalization) at --norm-epsilon, before rotary: Qwen3's q/k norms
+        add("--qk-layernorm")
     if not m.tie_embeddings:
         add("--untie-embeddings-and-output-weights")
     if not m.has_bias:

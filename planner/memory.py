@@ -9,8 +9,9 @@ over the expert-data-parallel group (d / ep ranks) instead.
 Activations per layer per micro-batch follow Korthikanti et al. 2022 with flash attention (no s^2 score
 matrix) and no dropout, as the runtime saves them with tensor parallelism t and sequence parallelism:
 norm inputs, GEMM inputs (kept sequence-sharded and re-gathered in backward), q/k/v, the attention
-output and its log-sum-exp, the MLP activation's input and output. Selective recompute drops the norm
-outputs and the MLP activation output; full recompute keeps only the layer input.
+output and its log-sum-exp, the MLP activation's input and output (with Qwen3's q/k norms also the qkv GEMM
+output and their rstd). Selective recompute drops the norm outputs, the MLP activation output and the q/k
+norms' tensors; full recompute keeps only the layer input.
 
 The allowance: the CUDA context, cuDNN and NCCL buffers live outside PyTorch's allocator (RESERVED_GIB;
 cuBLAS workspaces are inside it and counted per rank, cublas_workspace_bytes), and the allocator fragments
@@ -62,6 +63,7 @@ def layer_dense_params_local(m: ModelSpec, tp: int) -> float:
         attn += qkv_out / tp
     if m.has_attn_out_bias:
         attn += h
+    attn += m.qk_norm_params()  # whole on every rank: each holds its own heads' share of their gradient
     norms = 2 * m.norm_params()
     if m.is_moe:  # router and shared experts whole on every TP rank, like the routed experts
         return attn + norms + m.router_params() + m.shared_expert_params()
@@ -121,10 +123,13 @@ def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, las
     all-reduces each over TP, one call per tensor (runtime/parallel/data.py, `sequence_parallel`; the list
     follows runtime/model.py, tensor.py and expert.py): the norms' weights and biases, the row-parallel biases,
     learned positions, BERT's token types, embedding norm and head transform, and under MoE the router and the
-    local experts' weights, which every TP rank holds whole."""
+    local experts' weights, which every TP rank holds whole. Likewise the q/k norms' weights (qk_norm), which touch
+    head-sharded activations: each rank's gradient is its own heads' part of the sum."""
     h, f = m.hidden, m.ffn_hidden
     norm = 2 if m.has_bias else 1                                   # LayerNorm: weight and bias
     per_layer = [(2 * norm, h)]
+    if m.qk_norm:
+        per_layer.append((2, m.head_dim))                           # q_norm and k_norm weights
     row_biases = int(m.has_attn_out_bias) + int(m.has_bias and not m.is_moe)
     if row_biases:
         per_layer.append((row_biases, h))                           # out-proj bias (and fc2's when dense)
@@ -251,6 +256,11 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
     gemm_in = 2 * a * h * tok_t  # QKV and FC1 inputs (the norm outputs), sequence-sharded
     qkv = a * (m.q_width + 2 * m.kv_width) * tok_t
     attn_out = a * m.q_width * tok_t + FP32_BYTES * lay.micro_batch * (m.num_heads / t) * shape.seq_len / lay.cp
+    # q/k norms (qk_norm): their input is a view into the qkv GEMM output, so all of it (v's part too) stays alive,
+    # with an fp32 rstd per head and token; selective recompute reruns them inside the checkpointed attention core,
+    # whose kept input is that same GEMM output
+    qk_norms = (a * (m.q_width + 2 * m.kv_width) + FP32_BYTES * (m.num_heads + m.num_kv_heads)) * tok_t \
+        if m.qk_norm else 0.0
     if m.is_moe:
         # as runtime/parallel/expert.py keeps them: the router's input (bf16, _RouterLogits), its fp32 logits and
         # probabilities; per routed token copy the gathered expert input (and the received copy under EP),
@@ -275,10 +285,10 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         act_in = a * f / t * tokens
         act_out_total = a * f / t * tokens
         mlp = act_in + act_out_total
-    none = norms_in + gemm_in + qkv + attn_out + mlp
+    none = norms_in + gemm_in + qkv + qk_norms + attn_out + mlp
     # selective drops the norm outputs (GEMM inputs) and the activation output; the MoE layer applies its
     # norm itself and keeps the output, so there only the attention norm's output goes
-    selective = none - (gemm_in / 2 if m.is_moe else gemm_in) - act_out_total
+    selective = none - (gemm_in / 2 if m.is_moe else gemm_in) - act_out_total - qk_norms
     full = a * h * tok_t
     widest = max(h, (2 if m.gated_mlp else 1) * f * (m.top_k if m.is_moe else 1), m.q_width + 2 * m.kv_width)
     working = 3 * a * widest * tokens / t

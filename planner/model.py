@@ -1,7 +1,8 @@
 """Model specs: the catalogue, Hugging Face config.json import, and exact parameter and FLOP counts.
 
 One `ModelSpec` describes every model the planner and the runtime know: GPT (LayerNorm, GELU MLP,
-learned positions), Llama-style (RMSNorm, SwiGLU, rotary, grouped-query attention), Mixtral/Qwen-style
+learned positions), Llama-style (RMSNorm, SwiGLU, rotary, grouped-query attention; Qwen3's per-head q/k norms
+where `qk_norm` says), Mixtral/Qwen-style
 MoE (the MLP replaced by `num_experts` experts with top-k routing) and the BERT encoder (bidirectional
 attention, masked-LM head). The runtime builds its modules from the same spec, so the counts here are
 the counts of the tensors it allocates (tests check this against `sum(p.numel())`).
@@ -70,6 +71,11 @@ class ModelSpec:
     attn_out_bias: bool = False
     """A bias on the attention's output projection of a Llama-style model (Llama-family attention_bias true, with
     qkv_bias). GPT and BERT have it whatever this says (has_bias)."""
+    qk_norm: bool = False
+    """Qwen3's q/k norms (Llama-style models only): after the q/k projections and before rotary, each head of q and
+    of k is RMS-normalised over head_dim (epsilon norm_eps) and scaled by a [head_dim] weight shared across the heads,
+    one for q (q_norm) and one for k (k_norm) per layer (Hugging Face qwen3 and qwen3_moe, Megatron --qk-layernorm).
+    OLMo2's norms over the whole q and k projections are another thing, not this."""
     rope_theta: float = 10000.0
     """Base of the rotary frequencies: pair i of a head turns by position x rope_theta^(-2i / head_dim) (Hugging Face
     rope_theta, Megatron --rotary-base; Llama 3 500000, Mixtral and Qwen2 1e6). Meaningless for learned positions."""
@@ -142,11 +148,15 @@ class ModelSpec:
     def norm_params(self) -> int:
         return 2 * self.hidden if self.has_bias else self.hidden
 
+    def qk_norm_params(self) -> int:
+        """The q and k norms' weights of one layer, [head_dim] each (whole on every TP rank)."""
+        return 2 * self.head_dim if self.qk_norm else 0
+
     def attention_params(self) -> int:
         h, qkv_width = self.hidden, self.q_width + 2 * self.kv_width
         qkv = h * qkv_width + (qkv_width if self.has_qkv_bias else 0)
         out = self.q_width * h + (h if self.has_attn_out_bias else 0)
-        return qkv + out
+        return qkv + out + self.qk_norm_params()
 
     def expert_params(self) -> int:
         """One MLP (one expert for MoE)."""
@@ -278,9 +288,12 @@ def validate_model(m: ModelSpec) -> None:
         v = getattr(m, name)
         if not _is_number(v) or v < 0:
             raise PlanError(f"model '{m.name}': {name} must be a number >= 0, got {v!r}")
-    for name in ("moe_normalize_topk", "qkv_bias", "attn_out_bias"):
+    for name in ("moe_normalize_topk", "qkv_bias", "attn_out_bias", "qk_norm"):
         if not isinstance(getattr(m, name), bool):
             raise PlanError(f"model '{m.name}': {name} must be true or false, got {getattr(m, name)!r}")
+    if m.qk_norm and m.family != "llama":
+        raise PlanError(f"model '{m.name}': qk_norm (per-head q/k RMSNorm before rotary) is modelled for Llama-style "
+                        f"models only, not for family '{m.family}'")
     if not isinstance(m.unapplied_rope_scaling, str):
         raise PlanError(f"model '{m.name}': unapplied_rope_scaling must be a string, got {m.unapplied_rope_scaling!r}")
     for name in ("rope_theta", "norm_eps"):
@@ -383,6 +396,21 @@ QKV_BIAS_PREFIXES = ("qwen2",)
 Qwen2-MoE, Qwen2-VL's language model: Hugging Face builds them with bias=True, whatever the config says)."""
 
 
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+"""Model types whose attention RMS-normalises each head of q and k before rotary (Hugging Face Qwen3 and Qwen3-MoE
+build q_norm and k_norm whatever the config says): ModelSpec.qk_norm. Exact types, not a prefix: OLMo2 normalises
+the whole q and k projections instead, and Qwen3-Next's attention is another design."""
+
+
+def _dense_layers_among_experts(cfg: dict) -> str:
+    """Why some layers of a Qwen MoE config keep a dense MLP ('' when none do): Hugging Face's Qwen2-MoE and Qwen3-MoE
+    make layer i an MoE layer unless i is in mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step."""
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    only = sorted(int(i) for i in (cfg.get("mlp_only_layers") or []))
+    return "; ".join(([f"decoder_sparse_step {step}"] if step > 1 else [])
+                     + ([f"mlp_only_layers {only}"] if only else []))
+
+
 def _attention_biases(cfg: dict, model_type: str) -> tuple[bool, bool]:
     """(qkv_bias, attn_out_bias) of a Llama-style config. Qwen2 types: q, k, v biases unless the config says
     otherwise (an explicit qkv_bias or attention_bias key). Others: attention_bias true puts biases on q, k, v and
@@ -476,6 +504,11 @@ def from_hf_config(path: Path) -> ModelSpec:
                 # misprice memory and time
                 raise PlanError(f"model config '{path}' has multi-head latent attention or dense leading layers "
                                 "(DeepSeek), which parallel-plan does not model")
+            dense = _dense_layers_among_experts(cfg) if experts > 1 else ""
+            if dense:
+                # a dense layer among MoE ones has other weights, memory and time; the spec has one kind of layer
+                raise PlanError(f"model config '{path}' keeps dense MLP layers among its MoE layers ({dense}), "
+                                "which parallel-plan does not model")
             shared_ffn = int(_first(cfg, "shared_expert_intermediate_size", default=0) or 0)
             if not shared_ffn and int(cfg.get("n_shared_experts") or 0) > 0:
                 shared_ffn = int(cfg["n_shared_experts"]) * int(cfg["moe_intermediate_size"])
@@ -498,7 +531,8 @@ def from_hf_config(path: Path) -> ModelSpec:
                              moe_capacity_factor=float(_first(cfg, "capacity_factor", default=0.0) or 0.0),
                              tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                              head_dim_override=head_dim if head_dim * heads != hidden else 0,
-                             qkv_bias=qkv_bias, attn_out_bias=attn_out_bias, norm_eps=_norm_eps(cfg),
+                             qkv_bias=qkv_bias, attn_out_bias=attn_out_bias, qk_norm=model_type in QK_NORM_TYPES,
+                             norm_eps=_norm_eps(cfg),
                              **_rotary(cfg, path))
     except KeyError as exc:
         raise PlanError(f"model config '{path}' lacks the key {exc.args[0]!r}") from None

@@ -11,6 +11,9 @@ dtype (bf16 on GPU). "h/t" = sequence-sharded, "x/t" otherwise = head/feature-sh
     attention norm input h/t          (the residual; LayerNorm/RMSNorm also keep fp32 mean/rstd: 1-2 floats/t)
     qkv GEMM input (norm output) h/t  (sequence-sharded; re-gathered in backward)
     q, k, v after rotary (q_width + 2 kv_width)/t   (SDPA's saved inputs)
+    with Qwen3's q/k norms (spec.qk_norm): the qkv GEMM output (q_width + 2 kv_width)/t, which their saved inputs
+                                      are views of, and an fp32 rstd per head, (heads + kv_heads)/t floats (F.rms_norm's
+                                      CPU composite also keeps the normalised q and k)
     attention output (proj GEMM input) q_width/t    (+ fp32 log-sum-exp heads/t on GPU flash/efficient;
                                                      the CPU math kernel keeps the [s, s] probabilities)
     MLP norm input h/t, fc1 GEMM input (norm output) h/t
@@ -19,8 +22,8 @@ dtype (bf16 on GPU). "h/t" = sequence-sharded, "x/t" otherwise = head/feature-sh
     keep nothing; there is no dropout.
   recompute 'selective': as 'none' without the two norm outputs (recomputed from the norm inputs inside
     the column-parallel backward), without the activation output (recomputed from its input inside the
-    row-parallel backward), and the attention core (rotary + SDPA) is checkpointed: its input, the qkv GEMM
-    output (q_width + 2 kv_width)/t, is kept instead of q, k, v and the log-sum-exp.
+    row-parallel backward), and the attention core (q/k norms + rotary + SDPA) is checkpointed: its input, the qkv
+    GEMM output (q_width + 2 kv_width)/t, is kept instead of q, k, v, the log-sum-exp and the q/k norms' tensors.
     BERT is post-norm: its norm outputs are the residual stream itself, so there is nothing to drop there.
   recompute 'full': only the layer input h/t (torch.utils.checkpoint of the whole layer).
 Head stage: the final norm input h/t, its output h/t (sequence-sharded), and the fp32 softmax of the
@@ -109,11 +112,28 @@ class Attention(nn.Module):
                                         groups.tp, overlap)
         self.proj = RowParallelLinear(spec.q_width, spec.hidden, spec.has_attn_out_bias, groups.tp,
                                       std=0.02 / math.sqrt(2 * spec.num_layers))
+        # Qwen3's q/k norms: [d] weights whole on every TP rank; each rank normalises its own heads, so its gradient
+        # is a partial sum, all-reduced over TP like the sequence-parallel norms' (runtime/parallel/data.py)
+        self.q_norm = _tp_param((self.d,), None, init=("ones",), sequence_parallel=True) if spec.qk_norm else None
+        self.k_norm = _tp_param((self.d,), None, init=("ones",), sequence_parallel=True) if spec.qk_norm else None
+
+    def qk_normalize(self, qkv):
+        """qkv [s, b, (heads + 2 kv_heads) d] with each head of q and of k RMS-normalised over d and scaled by q_norm /
+        k_norm (Qwen3), v as it was: a new tensor in qkv's layout, so the fused rotary takes it as before. The norms
+        keep their input (a view into qkv, which so stays alive) and an fp32 rstd per head (planner/memory.py)."""
+        s, b, _ = qkv.shape
+        q, k, v = qkv.split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], dim=-1)
+        eps = self.spec.norm_eps
+        q = F.rms_norm(q.view(s, b, self.heads, self.d), (self.d,), self.q_norm, eps)
+        k = F.rms_norm(k.view(s, b, self.kv_heads, self.d), (self.d,), self.k_norm, eps)
+        return torch.cat([q.flatten(2), k.flatten(2), v], dim=-1)
 
     def core(self, qkv, cos, sin):
-        """qkv [s, b, (heads + 2 kv_heads) d] -> attention output [s, b, heads d] (rotary + SDPA)."""
+        """qkv [s, b, (heads + 2 kv_heads) d] -> attention output [s, b, heads d] (q/k norms + rotary + SDPA)."""
         s, b, _ = qkv.shape
-        if cos is not None:  # new q, k, v tensors (runtime/rotary.py), so the qkv GEMM output is not kept alive
+        if self.q_norm is not None:
+            qkv = self.qk_normalize(qkv)
+        if cos is not None:  # new q, k, v tensors (runtime/rotary.py): the rotary keeps no view of the qkv GEMM output
             q, k, v = qkv_rotary(qkv, cos, sin, self.heads, self.kv_heads)
         else:
             q, k, v = qkv.split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], dim=-1)

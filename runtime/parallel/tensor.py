@@ -20,7 +20,8 @@ Parameters carry metadata that checkpoints and tests use to map local shards to 
   p.tp_parts     logical sizes along tp_dim of the tensors fused into p (qkv, gate/up), each split over TP
   p.sequence_parallel  replicated parameter applied to sequence-sharded activations: its gradient is a
                  partial sum per TP rank and must be all-reduced over TP (norms, row-parallel biases,
-                 position / token-type embeddings, BERT's head transform)
+                 position / token-type embeddings, BERT's head transform; likewise Qwen3's q/k norms, which each
+                 rank applies to its own heads)
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Mixed layouts with the core runtime (runtime.model / tensor / data / mesh): TP2 x PP2, CP2 x TP2 (dense, and
-MoE with EP2) and TP2 x EP2 x DP2 x PP2 against a single-process run of the same model: losses of two steps and gradients."""
+"""Mixed layouts with the core runtime (runtime.model / tensor / data / mesh): TP2 x PP2, CP2 x TP2 (dense, with
+Qwen3's q/k norms, and MoE with EP2) and TP2 x EP2 x DP2 x PP2 against a single-process run of the same model: losses of two steps and gradients."""
 import _launch
 from planner.model import tiny_model
 from planner.plan import Layout, StagePlan, even_stages
@@ -23,6 +23,10 @@ def _four(rank, world):
     ref = C.reference(llama)
     got = _cp_tp(llama)
     C.compare(ref, got, f"rank {rank} cp2xtp2 llama")
+    # Qwen3-style per-head q/k norms (head_dim not hidden / heads): per token, so each CP rank normalises its own
+    # chunks before the ring; their weights' gradients summed over TP, then over the CP ranks' shards
+    qk = tiny_model("llama", qk_norm=True, head_dim_override=24, norm_eps=1e-6)
+    C.compare(C.reference(qk), _cp_tp(qk), f"rank {rank} cp2xtp2 llama qk_norm")
     # MoE with its EP group across the CP ranks: the load-balancing loss sums its assignment counts over the
     # four sequence shards (cp x tp), so it is the whole micro-batch's loss; gated shared experts beside the
     # routed ones (their gradients summed over TP like the router's)

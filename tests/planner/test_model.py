@@ -92,6 +92,25 @@ def test_tiny_qwen2_style_attention_biases_by_hand():
     assert qkv.model_flops_per_token(32) == both.model_flops_per_token(32) == plain.model_flops_per_token(32)
 
 
+def test_tiny_qwen3_style_qk_norm_by_hand():
+    """Qwen3's q/k norms: a [head_dim] RMSNorm weight for q and one for k per layer. With head_dim 24 (not 64 / 4):
+    q width 96, k and v 48 each; on a TP2 rank the projections halve and the two norm weights stay whole, among the
+    tensors whose gradients are summed over TP."""
+    from planner.memory import layer_dense_params_local, tp_replicated_tensors
+    m = tiny_model("llama", qk_norm=True, head_dim_override=24)
+    assert (m.head_dim, m.q_width, m.kv_width, m.qk_norm_params()) == (24, 96, 48, 48)
+    attn = 64 * (96 + 2 * 48) + 96 * 64 + 2 * 24           # q + k + v, out, q_norm + k_norm
+    assert m.attention_params() == attn == 18480
+    assert m.layer_params() == 2 * 64 + attn + 3 * 64 * 128 == 43184
+    assert m.total_params() == 4 * 43184 + 256 * 64 + (64 + 256 * 64) == 205568
+    without = tiny_model("llama", head_dim_override=24)
+    assert m.total_params() - without.total_params() == 4 * 2 * 24
+    assert layer_dense_params_local(m, 2) == 64 * 192 / 2 + 96 * 64 / 2 + 2 * 24 + 2 * 64 + 3 * 64 * 128 / 2
+    assert (8, 24) in tp_replicated_tensors(m, 1, 4, False, False)   # 2 per layer x 4 layers
+    assert (8, 24) not in tp_replicated_tensors(without, 1, 4, False, False)
+    assert m.model_flops_per_token(32) == without.model_flops_per_token(32)  # FLOPs are the GEMMs' only
+
+
 def test_tiny_moe_params_by_hand():
     m = tiny_model("llama", num_experts=4, top_k=2)
     expert = 3 * 64 * 128
@@ -208,10 +227,88 @@ def test_import_attention_bias(tmp_path):
     assert not from_hf_config(_write(tmp_path, GPT2, "gpt2.json")).qkv_bias  # GPT: biases everywhere (has_bias)
 
 
-@pytest.mark.parametrize("field", ["qkv_bias", "attn_out_bias"])
+@pytest.mark.parametrize("field", ["qkv_bias", "attn_out_bias", "qk_norm"])
 def test_bias_fields_must_be_booleans(field):
     with pytest.raises(PlanError, match=field):
         ModelSpec.from_dict(dict(tiny_model("llama").to_dict(), **{field: 1}))
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert"])
+def test_qk_norm_is_refused_outside_llama_style_models(family):
+    with pytest.raises(PlanError, match=f"qk_norm .* Llama-style models only, not for family '{family}'"):
+        ModelSpec.from_dict(dict(tiny_model(family).to_dict(), qk_norm=True))
+
+
+# Qwen3-0.6B's and Qwen3-30B-A3B's config.json (Hugging Face Qwen/Qwen3-0.6B, Qwen/Qwen3-30B-A3B), the keys read
+QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+             "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3072,
+             "max_position_embeddings": 40960, "max_window_layers": 28, "num_attention_heads": 16,
+             "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None,
+             "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True, "use_sliding_window": False,
+             "vocab_size": 151936}
+QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": False,
+                 "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+                 "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+                 "mlp_only_layers": [], "moe_intermediate_size": 768, "norm_topk_prob": True,
+                 "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+                 "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_scaling": None,
+                 "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+                 "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_import_qwen3_dense(tmp_path):
+    """Qwen3-0.6B: q/k norms, head_dim 128 (16 heads x 128 = 2048, not the hidden 1024), tied embeddings, no biases.
+    By hand per layer: q 1024 x 2048, k and v 1024 x 1024 each, out 2048 x 1024, q/k norms 2 x 128, SwiGLU 3 x 1024 x
+    3072, two norms 2 x 1024: 15,730,944; 28 of them, the tied embedding 151936 x 1024 and the final norm: 596,049,920
+    (the model card's 0.6B, 0.44B without the embedding)."""
+    m = from_hf_config(_write(tmp_path, QWEN3_06B))
+    assert m.qk_norm and (m.qkv_bias, m.attn_out_bias) == (False, False) and m.tie_embeddings
+    assert (m.head_dim, m.head_dim_override, m.q_width, m.kv_width) == (128, 128, 2048, 1024)
+    assert (m.rope_theta, m.norm_eps, m.num_kv_heads, m.ffn_hidden, m.num_experts) == (1e6, 1e-6, 8, 3072, 1)
+    layer = 1024 * 2048 + 2 * 1024 * 1024 + 2048 * 1024 + 2 * 128 + 3 * 1024 * 3072 + 2 * 1024
+    assert m.layer_params() == layer == 15_730_944
+    assert m.total_params() == 28 * layer + 151936 * 1024 + 1024 == 596_049_920
+    assert m.total_params() - m.embedding_params() == pytest.approx(0.44e9, rel=0.01)
+    # Qwen2 and Llama types have no q/k norms; Qwen3 has no q/k/v biases (it is no qwen2 type)
+    assert not from_hf_config(_write(tmp_path, QWEN2_05B, "qwen2.json")).qk_norm
+    assert not from_hf_config(_write(tmp_path, LLAMA3_8B, "llama.json")).qk_norm
+    assert not from_hf_config(_write(tmp_path, dict(QWEN3_06B, model_type="olmo2"), "olmo2.json")).qk_norm
+
+
+def test_import_qwen3_moe(tmp_path):
+    """Qwen3-30B-A3B: 128 experts of width 768, top 8 renormalised (norm_topk_prob), aux loss 0.001, q/k norms,
+    head_dim 128 (32 x 128 = 4096 against the hidden 2048), untied. By hand per layer: q 2048 x 4096, k and v
+    2048 x 512 each, out 4096 x 2048, q/k norms 2 x 128, 128 experts of 3 x 2048 x 768, router 128 x 2048, two
+    norms: 623,120,640; 48 of them, two 151936 x 2048 embeddings and the final norm: 30,532,122,624 (30.5B), of which
+    a token touches 3.35B (3.3B activated)."""
+    m = from_hf_config(_write(tmp_path, QWEN3_30B_A3B))
+    assert m.qk_norm and not m.qkv_bias and not m.tie_embeddings
+    assert (m.num_experts, m.top_k, m.ffn_hidden, m.shared_expert_ffn) == (128, 8, 768, 0)
+    assert m.moe_normalize_topk and m.moe_aux_loss_coeff == 0.001 and m.moe_capacity_factor == 0.0
+    assert (m.head_dim, m.q_width, m.kv_width, m.norm_eps, m.rope_theta) == (128, 4096, 512, 1e-6, 1e6)
+    h, expert = 2048, 3 * 2048 * 768
+    layer = h * 4096 + 2 * h * 512 + 4096 * h + 2 * 128 + 128 * expert + 128 * h + 2 * h
+    assert m.layer_params() == layer == 623_120_640
+    assert m.total_params() == 48 * layer + 2 * 151936 * h + h == 30_532_122_624
+    assert m.active_params() == 48 * (layer - 120 * expert) + 2 * 151936 * h + h == 3_353_032_704
+    # Hugging Face's Qwen3MoeConfig leaves norm_topk_prob false when the key is absent
+    bare = dict(QWEN3_30B_A3B)
+    del bare["norm_topk_prob"]
+    assert not from_hf_config(_write(tmp_path, bare, "bare.json")).moe_normalize_topk
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("extra,needle", [({"decoder_sparse_step": 2}, "decoder_sparse_step 2"),
+                                          ({"mlp_only_layers": [0, 47]}, "mlp_only_layers [0, 47]")])
+def test_import_qwen_moe_with_dense_layers_is_refused(tmp_path, model_type, extra, needle):
+    """Dense MLP layers among the MoE ones (decoder_sparse_step > 1: only every step-th layer is MoE; mlp_only_layers)
+    have other weights, memory and time, which one spec layer cannot express: refused in one sentence, as DeepSeek's
+    dense leading layers are. Step 1 and an empty list (the released configs) are read."""
+    cfg = dict(QWEN3_30B_A3B, model_type=model_type, **extra)
+    with pytest.raises(PlanError, match="keeps dense MLP layers among its MoE layers") as err:
+        from_hf_config(_write(tmp_path, cfg))
+    assert needle in str(err.value) and str(err.value).count(". ") == 0
+    from_hf_config(_write(tmp_path, dict(cfg, decoder_sparse_step=1, mlp_only_layers=[]), "ok.json"))
 
 
 def test_import_qwen2_moe_keys(tmp_path):

@@ -98,3 +98,16 @@ def test_a_plan_written_before_the_rotary_and_norm_fields_loads(plan):
     for k in ROTARY_AND_NORM_FIELDS:
         del bert["model"][k]
     assert Plan.from_dict(bert).model.norm_eps == 1e-12
+
+
+def test_a_plan_written_before_qk_norm_loads_without_it(plan):
+    """A plan file from before the model spec had Qwen3's q/k norms loads as the model it described: none. A plan of a
+    model with them keeps them through the file."""
+    import dataclasses
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d["model"]["qk_norm"] is False
+    del d["model"]["qk_norm"]
+    m = Plan.from_dict(d).model
+    assert m.qk_norm is False and m == plan.model
+    qk = dataclasses.replace(plan, model=dataclasses.replace(plan.model, qk_norm=True))
+    assert Plan.from_dict(json.loads(json.dumps(qk.to_dict()))).model.qk_norm is True

@@ -252,3 +252,20 @@ def test_rotary_base_norm_epsilon_and_llama31_rope_scaling():
     yarn = replace(CATALOGUE["llama3-8b"], unapplied_rope_scaling="yarn")
     notes = megatron_args(make_plan(yarn, gb=512, tp=2, micro_batch=1)).notes
     assert any("rope_scaling of type 'yarn'" in n and "leaves out" in n for n in notes)
+
+
+def test_qk_norm_exports_qk_layernorm():
+    """Qwen3's per-head q/k RMSNorm is Megatron-Core's --qk-layernorm (the --normalization norm over each head of q and
+    k at --norm-epsilon, before rotary); with Qwen3's head_dim 128 beside a hidden 2048 / 32 heads also --kv-channels.
+    Models without the norms do not get the flag."""
+    from dataclasses import replace
+    base = CATALOGUE["llama3-8b"]
+    qwen3 = replace(base, hidden=2048, num_heads=32, num_kv_heads=4, head_dim_override=128, qk_norm=True,
+                    norm_eps=1e-6)
+    ex = megatron_args(make_plan(qwen3, gb=512, tp=2, micro_batch=1))
+    assert ex.value("--qk-layernorm") is True
+    assert ex.value("--normalization") == "RMSNorm"
+    assert (ex.value("--norm-epsilon"), ex.value("--kv-channels")) == ("1e-06", "128")
+    assert not any("q/k" in n or "qk" in n for n in ex.notes)
+    for spec in (base, CATALOGUE["gpt-1.3b"]):
+        assert megatron_args(make_plan(spec, gb=512, tp=2, micro_batch=1)).value("--qk-layernorm") is None

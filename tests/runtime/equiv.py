@@ -39,9 +39,11 @@ def micro_batches(spec, step, dp, dp_rank, mb):
 
 def tiny_spec(model: str, **over):
     """The tiny model of a case: a family ('llama'), or a family with boolean spec fields turned on after '+'
-    ('llama+qkv_bias', 'llama+qkv_bias+attn_out_bias')."""
+    ('llama+qkv_bias', 'llama+qkv_bias+attn_out_bias') and whole-number fields set
+    ('llama+qk_norm+head_dim_override=24', Qwen3-style: heads x head_dim is not the hidden size)."""
     family, *flags = model.split("+")
-    return tiny_model(family, **{f: True for f in flags}, **over)
+    fields = dict(f.split("=") if "=" in f else (f, True) for f in flags)
+    return tiny_model(family, **{k: v if v is True else int(v) for k, v in fields.items()}, **over)
 
 
 def draw_attention_biases(model, spec, groups, seed=1234):

@@ -52,6 +52,9 @@ def worker(rank, world, family, phases, ckpt_dir):
     # the q/k/v bias saved as its logical parts from TP2 shards, read back whole (and the output bias)
     ("llama+qkv_bias+attn_out_bias", dict(tp=2, micro_batch=2, sharding="none"),
      dict(dp=2, micro_batch=1, sharding="optimizer")),
+    # Qwen3's q/k norm weights: replicated over TP, saved once and read back by every rank of the next plan
+    ("llama+qk_norm+head_dim_override=24", dict(tp=2, micro_batch=2, sharding="optimizer"),
+     dict(dp=2, micro_batch=1, sharding="full")),
 ])
 def test_resume_under_another_plan(tmp_path, family, first, second):
     ref_losses, _ = _reference(family)
@@ -62,6 +65,12 @@ def test_resume_under_another_plan(tmp_path, family, first, second):
     for a, b in zip(ref_losses, l1 + l2):
         assert abs(a - b) < 1e-5, f"{l1 + l2} vs uninterrupted {ref_losses}"
     assert "refusing to overwrite" in refusal
+    if "qk_norm" in family:  # whole [head_dim] tensors under their logical names, with their Adam moments
+        from torch.distributed.checkpoint import FileSystemReader
+        saved = FileSystemReader(str(checkpoint.step_dir(tmp_path, 2))).read_metadata().state_dict_metadata
+        for key in checkpoint.KEYS:
+            for norm in ("q_norm", "k_norm"):
+                assert list(saved[f"{key}/layers.3.attn.{norm}"].size) == [24], (key, norm)
 
 
 def _reference(family):

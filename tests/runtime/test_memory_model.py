@@ -19,7 +19,8 @@ SEQ = 64
     tiny_model("llama", hidden=64, ffn_hidden=96, num_layers=1, num_experts=4, top_k=2),
     tiny_model("llama", hidden=64, ffn_hidden=96, num_layers=1, num_experts=4, top_k=2, shared_expert_ffn=160,
                shared_expert_gate=True),
-], ids=["gpt", "llama", "moe", "moe-shared"])
+    tiny_model("llama", hidden=64, ffn_hidden=96, num_layers=1, qk_norm=True, head_dim_override=24),
+], ids=["gpt", "llama", "moe", "moe-shared", "qk-norm"])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_planner_counts_what_the_runtime_keeps(spec, mode, monkeypatch):
     monkeypatch.setattr(mem, "BF16_BYTES", 4)
@@ -30,6 +31,10 @@ def test_planner_counts_what_the_runtime_keeps(spec, mode, monkeypatch):
         # shared rotary tables: the planner counts them once per stage (mem.rotary_table_bytes)
         measured -= mem.rotary_table_bytes(spec, TrainingShape(SEQ, 1), Layout(micro_batch=1)) / SEQ
         measured -= 2 * 4 * spec.hidden  # CPU-only RMSNorm extra (see module docstring)
+        if spec.qk_norm and mode == "none":  # likewise the q/k norms' (selective recomputes them)
+            import torch
+            measured -= sum(_cpu_rms_norm_extra_per_token(spec.head_dim, torch.float32, n)
+                            for n in (spec.num_heads, spec.num_kv_heads))
     # never below what the runtime keeps (an underestimate is an OOM), and not far above it
     assert planned >= measured * 0.99, (planned, measured)
     assert planned <= measured * 1.10, (planned, measured)
@@ -48,8 +53,9 @@ def test_planner_counts_what_the_head_keeps(family):
     assert measured * 0.99 <= kept / SEQ <= measured * 1.10, (kept / SEQ, measured)
 
 
-def _cpu_rms_norm_extra_per_token(hidden, dtype):
-    """What F.rms_norm's CPU composite keeps beyond the CUDA kernel's input + fp32 rstd, per token."""
+def _cpu_rms_norm_extra_per_token(hidden, dtype, heads=1):
+    """What F.rms_norm's CPU composite keeps beyond the CUDA kernel's input + fp32 rstd, per token, normalising
+    `heads` rows of `hidden` per token (the q/k norms: one per head)."""
     import torch
     import torch.nn.functional as F
     seen = {}
@@ -58,12 +64,12 @@ def _cpu_rms_norm_extra_per_token(hidden, dtype):
         seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    x = torch.randn(SEQ, hidden, dtype=dtype, requires_grad=True)
+    x = torch.randn(SEQ, heads, hidden, dtype=dtype, requires_grad=True)
     w = torch.ones(hidden, dtype=dtype, requires_grad=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         F.rms_norm(x, (hidden,), w, 1e-5)
     seen.pop(w.untyped_storage().data_ptr(), None)
-    return sum(seen.values()) / SEQ - (x.element_size() * hidden + 4)
+    return sum(seen.values()) / SEQ - heads * (x.element_size() * hidden + 4)
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])
@@ -120,7 +126,8 @@ def test_tp_replicated_gradient_tensors_match_the_runtime_model():
     for spec in (tiny_model("gpt"), tiny_model("llama"), tiny_model("bert"),
                  tiny_model("llama", num_experts=4, top_k=2), dc_replace(tiny_model("gpt"), num_experts=4, top_k=2),
                  tiny_model("llama", num_experts=4, top_k=2, shared_expert_ffn=96, shared_expert_gate=True),
-                 tiny_model("llama", qkv_bias=True, attn_out_bias=True)):
+                 tiny_model("llama", qkv_bias=True, attn_out_bias=True),
+                 tiny_model("llama", qk_norm=True, head_dim_override=24)):
         stage = build_stage(spec, single_process_groups(), 0, spec.num_layers, True, True,
                             ["none"] * spec.num_layers, device="cpu")
         want = sorted(p.numel() for p in stage.parameters() if getattr(p, "sequence_parallel", False))

@@ -15,7 +15,8 @@ def test_catalogue_parameter_count_matches_spec(name):
     assert sum(p.numel() for p in model.parameters()) == spec.total_params()
 
 
-@pytest.mark.parametrize("family", ["gpt", "llama", "bert", "llama+qkv_bias+attn_out_bias"])
+@pytest.mark.parametrize("family", ["gpt", "llama", "bert", "llama+qkv_bias+attn_out_bias",
+                                    "llama+qk_norm+head_dim_override=24"])
 def test_tiny_counts_and_stage_split(family):
     spec = tiny_spec(family)
     g = single_process_groups()
@@ -33,9 +34,9 @@ def test_tiny_counts_and_stage_split(family):
         assert torch.equal(p, ref), name
 
 
-@pytest.mark.parametrize("family", ["gpt", "llama", "bert"])
+@pytest.mark.parametrize("family", ["gpt", "llama", "bert", "llama+qk_norm+head_dim_override=24"])
 def test_recompute_modes_same_loss_and_grads(family):
-    spec = tiny_model(family)
+    spec = tiny_spec(family)
     g = single_process_groups()
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, spec.vocab_size, (2, 32), generator=gen)
@@ -126,3 +127,41 @@ def test_every_norm_uses_the_spec_norm_eps(family):
             xc = x - x.mean(-1, keepdim=True)
             want = xc / torch.sqrt(xc.pow(2).mean(-1, keepdim=True) + 0.5) * norm.weight + norm.bias
         torch.testing.assert_close(norm(x), want)
+
+
+def test_qk_norm_is_a_per_head_rms_norm_before_rotary():
+    """Qwen3's q/k norms (spec.qk_norm): each head of q and of k divided by its root mean square over head_dim (plus
+    norm_eps) and scaled by the [head_dim] q_norm / k_norm weight, then rotated; v untouched. The attention core
+    against plain PyTorch arithmetic (float64), with weights drawn away from one and q's unlike k's."""
+    import torch.nn.functional as F
+    from runtime.attention import rotary_tables
+    spec = tiny_model("llama", qk_norm=True, head_dim_override=24, norm_eps=1e-3, num_layers=1)
+    attn = build_model(spec, single_process_groups()).layers["0"].attn.double()
+    assert attn.q_norm.shape == attn.k_norm.shape == (24,)
+    assert attn.q_norm.sequence_parallel and attn.k_norm.sequence_parallel and attn.q_norm.tp_dim is None
+    s, b, heads, kv, d = 8, 2, spec.num_heads, spec.num_kv_heads, spec.head_dim
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        attn.q_norm.copy_(1 + torch.randn(d, generator=gen, dtype=torch.float64))
+        attn.k_norm.copy_(1 + torch.randn(d, generator=gen, dtype=torch.float64))
+    qkv = 3 * torch.randn(s, b, (heads + 2 * kv) * d, generator=gen, dtype=torch.float64)
+
+    def rms_norm(x, w):  # x [s, b, n, d]
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + spec.norm_eps) * w
+
+    q, k, v = qkv.split([heads * d, kv * d, kv * d], dim=-1)
+    q = rms_norm(q.view(s, b, heads, d), attn.q_norm.detach())
+    k = rms_norm(k.view(s, b, kv, d), attn.k_norm.detach())
+    with torch.no_grad():
+        torch.testing.assert_close(attn.qk_normalize(qkv), torch.cat([q.flatten(2), k.flatten(2), v], -1))
+        cos, sin = rotary_tables(torch.arange(s), spec)
+        cos, sin = cos.double(), sin.double()
+
+        def rotate(x):  # [s, b, n, d] -> [b, n, s, d]
+            x = x.permute(1, 2, 0, 3)
+            x1, x2 = x.chunk(2, dim=-1)
+            return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+        qr, kr = rotate(q), rotate(k).repeat_interleave(heads // kv, 1)
+        vr = v.reshape(s, b, kv, d).permute(1, 2, 0, 3).repeat_interleave(heads // kv, 1)
+        want = F.scaled_dot_product_attention(qr, kr, vr, is_causal=True).permute(2, 0, 1, 3).reshape(s, b, heads * d)
+        torch.testing.assert_close(attn.core(qkv, cos, sin), want)

@@ -20,6 +20,10 @@ CASES_2 = [
     # (q/k/v and the row-parallel output projection's), drawn nonzero by equiv.run_case
     ("llama+qkv_bias", dict(tp=2, micro_batch=2, sharding="none"), None),
     ("llama+qkv_bias+attn_out_bias", dict(tp=2, micro_batch=2, sharding="none", overlap_tp=False), ["selective"] * 4),
+    # Qwen3's per-head q/k norms (weights whole on each TP rank, their gradients summed over TP), with a head
+    # dimension that is not hidden / heads; selective recompute reruns them inside the checkpointed attention core
+    ("llama+qk_norm+head_dim_override=24", dict(tp=2, micro_batch=2, sharding="none"), None),
+    ("llama+qk_norm+head_dim_override=24", dict(tp=2, micro_batch=2, sharding="none"), ["selective"] * 4),
 ]
 
 CASES_4 = [
@@ -29,6 +33,7 @@ CASES_4 = [
     ("gpt", dict(tp=2, dp=2, micro_batch=2, sharding="full"), ["full"] * 4),
     ("bert", dict(tp=2, dp=2, micro_batch=1, sharding="none"), None),
     ("llama+qkv_bias+attn_out_bias", dict(tp=2, dp=2, micro_batch=1, sharding="optimizer"), MIXED),
+    ("llama+qk_norm+head_dim_override=24", dict(tp=2, dp=2, micro_batch=1, sharding="optimizer"), MIXED),
 ]
 
 
