@@ -231,19 +231,15 @@ class CostModel:
 
     def _qk_norm_s(self, tokens: int) -> tuple[float, float]:
         """(forward, backward) seconds of Qwen3's q/k norms on one rank (ModelSpec.qk_norm; 0 without them), as
-        runtime/model.py runs them (Attention.qk_normalize): torch's RMSNorm over each head of q and of k, then one
-        concatenation that puts them back beside v for the fused rotary. Forward reads and writes q and k, then the
-        whole qkv GEMM output; backward reads q, k and their gradients and writes theirs, and the split's backward
-        assembles the qkv gradient (a read and a write of it). The norms at the rate measured for the runtime's
-        RMSNorm kernels (torch's per-head one is not profiled), the copies at the elementwise bandwidth."""
+        runtime/qk_norm.py runs them on the GPU: one kernel over the qkv GEMM output in its own layout each way.
+        Forward reads it and writes the normalised copy (v copied along); backward reads it and its gradient and
+        writes the input gradient (the weights' per-program partial sums are a few KiB). Memory-bound passes at
+        the elementwise bandwidth, one launch each."""
         m, t, prof = self.m, self.lay.tp, self.prof
         if not m.qk_norm:
             return 0.0, 0.0
-        qk_bytes = BF16 * tokens * (m.q_width + m.kv_width) / t
         qkv_bytes = BF16 * tokens * (m.q_width + 2 * m.kv_width) / t
-        fwd_s = prof.kernel_s("rmsnorm_fwd", 2 * qk_bytes) + prof.memory_bound_s(2 * qkv_bytes)
-        bwd_s = prof.kernel_s("rmsnorm_bwd", 3 * qk_bytes) + prof.memory_bound_s(2 * qkv_bytes)
-        return fwd_s, bwd_s
+        return prof.memory_bound_s(2 * qkv_bytes), prof.memory_bound_s(3 * qkv_bytes)
 
     def _layer(self) -> LayerCosts:
         m, lay, prof = self.m, self.lay, self.prof

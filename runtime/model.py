@@ -43,6 +43,8 @@ from planner.model import ModelSpec
 from runtime.attention import attention, rotary_tables
 from runtime.bias_gelu import bias_gelu
 from runtime.norm import norm_forward, residual_norm
+from runtime.qk_norm import fused as qk_norm_fused
+from runtime.qk_norm import qk_norm
 from runtime.rotary import qkv_rotary
 from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
 from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
@@ -121,9 +123,11 @@ class Attention(nn.Module):
         """qkv [s, b, (heads + 2 kv_heads) d] with each head of q and of k RMS-normalised over d and scaled by q_norm /
         k_norm (Qwen3), v as it was: a new tensor in qkv's layout, so the fused rotary takes it as before. The norms
         keep their input (a view into qkv, which so stays alive) and an fp32 rstd per head (planner/memory.py)."""
+        eps = self.spec.norm_eps
+        if qk_norm_fused(qkv):  # one Triton kernel each way in qkv's layout (runtime/qk_norm.py)
+            return qk_norm(qkv, self.q_norm, self.k_norm, self.heads, self.kv_heads, eps)
         s, b, _ = qkv.shape
         q, k, v = qkv.split([self.heads * self.d, self.kv_heads * self.d, self.kv_heads * self.d], dim=-1)
-        eps = self.spec.norm_eps
         q = F.rms_norm(q.view(s, b, self.heads, self.d), (self.d,), self.q_norm, eps)
         k = F.rms_norm(k.view(s, b, self.kv_heads, self.d), (self.d,), self.k_norm, eps)
         return torch.cat([q.flatten(2), k.flatten(2), v], dim=-1)
