@@ -28,7 +28,7 @@ _ROWS_PER_BLOCK = 16
 
 if triton is not None:
     @triton.jit
-    def _fwd_kernel(x_ptr, wq_ptr, wk_ptr, y_ptr, rstd_ptr, rows, eps, HQ: tl.constexpr, HK: tl.constexpr,
+    def _qk_norm_fwd_kernel(x_ptr, wq_ptr, wk_ptr, y_ptr, rstd_ptr, rows, eps, HQ: tl.constexpr, HK: tl.constexpr,
                     HALL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_D)
@@ -49,7 +49,7 @@ if triton is not None:
         tl.store(rstd_ptr + tok * (HQ + HK) + head, rstd, mask=rmask & (is_q | is_k))
 
     @triton.jit
-    def _bwd_kernel(x_ptr, dy_ptr, wq_ptr, wk_ptr, rstd_ptr, dx_ptr, dwq_ptr, dwk_ptr, rows,
+    def _qk_norm_bwd_kernel(x_ptr, dy_ptr, wq_ptr, wk_ptr, rstd_ptr, dx_ptr, dwq_ptr, dwk_ptr, rows,
                     HQ: tl.constexpr, HK: tl.constexpr, HALL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCKS_PER_PROG: tl.constexpr):
         pid = tl.program_id(0)
@@ -105,7 +105,7 @@ class _QkNorm(torch.autograd.Function):
         rows = qkv.numel() // d
         y = torch.empty_like(qkv)
         rstd = torch.empty(rows // hall * (heads + kv_heads), dtype=torch.float32, device=qkv.device)
-        _fwd_kernel[(triton.cdiv(rows, _ROWS_PER_BLOCK),)](
+        _qk_norm_fwd_kernel[(triton.cdiv(rows, _ROWS_PER_BLOCK),)](
             qkv, q_weight, k_weight, y, rstd, rows, eps, HQ=heads, HK=kv_heads, HALL=hall, D=d,
             BLOCK_D=triton.next_power_of_2(d), BLOCK_R=_ROWS_PER_BLOCK)
         ctx.save_for_backward(qkv, q_weight, k_weight, rstd)
@@ -122,7 +122,7 @@ class _QkNorm(torch.autograd.Function):
         dx = torch.empty_like(qkv)
         programs, per_prog = _bwd_grid(triton.cdiv(rows, _ROWS_PER_BLOCK), qkv.device)
         part = torch.empty(2, programs, d, dtype=torch.float32, device=qkv.device)
-        _bwd_kernel[(programs,)](qkv, dy, q_weight, k_weight, rstd, dx, part[0], part[1], rows, HQ=ctx.heads,
+        _qk_norm_bwd_kernel[(programs,)](qkv, dy, q_weight, k_weight, rstd, dx, part[0], part[1], rows, HQ=ctx.heads,
                                  HK=ctx.kv_heads, HALL=hall, D=d, BLOCK_D=triton.next_power_of_2(d),
                                  BLOCK_R=_ROWS_PER_BLOCK, BLOCKS_PER_PROG=per_prog)
         # the two weights' gradients straight into their main_grad where the optimizer gave them one (the
