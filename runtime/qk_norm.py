@@ -24,7 +24,16 @@ from runtime.norm import _main_grads, sum_partials
 from runtime.triton_support import tl, triton, use_triton
 
 _ROWS_PER_BLOCK = 16
-"""Head rows per program block (16 x 128 elements: 4 warps)."""
+"""Head rows per forward program (16 x 128 elements: 4 warps)."""
+
+BWD_ROWS_PER_BLOCK = 16
+"""Head rows per step of a backward program."""
+
+BWD_PROGRAMS_PER_SM = 4
+"""Backward programs per SM, each a contiguous run of row blocks (and one partial row of each weight gradient)."""
+
+BWD_WARPS = 4
+"""Warps per backward program (a [BWD_ROWS_PER_BLOCK, head_dim] tile each step)."""
 
 if triton is not None:
     @triton.jit
@@ -90,10 +99,10 @@ def _sm_count(device_index: int) -> int:
 
 
 def _bwd_grid(blocks: int, device: torch.device) -> tuple[int, int]:
-    """(programs, blocks per program): about four programs per SM, each a contiguous run of row blocks."""
+    """(programs, blocks per program): BWD_PROGRAMS_PER_SM per SM, each a contiguous run of row blocks."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 2
-    per_prog = triton.cdiv(blocks, max(1, min(blocks, 4 * sms)))
+    per_prog = triton.cdiv(blocks, max(1, min(blocks, BWD_PROGRAMS_PER_SM * sms)))
     return triton.cdiv(blocks, per_prog), per_prog
 
 
@@ -120,11 +129,11 @@ class _QkNorm(torch.autograd.Function):
         rows = qkv.numel() // d
         dy = dy.contiguous()
         dx = torch.empty_like(qkv)
-        programs, per_prog = _bwd_grid(triton.cdiv(rows, _ROWS_PER_BLOCK), qkv.device)
+        programs, per_prog = _bwd_grid(triton.cdiv(rows, BWD_ROWS_PER_BLOCK), qkv.device)
         part = torch.empty(2, programs, d, dtype=torch.float32, device=qkv.device)
         _qk_norm_bwd_kernel[(programs,)](qkv, dy, q_weight, k_weight, rstd, dx, part[0], part[1], rows, HQ=ctx.heads,
                                  HK=ctx.kv_heads, HALL=hall, D=d, BLOCK_D=triton.next_power_of_2(d),
-                                 BLOCK_R=_ROWS_PER_BLOCK, BLOCKS_PER_PROG=per_prog)
+                                 BLOCK_R=BWD_ROWS_PER_BLOCK, BLOCKS_PER_PROG=per_prog, num_warps=BWD_WARPS)
         # the two weights' gradients straight into their main_grad where the optimizer gave them one (the
         # protocol of runtime/norm.py), else new tensors
         targets = _main_grads(*ctx.params)
