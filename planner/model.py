@@ -402,6 +402,28 @@ build q_norm and k_norm whatever the config says): ModelSpec.qk_norm. Exact type
 the whole q and k projections instead, and Qwen3-Next's attention is another design."""
 
 
+def _unmodelled_layer_kinds(cfg: dict) -> str:
+    """Why a config's layers are not all softmax attention ('' when they are): linear-attention or state-space layers
+    (Qwen3-Next's Gated DeltaNet, Mamba hybrids such as Jamba), named by their layer_types or their own keys."""
+    kinds = sorted({str(k) for k in (cfg.get("layer_types") or cfg.get("layers_block_type") or [])
+                    if any(word in str(k).lower() for word in ("linear", "mamba", "ssm", "recurrent"))})
+    keys = [k for k in ("linear_num_value_heads", "full_attention_interval", "attn_layer_period", "mamba_d_state")
+            if k in cfg]
+    return "; ".join(([f"layer kinds {kinds}"] if kinds else []) + ([f"keys {keys}"] if keys else []))
+
+
+def _sliding_window(cfg: dict) -> str:
+    """Why some attention of a config is windowed ('' when none is): a sliding_window in use (Mistral 7B v0.1,
+    Gemma 2/3) or sliding layers among its layer_types. The runtime and the cost model attend over the whole
+    sequence."""
+    layer_kinds = [str(k) for k in (cfg.get("layer_types") or [])]
+    if any("sliding" in k for k in layer_kinds):
+        return f"{sum('sliding' in k for k in layer_kinds)} of its {len(layer_kinds)} layers use sliding-window attention"
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
+        return f"sliding_window {cfg['sliding_window']}"
+    return ""
+
+
 def _dense_layers_among_experts(cfg: dict) -> str:
     """Why some layers of a Qwen MoE config keep a dense MLP ('' when none do): Hugging Face's Qwen2-MoE and Qwen3-MoE
     make layer i an MoE layer unless i is in mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step."""
@@ -504,6 +526,15 @@ def from_hf_config(path: Path) -> ModelSpec:
                 # misprice memory and time
                 raise PlanError(f"model config '{path}' has multi-head latent attention or dense leading layers "
                                 "(DeepSeek), which parallel-plan does not model")
+            other_layers = _unmodelled_layer_kinds(cfg)
+            if other_layers:
+                # a linear-attention or state-space layer has other weights, memory and time than attention
+                raise PlanError(f"model config '{path}' has layers that are not softmax attention ({other_layers}: "
+                                "Qwen3-Next, Mamba hybrids), which parallel-plan does not model")
+            window = _sliding_window(cfg)
+            if window:
+                warnings.warn(f"model config '{path}': {window}; parallel-plan trains and prices full attention over "
+                              "the whole sequence instead", stacklevel=2)
             dense = _dense_layers_among_experts(cfg) if experts > 1 else ""
             if dense:
                 # a dense layer among MoE ones has other weights, memory and time; the spec has one kind of layer

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -574,3 +575,27 @@ def test_rope_scaling_needs_rotary_positions():
     with pytest.raises(PlanError, match="rope_scaling_factor is set but the model has learned positions"):
         ModelSpec.from_dict(dict(tiny_model("gpt").to_dict(), **scaling))
     assert ModelSpec.from_dict(dict(tiny_model("llama").to_dict(), **scaling)).rope_scaling_factor == 8.0
+
+
+@pytest.mark.parametrize("extra", [
+    {"layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"]},  # Qwen3-Next
+    {"full_attention_interval": 4, "linear_num_value_heads": 32},
+    {"layers_block_type": ["mamba", "attention"]},                                                    # Jamba
+])
+def test_import_layers_that_are_not_attention_are_refused(tmp_path, extra):
+    with pytest.raises(PlanError, match="layers that are not softmax attention .*which parallel-plan does not model"):
+        from_hf_config(_write(tmp_path, dict(LLAMA3_8B, **extra)))
+
+
+def test_import_sliding_window_attention_is_warned(tmp_path):
+    """Windowed attention is read as full attention (the runtime and the cost model attend over the whole
+    sequence), with a warning that says so; a window the config switches off, or none, says nothing."""
+    with pytest.warns(UserWarning, match="sliding_window 4096; parallel-plan trains and prices full attention"):
+        from_hf_config(_write(tmp_path, dict(LLAMA3_8B, model_type="mistral", sliding_window=4096)))
+    with pytest.warns(UserWarning, match="2 of its 3 layers use sliding-window attention"):
+        from_hf_config(_write(tmp_path, dict(LLAMA3_8B, layer_types=["sliding_attention", "sliding_attention",
+                                                                       "full_attention"]), "gemma.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from_hf_config(_write(tmp_path, dict(QWEN2_05B, sliding_window=32768, use_sliding_window=False), "q.json"))
+        from_hf_config(_write(tmp_path, dict(LLAMA3_8B, sliding_window=None), "none.json"))
