@@ -256,9 +256,9 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
     gemm_in = 2 * a * h * tok_t  # QKV and FC1 inputs (the norm outputs), sequence-sharded
     qkv = a * (m.q_width + 2 * m.kv_width) * tok_t
     attn_out = a * m.q_width * tok_t + FP32_BYTES * lay.micro_batch * (m.num_heads / t) * shape.seq_len / lay.cp
-    # q/k norms (qk_norm): their input is a view into the qkv GEMM output, so all of it (v's part too) stays alive,
-    # with an fp32 rstd per head and token; selective recompute reruns them inside the checkpointed attention core,
-    # whose kept input is that same GEMM output
+    # q/k norms (qk_norm): they keep the whole qkv GEMM output (v's part too: runtime/qk_norm.py saves it, PyTorch's
+    # path keeps views into it) with an fp32 rstd per head and token; selective recompute reruns them inside the
+    # checkpointed attention core, whose kept input is that same GEMM output
     qk_norms = (a * (m.q_width + 2 * m.kv_width) + FP32_BYTES * (m.num_heads + m.num_kv_heads)) * tok_t \
         if m.qk_norm else 0.0
     if m.is_moe:

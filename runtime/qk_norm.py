@@ -4,8 +4,8 @@ head_dim and scaled by q_weight, every head of k likewise by k_weight, and v is 
 
 Why: PyTorch's RMSNorm over [s, b, heads, head_dim] views of the qkv output copies the strided views to
 contiguous memory, runs a layer-norm kernel over 128-wide rows at about a quarter of its rate on hidden-wide rows,
-and needs a concatenation to put q and k back beside v for the fused rotary. One qwen3-8b layer step on an H200
-spent about 51 ms of a 0.79 s step in those kernels (session 17, t4), where the cost model priced about 10 ms.
+and needs a concatenation to put q and k back beside v for the fused rotary. A qwen3-8b-8l step on an H200
+(micro-batch 1) spent about 51 ms of its 0.79 s in those kernels (session 17, t4); the cost model priced 10 ms.
 Here the qkv output is read once and the normalised qkv written once; backward reads it, its gradient and the
 per-head rstd, writes the input gradient and per-program partial sums of the two weights' gradients (summed by
 runtime/norm.py's sum_partials, straight into their fp32 main_grad where the optimizer gave one).
@@ -16,11 +16,9 @@ kept for backward: the qkv output itself and an fp32 rstd per q and k head and t
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from runtime.norm import _main_grads, sum_partials
+from runtime.norm import _main_grads, _sm_count, sum_partials
 from runtime.triton_support import tl, triton, use_triton
 
 _ROWS_PER_BLOCK = 16
@@ -91,11 +89,6 @@ if triton is not None:
             dwk += tl.sum(tl.where(is_k[:, None], g, 0.0), axis=0)
         tl.store(dwq_ptr + pid * D + cols, dwq, mask=cmask)
         tl.store(dwk_ptr + pid * D + cols, dwk, mask=cmask)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _bwd_grid(blocks: int, device: torch.device) -> tuple[int, int]:
