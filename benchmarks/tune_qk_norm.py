@@ -1,6 +1,7 @@
 """Time runtime/qk_norm.py's backward (one GPU) over its block, programs-per-SM and warp choices at Qwen3-8B's
 per-rank shape (4096 tokens, 32 q and 8 kv heads of 128, bf16): median of 50 CUDA-event timings after warm-up,
-each choice checked against the first for equal gradients. Prints a CSV.
+each choice checked against the first for equal gradients; the whole grid is timed twice (pass 0, 1) to show the
+noise between passes. Prints a CSV.
 
     python benchmarks/tune_qk_norm.py > tune.csv
 """
@@ -21,8 +22,8 @@ def main() -> int:
     wq = torch.nn.Parameter(torch.ones(d, device="cuda", dtype=torch.bfloat16))
     wk = torch.nn.Parameter(torch.ones(d, device="cuda", dtype=torch.bfloat16))
     first = None
-    print("rows_per_block,programs_per_sm,warps,backward_us,max_abs_diff")
-    for rows, per_sm, warps in itertools.product((16, 32, 64), (4, 8, 16), (4, 8)):
+    print("pass,rows_per_block,programs_per_sm,warps,backward_us,max_abs_diff")
+    for pass_, rows, per_sm, warps in itertools.product((0, 1), (16, 32, 64, 128), (4, 8, 16), (4, 8)):
         qn.BWD_ROWS_PER_BLOCK, qn.BWD_PROGRAMS_PER_SM, qn.BWD_WARPS = rows, per_sm, warps
         x = qkv.detach().requires_grad_(True)
         y = qn.qk_norm(x, wq, wk, heads, kv, 1e-6)
@@ -39,7 +40,7 @@ def main() -> int:
         grads = torch.cat([x.grad.flatten().float(), wq.grad.float(), wk.grad.float()])
         first = grads if first is None else first
         diff = (grads - first).abs().max().item()
-        print(f"{rows},{per_sm},{warps},{statistics.median(times):.1f},{diff:.3g}", flush=True)
+        print(f"{pass_},{rows},{per_sm},{warps},{statistics.median(times):.1f},{diff:.3g}", flush=True)
     return 0
 
 
