@@ -208,12 +208,13 @@ def exposed_from_trace(path: str, cuda: bool, steps: int) -> dict:
 def worker(args) -> int:
     import torch
     import torch.distributed as dist
+    from planner.lr_schedule import LrSchedule
     from planner.plan import Plan
     from runtime.data import Prefetcher, open_source, step_micro_batches
     from runtime.mesh import build_groups
     from runtime.parallel.data import AdamConfig, build_optimizer
     from runtime.step import select_train_step
-    from runtime.train import build_rank_stages, lr_at
+    from runtime.train import build_rank_stages
 
     plan = Plan.load(Path(args.plan))
     spec, lay, shape = plan.model, plan.layout, plan.training
@@ -261,7 +262,7 @@ def worker(args) -> int:
                     prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
                     prof.__enter__()
                 t0 = time.perf_counter()
-                loss, norm = step_fn(stages, mbs, opt, groups, lr_at(step, 3e-4, 10))
+                loss, norm = step_fn(stages, mbs, opt, groups, LrSchedule().at(step))
                 if cuda:
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0

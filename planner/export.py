@@ -35,6 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import PlanError
+from planner.lr_schedule import ADAM_BETAS, ADAM_EPS, LrSchedule, OptimizerSettings
+from planner.lr_schedule import add_options as add_optimizer_options
+from planner.lr_schedule import from_args as optimizer_settings
+from planner.lr_schedule import to_argv as optimizer_argv
 from planner.plan import Plan
 
 MEGATRON_SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py (+ core/model_parallel_config.py, "
@@ -63,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--partition", help="slurm: partition")
     ap.add_argument("--account", help="slurm: account")
     ap.add_argument("--job-name", help="slurm: job name (default plan-<model>)")
+    add_optimizer_options(ap)  # `plan launch`'s (torchrun, slurm) and their Megatron-LM equivalents (megatron)
     return ap
 
 
@@ -94,6 +99,26 @@ class MegatronExport:
         return None
 
 
+def _optimizer(settings: OptimizerSettings, add, notes: list[str]) -> None:
+    """AdamW and the learning-rate schedule as `plan launch` trains them (Megatron-LM's own defaults differ: weight
+    decay 0.01, beta2 0.999)."""
+    s = settings.schedule
+    add("--lr", s.peak_lr)
+    add("--min-lr", s.min_lr)
+    add("--lr-warmup-iters", s.warmup_steps)
+    add("--lr-decay-style", s.decay_style)
+    if s.decay_steps is not None:
+        add("--lr-decay-iters", s.decay_steps)
+    add("--weight-decay", settings.weight_decay)
+    add("--clip-grad", settings.clip_grad)
+    add("--adam-beta1", ADAM_BETAS[0])
+    add("--adam-beta2", ADAM_BETAS[1])
+    add("--adam-eps", ADAM_EPS)
+    if s.warmup_steps:
+        notes.append(f"the learning-rate warm-up's first step trains at --lr / {s.warmup_steps} in `plan launch`, at 0 "
+                     "in Megatron-LM (its warm-up starts one step earlier)")
+
+
 def _layout_string(layers: list[int]) -> str:
     """Megatron's --pipeline-model-parallel-layout: virtual stages in model order split by '|', 'E' the
     embedding on the first, 'L' the loss on the last, 't' a transformer layer ('t*3' = three)."""
@@ -104,8 +129,11 @@ def _layout_string(layers: list[int]) -> str:
     return "|".join(parts)
 
 
-def megatron_args(plan: Plan) -> MegatronExport:
+def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> MegatronExport:
+    """The plan as Megatron-LM arguments; `optimizer`: the learning-rate schedule and AdamW settings that `plan launch`
+    would train with (default: its defaults)."""
     m, lay, st = plan.model, plan.layout, plan.stages
+    optimizer = optimizer or OptimizerSettings(LrSchedule())
     a: list[str] = []
     notes: list[str] = []
 
@@ -160,6 +188,7 @@ def megatron_args(plan: Plan) -> MegatronExport:
     # -- batch
     add("--micro-batch-size", lay.micro_batch)
     add("--global-batch-size", plan.training.global_batch)
+    _optimizer(optimizer, add, notes)
     # -- data parallel sharding and overlap
     sharded = lay.sharding != "none"
     if lay.sharding == "optimizer":
@@ -321,8 +350,8 @@ def _recompute(plan: Plan, add, notes: list[str]) -> None:
                      "which Megatron offers only for MoE experts (moe_act), so memory is somewhat above the plan's")
 
 
-def render_megatron(plan: Plan, plan_path: str) -> str:
-    ex = megatron_args(plan)
+def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | None = None) -> str:
+    ex = megatron_args(plan, optimizer)
     lay = plan.layout
     lines = [
         "#!/bin/bash",
@@ -344,7 +373,7 @@ def render_megatron(plan: Plan, plan_path: str) -> str:
         lines.append("    " + " ".join(shlex.quote(x) for x in g))
     lines.append(")")
     lines.append(f"# torchrun --nproc-per-node <gpus per node> --nnodes <nodes> ... {ex.script} \"${{MEGATRON_ARGS[@]}}\" "
-                 "<data, tokenizer, optimizer and schedule arguments>")
+                 "<data, tokenizer and --train-iters arguments>")
     return "\n".join(lines) + "\n"
 
 
@@ -373,6 +402,7 @@ def launch_argv(plan_path: str, args, nodes: int, nproc: int, node_rank="0", rdz
            "--nnodes", str(nodes)]
     if args.results:
         out += ["--results", args.results]
+    out += optimizer_argv(optimizer_settings(args))
     if nodes > 1:
         out += ["--node-rank", str(node_rank), "--rdzv-endpoint", rdzv]
     return out
@@ -456,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output and Path(args.output).exists() and not args.force:
         raise PlanError(f"'{args.output}' already exists; pass --force to overwrite it")
     if args.to == "megatron":
-        text = render_megatron(plan, args.plan)
+        text = render_megatron(plan, args.plan, optimizer_settings(args))
     elif args.to == "torchrun":
         text = render_torchrun(plan, args.plan, args)
     else:

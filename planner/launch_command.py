@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 from planner.errors import PlanError
+from planner.lr_schedule import add_options as add_optimizer_options
+from planner.lr_schedule import from_args as optimizer_settings
+from planner.lr_schedule import to_argv as optimizer_argv
 
 WORKER_ERROR_FILE_ENV = "PLAN_LAUNCH_ERROR_FILE"
 """Environment variable naming the file where a worker that stops on bad input writes its exit code and
@@ -16,24 +19,29 @@ sentence, for `plan launch` to print once (rather than every rank printing it ab
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="plan launch", description="Train from a plan (torchrun underneath).")
     ap.add_argument("plan", help="plan.json written by `plan -o`")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    ap.add_argument("--steps", type=int, default=10, help="training steps to run (after --resume: more steps; default 10)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda",
+                    help="cuda (default; one process per GPU) or cpu (gloo, for trying a plan without GPUs)")
     ap.add_argument("--data", default="synthetic",
                     help="synthetic, a token file, a Megatron .bin/.idx prefix, or W1:SRC1,W2:SRC2 blends")
-    ap.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None)
-    ap.add_argument("--ckpt-dir", default=None)
-    ap.add_argument("--save-every", type=int, default=0)
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None,
+                    help="token width of a flat token file (default: uint16 when the vocabulary fits, else uint32)")
+    ap.add_argument("--ckpt-dir", default=None, help="folder of distributed checkpoints (torch.distributed.checkpoint)")
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="save a checkpoint every N steps (default 0: only at exit); needs --ckpt-dir")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the newest complete checkpoint in --ckpt-dir (under this or another plan)")
     ap.add_argument("--results", default=None, help="CSV of per-step results (default: beside the plan)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak used for MFU")
-    ap.add_argument("--lr", type=float, default=3e-4)
+    add_optimizer_options(ap)
     ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
     ap.add_argument("--memory-step", type=int, default=0,
                     help="record the CUDA allocator during this step (1-based) and write what is alive at its peak")
     ap.add_argument("--memory-out", default=None, help="prefix of --memory-step's files: PREFIX.rank<r>.json")
-    ap.add_argument("--nproc-per-node", type=int, default=None)
-    ap.add_argument("--nnodes", type=int, default=1)
-    ap.add_argument("--node-rank", type=int, default=0)
+    ap.add_argument("--nproc-per-node", type=int, default=None,
+                    help="processes on this node (default: the plan's world size / --nnodes)")
+    ap.add_argument("--nnodes", type=int, default=1, help="nodes taking part (default 1)")
+    ap.add_argument("--node-rank", type=int, default=0, help="this node's rank among --nnodes (default 0)")
     ap.add_argument("--rdzv-endpoint", default=None, help="host:port of the rendezvous (several nodes)")
     ap.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
     return ap
@@ -55,7 +63,7 @@ def torchrun_command(args, nproc: int, results: Path, plans: list[str] | None = 
         cmd += ["--standalone"]
     cmd += ["-m", "runtime.train", "--plan", *(plans or [str(args.plan)]), "--steps", str(args.steps), "--device", args.device,
             "--data", args.data, "--results", str(results), "--peak-tflops", str(args.peak_tflops),
-            "--lr", str(args.lr)]
+            *optimizer_argv(optimizer_settings(args))]
     if args.data_dtype:
         cmd += ["--data-dtype", args.data_dtype]
     if args.ckpt_dir:

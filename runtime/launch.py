@@ -24,6 +24,7 @@ from pathlib import Path
 
 from planner.errors import PlanError
 from planner.launch_command import WORKER_ERROR_FILE_ENV, build_parser, torchrun_command  # noqa: F401 (re-exported)
+from planner.lr_schedule import from_args as optimizer_settings
 from planner.plan import Plan
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -34,6 +35,7 @@ def check(args) -> tuple[Plan, int, Path]:
         raise PlanError(f"--steps must be at least 1, got {args.steps}")
     if args.save_every < 0:
         raise PlanError(f"--save-every must be 0 (only at exit) or more, got {args.save_every}")
+    optimizer_settings(args)  # the learning-rate schedule and optimizer options, one sentence if bad
     plan, nproc = check_plan_on_machine(args)
     results = Path(args.results) if args.results else Path(args.plan).with_suffix(".results.csv")
     check_results_file(results, args.resume)

@@ -26,6 +26,8 @@ import torch.distributed as dist
 
 from planner.errors import PlanError
 from planner.launch_command import WORKER_ERROR_FILE_ENV
+from planner.lr_schedule import add_options as add_optimizer_options
+from planner.lr_schedule import from_args as optimizer_settings
 from planner.plan import Plan
 from runtime import checkpoint
 from runtime.data import Prefetcher, open_source, step_micro_batches
@@ -82,8 +84,7 @@ def parse_args(argv=None):
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--results", default=None)
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak for MFU")
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--warmup", type=int, default=10)
+    add_optimizer_options(ap)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
     ap.add_argument("--trace-step", type=int, default=0,
@@ -172,10 +173,6 @@ def _bubble_fraction(groups) -> float:
     return measured_bubble_fraction(gather_timeline(groups))
 
 
-def lr_at(step: int, base: float, warmup: int) -> float:
-    return base * min(1.0, (step + 1) / max(1, warmup))
-
-
 def _traced(args, cuda: bool, fn):
     """One step under torch.profiler; rank 0 writes the ops by device time and (one process, or CPU) by host
     time. With several GPU processes only the device is traced: the host profiler's per-op cost slowed a
@@ -261,7 +258,9 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             raise PlanError(why)
     stages = build_rank_stages(plan, groups, device, lay.overlap_tp, args.seed, args.compile)
     compute = torch.bfloat16 if cuda else torch.float32
-    opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(lr=args.lr), compute, lay.overlap_dp,
+    settings = optimizer_settings(args)
+    adam = AdamConfig(lr=settings.schedule.peak_lr, weight_decay=settings.weight_decay, grad_clip=settings.clip_grad)
+    opt = build_optimizer(stages, groups, lay.sharding, adam, compute, lay.overlap_dp,
                           grad_dtype=GRAD_DTYPES[lay.grad_dtype])
     start = 0
     if args.resume:
@@ -359,7 +358,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             mbs, wait = prefetch.next()
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-            lr = lr_at(step, args.lr, args.warmup)
+            lr = settings.schedule.at(step)
             opt_marks = []
 
             def run():
@@ -419,7 +418,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             # after the exit checkpoint, which holds step `done`: the extra step's update is never saved or
             # logged, so neither a resumed run nor the step statistics see it
             mbs = prefetch.next()[0]  # fetched before the trace: its host-to-device copy is not the step's
-            lr = lr_at(done, args.lr, args.warmup)
+            lr = settings.schedule.at(done)
             write_step_components(components_path, cuda, done + 1, lambda: step_fn(stages, mbs, opt, groups, lr))
     finally:
         gc.enable()
@@ -475,6 +474,7 @@ def check_args(args, many: bool) -> None:
     any work instead of failing after training."""
     if args.steps < 1:
         raise PlanError(f"--steps must be at least 1, got {args.steps}")
+    optimizer_settings(args)
     if args.resume and not args.ckpt_dir:
         raise PlanError("--resume needs --ckpt-dir")
     if args.ckpt_dir:

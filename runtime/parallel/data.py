@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from planner.lr_schedule import ADAM_BETAS, ADAM_EPS, DEFAULT_CLIP_GRAD, DEFAULT_PEAK_LR, DEFAULT_WEIGHT_DECAY
 from runtime.parallel.adamw import Segment, adamw_, adamw_scalars, write_scalars
 from runtime.triton_support import use_triton
 from runtime.parallel.tensor import group_rank, group_size, param_meta, restore_param_meta
@@ -47,7 +48,10 @@ GRAD_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class AdamConfig:
-    def __init__(self, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, grad_clip=1.0):
+    """AdamW's settings (defaults: planner/lr_schedule.py, where `plan launch`'s options are declared)."""
+
+    def __init__(self, lr=DEFAULT_PEAK_LR, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=DEFAULT_WEIGHT_DECAY,
+                 grad_clip=DEFAULT_CLIP_GRAD):
         self.lr, self.betas, self.eps, self.weight_decay, self.grad_clip = lr, betas, eps, weight_decay, grad_clip
 
 

@@ -164,6 +164,32 @@ def test_slurm_script(tmp_path, capsys):
     assert "do not split evenly over 3 nodes" in err and "\n" not in err
 
 
+def test_optimizer_options_export_to_megatron_torchrun_and_slurm(tmp_path, capsys):
+    """The learning-rate schedule and AdamW settings `plan launch` trains with: as Megatron-LM's arguments (its own
+    defaults differ), and carried by the torchrun and Slurm exports exactly as `plan launch` takes them."""
+    p = write(tmp_path, make_plan(CATALOGUE["gpt-1.3b"], gb=64, tp=2, pp=2, dp=2, micro_batch=1))
+    v = megatron_args(make_plan(CATALOGUE["gpt-1.3b"], gb=64, tp=2, dp=2, micro_batch=1)).value
+    assert (v("--lr"), v("--min-lr"), v("--lr-warmup-iters"), v("--lr-decay-style")) == ("0.0003", "0.0", "10", "constant")
+    assert v("--lr-decay-iters") is None
+    assert (v("--weight-decay"), v("--clip-grad"), v("--adam-beta1"), v("--adam-beta2"), v("--adam-eps")) == \
+        ("0.1", "1.0", "0.9", "0.95", "1e-08")
+    opts = ["--lr", "6e-4", "--min-lr", "6e-5", "--lr-decay-style", "cosine", "--lr-decay-steps", "5000",
+            "--weight-decay", "0.05"]
+    assert cli_main(["export", str(p), "--to", "megatron", *opts]) == 0
+    out = capsys.readouterr().out
+    for line in ("--lr 0.0006", "--min-lr 6e-05", "--lr-decay-style cosine", "--lr-decay-iters 5000",
+                 "--weight-decay 0.05"):
+        assert f"    {line}\n" in out
+    assert cli_main(["export", str(p), "--to", "torchrun", *opts]) == 0
+    exported = capsys.readouterr().out.splitlines()[-1]
+    assert "--lr 0.0006 --min-lr 6e-05 --lr-decay-style cosine --lr-decay-steps 5000 --weight-decay 0.05" in exported
+    assert cli_main(["export", str(p), "--to", "slurm", *opts]) == 0
+    assert "--lr-decay-steps 5000" in capsys.readouterr().out
+    assert cli_main(["export", str(p), "--to", "megatron", "--lr-decay-style", "cosine"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "needs --lr-decay-steps" in err and "\n" not in err
+
+
 @pytest.mark.parametrize("content,expect", [
     (None, "does not exist"),
     ("{not json", "not readable JSON"),

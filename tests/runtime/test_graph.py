@@ -89,7 +89,7 @@ def _train_on_cuda(tmp_path: Path, names: list[str], gpus: int, steps: int) -> N
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", f"--master-port={port}",
            "-m", "runtime.train", "--plan", *(str(tmp_path / f"{n}.json") for n in names),
-           "--steps", str(steps), "--warmup", "2", "--device", "cuda", "--results", str(tmp_path)]
+           "--steps", str(steps), "--lr-warmup-steps", "2", "--device", "cuda", "--results", str(tmp_path)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300,
                        cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -12,6 +12,7 @@ import pytest
 
 from planner.errors import PlanError
 from planner.launch_command import WORKER_ERROR_FILE_ENV
+from planner.lr_schedule import LrSchedule
 from planner.model import tiny_model
 from planner.plan import Layout, Plan, TrainingShape, even_stages
 from runtime.launch import main
@@ -50,8 +51,10 @@ def _losses(path):
 
 
 def test_cpu_launch_checkpoint_and_resume(tmp_path):
+    """A cosine learning-rate schedule too: the resumed run continues it (the step CSV's lr) and the loss curve."""
     plan = write_plan(tmp_path / "p.json", tp=1, dp=2, micro_batch=2, sharding="optimizer")
-    base = ["--device", "cpu", "--lr", "1e-3"]
+    base = ["--device", "cpu", "--lr", "1e-3", "--lr-warmup-steps", "1", "--lr-decay-style", "cosine",
+            "--lr-decay-steps", "4", "--min-lr", "1e-4"]
     assert main([str(plan), "--steps", "4", "--results", str(tmp_path / "a.csv")] + base) == 0
     ck = str(tmp_path / "ck")
     assert main([str(plan), "--steps", "2", "--results", str(tmp_path / "b.csv"), "--ckpt-dir", ck] + base) == 0
@@ -68,6 +71,11 @@ def test_cpu_launch_checkpoint_and_resume(tmp_path):
     a, b = _losses(tmp_path / "a.csv"), _losses(tmp_path / "b.csv")
     assert len(a) == len(b) == 4
     assert a == pytest.approx(b, abs=2e-6)
+    schedule = LrSchedule(peak_lr=1e-3, min_lr=1e-4, warmup_steps=1, decay_style="cosine", decay_steps=4)
+    for name in ("a.csv", "b.csv"):
+        with open(tmp_path / name, newline="") as f:
+            lrs = [float(r["lr"]) for r in csv.DictReader(f)]
+        assert lrs == pytest.approx([schedule.at(s) for s in range(4)], rel=1e-3)
     with open(tmp_path / "b.csv", newline="") as f:
         assert all(None not in r for r in csv.DictReader(f))   # no values beyond the header
     with open(tmp_path / "a.csv", newline="") as f:
