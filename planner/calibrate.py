@@ -155,7 +155,7 @@ def rows_to_runs(rows: list[dict], sidecar: dict[int, dict], profile_gpu: str, m
                 f"mb{r['micro_batch']} {r['recompute']}"
         try:
             if n in sidecar:
-                plan = Plan.from_dict(sidecar[n])
+                plan = Plan.from_dict(sidecar[n], f"the plan of row {n} in the sidecar")
                 cluster = ClusterSpec.from_dict(plan.cluster)
             else:
                 ints = {k: int(r[k]) for k in ("gpus", "tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch",

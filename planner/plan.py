@@ -189,11 +189,13 @@ class Plan:
         }
 
     @staticmethod
-    def from_dict(d: dict) -> "Plan":
+    def from_dict(d: dict, source: str = "this plan") -> "Plan":
+        """The plan of a to_dict() dictionary; `source` names it in the sentence of a PlanError."""
         if not isinstance(d, dict) or d.get("format") != PLAN_FORMAT:
-            raise PlanError("this file is not a parallel-plan plan (its 'format' field is missing or foreign)")
+            raise PlanError(f"{source} is not a parallel-plan plan (its 'format' field is missing or foreign)")
         if d.get("version") != PLAN_VERSION:
-            raise PlanError(f"plan version {d.get('version')!r} is not supported (this build reads version {PLAN_VERSION})")
+            raise PlanError(f"{source} has plan version {d.get('version')!r}, which is not supported (this build reads "
+                            f"version {PLAN_VERSION})")
         try:
             plan = Plan(
                 model=ModelSpec.from_dict(d["model"]),
@@ -205,9 +207,9 @@ class Plan:
                 provenance=dict(d.get("provenance") or {}),
             )
         except KeyError as exc:
-            raise PlanError(f"plan file lacks the field {exc.args[0]!r}") from None
+            raise PlanError(f"{source} lacks the field {exc.args[0]!r}") from None
         except TypeError as exc:
-            raise PlanError(f"plan file has a malformed section ({exc})") from None
+            raise PlanError(f"{source} has a malformed section ({exc})") from None
         from planner.legality import check_plan  # late: legality imports this module
         check_plan(plan)
         return plan
@@ -221,7 +223,7 @@ class Plan:
     @staticmethod
     def load(path: Path) -> "Plan":
         d = read_json(path, "plan file")
-        return Plan.from_dict(d)
+        return Plan.from_dict(d, f"plan file '{path}'")
 
 
 def even_stages(num_layers: int, num_stages: int, recompute: str = "none") -> list[StagePlan]:

@@ -44,7 +44,7 @@ def _tampered(plan, edit):
 
 @pytest.mark.parametrize("edit,needle", [
     (lambda d: d.update(format="something/else"), "not a parallel-plan plan"),
-    (lambda d: d.update(version=99), "plan version 99 is not supported"),
+    (lambda d: d.update(version=99), "has plan version 99, which is not supported"),
     (lambda d: d.pop("layout"), "lacks the field 'layout'"),
     (lambda d: d["layout"].update(ep=3), "4 experts are not divisible by EP 3"),
     (lambda d: d["layout"].update(tp=3), "does not equal the 8 GPUs"),
