@@ -106,9 +106,12 @@ def _optimizer(settings: OptimizerSettings, add, notes: list[str]) -> None:
     add("--lr", s.peak_lr)
     add("--min-lr", s.min_lr)
     add("--lr-warmup-iters", s.warmup_steps)
-    add("--lr-decay-style", s.decay_style)
+    add("--lr-decay-style", "WSD" if s.decay_style == "wsd" else s.decay_style)
     if s.decay_steps is not None:
         add("--lr-decay-iters", s.decay_steps)
+    if s.decay_style == "wsd":
+        add("--lr-wsd-decay-iters", s.wsd_decay_steps)
+        add("--lr-wsd-decay-style", s.wsd_decay_style)
     add("--weight-decay", settings.weight_decay)
     add("--clip-grad", settings.clip_grad)
     add("--adam-beta1", ADAM_BETAS[0])

@@ -185,6 +185,12 @@ def test_optimizer_options_export_to_megatron_torchrun_and_slurm(tmp_path, capsy
     assert "--lr 0.0006 --min-lr 6e-05 --lr-decay-style cosine --lr-decay-steps 5000 --weight-decay 0.05" in exported
     assert cli_main(["export", str(p), "--to", "slurm", *opts]) == 0
     assert "--lr-decay-steps 5000" in capsys.readouterr().out
+    assert cli_main(["export", str(p), "--to", "megatron", "--lr-decay-style", "wsd", "--lr-decay-steps", "5000",
+                     "--lr-wsd-decay-steps", "1000", "--lr-wsd-decay-style", "cosine"]) == 0
+    out = capsys.readouterr().out
+    for line in ("--lr-decay-style WSD", "--lr-decay-iters 5000", "--lr-wsd-decay-iters 1000",
+                 "--lr-wsd-decay-style cosine"):
+        assert f"    {line}\n" in out
     assert cli_main(["export", str(p), "--to", "megatron", "--lr-decay-style", "cosine"]) == 1
     err = capsys.readouterr().err.strip()
     assert "needs --lr-decay-steps" in err and "\n" not in err
