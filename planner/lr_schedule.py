@@ -152,6 +152,12 @@ def from_args(args) -> OptimizerSettings:
     return OptimizerSettings(schedule=schedule, weight_decay=args.weight_decay, clip_grad=args.clip_grad)
 
 
+def settings_from_dict(d: dict) -> OptimizerSettings:
+    """The settings of `dataclasses.asdict(settings)` (as a checkpoint's training.json holds them)."""
+    return OptimizerSettings(schedule=LrSchedule(**d["schedule"]), weight_decay=d["weight_decay"],
+                             clip_grad=d["clip_grad"])
+
+
 def to_argv(settings: OptimizerSettings) -> list[str]:
     """The worker options that carry `settings` (the defaults left out, so that commands stay short)."""
     s, out = settings.schedule, []

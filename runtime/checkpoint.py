@@ -8,8 +8,9 @@ slices its new DTensors cover (TP2 saved, DP2 resumed; any sharding level).
 
 Saved per parameter (fp32): master/<name>, exp_avg/<name>, exp_avg_sq/<name>; fused parameters (qkv,
 gate/up) are saved as their logical parts (<name>.part0, .part1, ...). Plus `step` and `adam_step`.
-Data needs no state: batches are a function of the step. Layout: DIR/step-00000100/ (DCP files) and
-DIR/latest (the step number, written after a save completes).
+Data needs no state: batches are a function of the step. Layout: DIR/step-00000100/ (DCP files, and
+TRAINING_FILE: the learning-rate schedule and AdamW settings the run trained with, which a resume must match
+unless told to override them) and DIR/latest (the step number, written after a save completes).
 
 A save writes DIR/step-00000100.partial/ and renames it to its final name once every rank's data and DCP's
 `.metadata` (written last, by rank 0) are on disk, then rewrites `latest`: a step directory under its final
@@ -20,7 +21,9 @@ directory is never overwritten. Resume takes the newest complete checkpoint.
 """
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -30,6 +33,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from planner.errors import PlanError
+from planner.lr_schedule import OptimizerSettings, settings_from_dict
+from planner.lr_schedule import to_argv as optimizer_argv
 from runtime.model import logical_name
 from runtime.parallel.tensor import group_size, logical_parts
 
@@ -45,6 +50,8 @@ PARTIAL = ".partial"
 INCOMPLETE = ".incomplete"
 """Suffix an interrupted save's leftover is moved aside to when a save needs its name."""
 _STEP_NAME = re.compile(r"step-(\d{8})")
+TRAINING_FILE = "training.json"
+"""In each step directory: the optimizer settings (planner/lr_schedule.py) the run trained with, as JSON."""
 
 
 def step_dir(ckpt_dir, step: int) -> Path:
@@ -89,11 +96,12 @@ def incomplete_leftovers(ckpt_dir) -> list[Path]:
         p.name.endswith(PARTIAL) or (_STEP_NAME.fullmatch(p.name) and not is_complete(p))))
 
 
-def check_dir(ckpt_dir, resume: bool) -> int | None:
+def check_dir(ckpt_dir, resume: bool, settings: OptimizerSettings | None = None, override: bool = False) -> int | None:
     """Whether a run may use ckpt_dir, checked before it trains (by `plan launch`, and by every worker before it
     joins the process group). A fresh run needs a folder without checkpoints (its saves would fail after all
-    its training, or mix two runs' steps under one `latest`); a resumed one a complete checkpoint. Returns
-    the step a resumed run starts from, None for a fresh run; raises CheckpointError."""
+    its training, or mix two runs' steps under one `latest`); a resumed one a complete checkpoint, saved with
+    the same optimizer `settings` unless `override` (a checkpoint from before TRAINING_FILE is not checked).
+    Returns the step a resumed run starts from, None for a fresh run; raises CheckpointError."""
     d = Path(ckpt_dir)
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"--ckpt-dir '{d}' is a file, not a folder")
@@ -107,7 +115,29 @@ def check_dir(ckpt_dir, resume: bool) -> int | None:
     latest_step(d)  # a 'latest' without a step number means a damaged folder: say so rather than guess past it
     if not steps:
         raise CheckpointError(f"--resume found no complete checkpoint in '{d}' to resume from")
+    if settings is not None and not override:
+        _check_same_settings(step_dir(d, steps[-1]), settings)
     return steps[-1]
+
+
+def _check_same_settings(path: Path, settings: OptimizerSettings) -> None:
+    """A resumed run trains on with the schedule it was saved with: a changed one would jump the learning rate."""
+    f = path / TRAINING_FILE
+    if not f.is_file():
+        return
+    try:
+        saved = json.loads(f.read_text())
+    except (OSError, ValueError):
+        raise CheckpointError(f"'{f}' is not readable JSON; pass --override-lr-schedule to resume with this "
+                              "launch's learning-rate schedule and AdamW settings") from None
+    if saved != asdict(settings):
+        try:
+            was = " ".join(optimizer_argv(settings_from_dict(saved))) or "the defaults"
+        except (TypeError, KeyError, PlanError):
+            was = "settings this build cannot read"
+        now = " ".join(optimizer_argv(settings)) or "the defaults"
+        raise CheckpointError(f"checkpoint '{path}' was trained with {was}, this launch asks for {now}; give the "
+                              "same options, or --override-lr-schedule to go on with the new ones")
 
 
 def _move_aside(path: Path) -> Path:
@@ -149,9 +179,9 @@ def _as_dtensor(local: torch.Tensor, tp_dim, t: int, mesh):
                               stride=_contiguous_stride(shape))
 
 
-def save(ckpt_dir, step: int, opt, groups) -> Path:
-    """Write step `step` to ckpt_dir/step-NNNNNNNN (through a `.partial` directory renamed when complete), then
-    point `latest` at it. Every rank calls it."""
+def save(ckpt_dir, step: int, opt, groups, settings: OptimizerSettings | None = None) -> Path:
+    """Write step `step` to ckpt_dir/step-NNNNNNNN (through a `.partial` directory renamed when complete), with
+    the optimizer `settings` in its TRAINING_FILE, then point `latest` at it. Every rank calls it."""
     path = step_dir(ckpt_dir, step)
     if is_complete(path):
         raise CheckpointError(f"checkpoint '{path}' already exists; refusing to overwrite it")
@@ -168,6 +198,8 @@ def save(ckpt_dir, step: int, opt, groups) -> Path:
     except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
         raise CheckpointError(f"could not write checkpoint '{path}' ({_first_failure(exc)})") from None
     if rank0:
+        if settings is not None:
+            (partial / TRAINING_FILE).write_text(json.dumps(asdict(settings), indent=2) + "\n")
         partial.rename(path)  # dcp.save returns on every rank only after rank 0 wrote the metadata
         tmp = Path(ckpt_dir) / "latest.tmp"
         tmp.write_text(f"{step}\n")

@@ -35,17 +35,19 @@ def check(args) -> tuple[Plan, int, Path]:
         raise PlanError(f"--steps must be at least 1, got {args.steps}")
     if args.save_every < 0:
         raise PlanError(f"--save-every must be 0 (only at exit) or more, got {args.save_every}")
-    optimizer_settings(args)  # the learning-rate schedule and optimizer options, one sentence if bad
+    settings = optimizer_settings(args)  # the learning-rate schedule and optimizer options, one sentence if bad
     plan, nproc = check_plan_on_machine(args)
     results = Path(args.results) if args.results else Path(args.plan).with_suffix(".results.csv")
     check_results_file(results, args.resume)
     if args.resume and not args.ckpt_dir:
         raise PlanError("--resume needs --ckpt-dir")
+    if args.override_lr_schedule and not args.resume:
+        raise PlanError("--override-lr-schedule needs --resume")
     if args.save_every and not args.ckpt_dir:
         raise PlanError("--save-every needs --ckpt-dir")
     if args.ckpt_dir:
         from runtime.checkpoint import check_dir
-        check_dir(args.ckpt_dir, args.resume)
+        check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule)
     check_memory_trace(args, nproc)
     return plan, nproc, results
 

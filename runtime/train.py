@@ -82,6 +82,8 @@ def parse_args(argv=None):
     ap.add_argument("--ckpt-dir", default=None)
     ap.add_argument("--save-every", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--override-lr-schedule", action="store_true",
+                    help="with --resume: train on with these optimizer options where they differ from the checkpoint's")
     ap.add_argument("--results", default=None)
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak for MFU")
     add_optimizer_options(ap)
@@ -398,7 +400,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             if save_due:
                 if graphed is not None:
                     graphed.sync_params()
-                checkpoint.save(args.ckpt_dir, done, opt, groups)
+                checkpoint.save(args.ckpt_dir, done, opt, groups, settings)
                 last_saved = done
             if stopped:
                 if rank0:
@@ -413,7 +415,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         if graphed is not None:
             graphed.sync_params()
         if args.ckpt_dir and last_saved != done:
-            checkpoint.save(args.ckpt_dir, done, opt, groups)  # at exit
+            checkpoint.save(args.ckpt_dir, done, opt, groups, settings)  # at exit
         if components_path and not stopped:
             # after the exit checkpoint, which holds step `done`: the extra step's update is never saved or
             # logged, so neither a resumed run nor the step statistics see it
@@ -474,11 +476,13 @@ def check_args(args, many: bool) -> None:
     any work instead of failing after training."""
     if args.steps < 1:
         raise PlanError(f"--steps must be at least 1, got {args.steps}")
-    optimizer_settings(args)
+    settings = optimizer_settings(args)
     if args.resume and not args.ckpt_dir:
         raise PlanError("--resume needs --ckpt-dir")
+    if args.override_lr_schedule and not args.resume:
+        raise PlanError("--override-lr-schedule needs --resume")
     if args.ckpt_dir:
-        checkpoint.check_dir(args.ckpt_dir, args.resume)
+        checkpoint.check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule)
     for name, value in (("results", args.results), ("components", args.components_out)):
         if value:
             folder = Path(value) if many else Path(value).parent

@@ -6,13 +6,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from planner.errors import PlanError
 from planner.launch_command import WORKER_ERROR_FILE_ENV
-from planner.lr_schedule import LrSchedule
+from planner.lr_schedule import LrSchedule, OptimizerSettings, settings_from_dict
 from planner.model import tiny_model
 from planner.plan import Layout, Plan, TrainingShape, even_stages
 from runtime.launch import main
@@ -72,6 +73,9 @@ def test_cpu_launch_checkpoint_and_resume(tmp_path):
     assert len(a) == len(b) == 4
     assert a == pytest.approx(b, abs=2e-6)
     schedule = LrSchedule(peak_lr=1e-3, min_lr=1e-4, warmup_steps=1, decay_style="cosine", decay_steps=4)
+    for step in (2, 4):  # each checkpoint records the settings it trained with
+        recorded = json.loads((tmp_path / "ck" / f"step-{step:08d}" / "training.json").read_text())
+        assert settings_from_dict(recorded) == OptimizerSettings(schedule)
     for name in ("a.csv", "b.csv"):
         with open(tmp_path / name, newline="") as f:
             lrs = [float(r["lr"]) for r in csv.DictReader(f)]
@@ -160,6 +164,31 @@ def test_checkpoint_folder_is_checked_before_torchrun(tmp_path, capsys):
         assert main(base + ["--ckpt-dir", str(tmp_path / folder), "--resume"]) == 1
         assert "no complete checkpoint" in _one_sentence(capsys)
     assert (ck / "latest").read_text() == "two\n" and not (tmp_path / "r.csv").exists()
+
+
+def test_resume_under_another_lr_schedule_is_refused_unless_overridden(tmp_path, capsys):
+    """A checkpoint records the schedule and AdamW settings it trained with (training.json); resuming with others
+    would jump the learning rate, so it is refused before torchrun unless --override-lr-schedule says so."""
+    plan = str(write_plan(tmp_path / "p.json", tp=1, micro_batch=2, sharding="none"))
+    ck = tmp_path / "ck"
+    _fake_checkpoint(ck, 2)
+    saved = OptimizerSettings(LrSchedule(peak_lr=1e-3, decay_style="cosine", decay_steps=100))
+    (ck / "step-00000002" / "training.json").write_text(json.dumps(asdict(saved)))
+    base = [plan, "--device", "cpu", "--nproc-per-node", "1", "--results", str(tmp_path / "r.csv"), "--ckpt-dir",
+            str(ck), "--resume", "--dry-run", "--lr", "1e-3", "--lr-decay-style", "cosine"]
+    assert main(base + ["--lr-decay-steps", "100"]) == 0  # the same settings
+    capsys.readouterr()
+    assert main(base + ["--lr-decay-steps", "200"]) == 1
+    err = _one_sentence(capsys)
+    assert "was trained with --lr 0.001 --lr-decay-style cosine --lr-decay-steps 100" in err
+    assert "asks for --lr 0.001 --lr-decay-style cosine --lr-decay-steps 200" in err and "--override-lr-schedule" in err
+    assert main(base + ["--lr-decay-steps", "200", "--override-lr-schedule"]) == 0
+    assert "--override-lr-schedule" in capsys.readouterr().out  # the workers are told too
+    assert main([plan, "--device", "cpu", "--override-lr-schedule", "--results", str(tmp_path / "r.csv")]) == 1
+    assert "--override-lr-schedule needs --resume" in _one_sentence(capsys)
+    (ck / "step-00000002" / "training.json").write_text("{not json")
+    assert main(base + ["--lr-decay-steps", "100"]) == 1
+    assert "is not readable JSON" in _one_sentence(capsys)
 
 
 def test_nodes_are_checked(tmp_path, capsys):
