@@ -12,6 +12,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+from tests.runtime.dist_util import is_network_flake  # noqa: E402 (needs the repository root on sys.path)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -56,15 +61,22 @@ def _context():
     return _CTX
 
 
-def run(fn, world: int, *args) -> None:
+def run(fn, world: int, *args, attempts: int = 2) -> None:
+    """A run that fails only because its rendezvous connection broke (tests/runtime/dist_util.py,
+    NETWORK_FLAKES) is tried again on a fresh port, up to `attempts` runs in all."""
     ctx = _context()
-    errq = ctx.SimpleQueue()
-    try:
-        mp.start_processes(_entry, args=(world, _free_port(), fn, args, errq), nprocs=world,
-                           join=True, start_method="forkserver")
-    except Exception as exc:
-        msgs = []
-        while not errq.empty():
-            r, tb = errq.get()
-            msgs.append(f"--- rank {r} ---\n{tb}")
-        raise AssertionError("distributed test failed:\n" + "\n".join(msgs or [str(exc)])) from None
+    for attempt in range(1, attempts + 1):
+        errq = ctx.SimpleQueue()
+        try:
+            mp.start_processes(_entry, args=(world, _free_port(), fn, args, errq), nprocs=world,
+                               join=True, start_method="forkserver")
+            return
+        except Exception as exc:
+            msgs = []
+            while not errq.empty():
+                r, tb = errq.get()
+                msgs.append(f"--- rank {r} ---\n{tb}")
+            if is_network_flake(str(exc) + "\n".join(msgs)) and attempt < attempts:
+                print("_launch.run: a worker lost its rendezvous connection; running again", file=sys.stderr)
+                continue
+            raise AssertionError("distributed test failed:\n" + "\n".join(msgs or [str(exc)])) from None

@@ -1,0 +1,43 @@
+"""The multi-process test launcher retries a run only when its rendezvous connection broke, never on a failed
+assertion (tests/runtime/dist_util.py)."""
+import os
+
+import pytest
+
+from tests.runtime.dist_util import is_network_flake, run_workers
+
+
+def _count_attempt(marker_dir: str) -> int:
+    """How many runs have reached this point so far, this one included."""
+    n = len(os.listdir(marker_dir)) + 1
+    open(os.path.join(marker_dir, f"attempt{n}"), "w").close()
+    return n
+
+
+def flaky_then_fine(rank, world, marker_dir):
+    import torch.distributed as dist
+    if _count_attempt(marker_dir) == 1:
+        raise dist.DistNetworkError("Connection reset by peer")
+    return "done"
+
+
+def always_wrong(rank, world, marker_dir):
+    _count_attempt(marker_dir)
+    assert 1 + 1 == 3, "the code under test is wrong"
+
+
+def test_a_broken_rendezvous_is_run_again(tmp_path):
+    assert run_workers(flaky_then_fine, 1, str(tmp_path)) == "done"
+    assert len(os.listdir(tmp_path)) == 2
+
+
+def test_a_failed_assertion_is_not_run_again(tmp_path):
+    with pytest.raises(AssertionError, match="the code under test is wrong"):
+        run_workers(always_wrong, 1, str(tmp_path))
+    assert len(os.listdir(tmp_path)) == 1
+
+
+def test_network_flake_words():
+    assert is_network_flake("torch.distributed.DistNetworkError: Connection reset by peer")
+    assert not is_network_flake("DistNetworkError ... AssertionError: losses differ")
+    assert not is_network_flake("RuntimeError: shapes do not match")
