@@ -8,6 +8,7 @@ from pathlib import Path
 
 from planner.errors import PlanError
 from planner.lr_schedule import add_options as add_optimizer_options
+from planner.lr_schedule import add_resume_option
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.lr_schedule import to_argv as optimizer_argv
 
@@ -31,9 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="save a checkpoint every N steps (default 0: only at exit); needs --ckpt-dir")
     ap.add_argument("--resume", action="store_true",
                     help="continue from the newest complete checkpoint in --ckpt-dir (under this or another plan)")
-    ap.add_argument("--override-lr-schedule", action="store_true",
-                    help="with --resume: go on with this launch's learning-rate schedule and AdamW options where "
-                         "they differ from the checkpoint's (otherwise refused)")
+    add_resume_option(ap)
     ap.add_argument("--results", default=None, help="CSV of per-step results (default: beside the plan)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak used for MFU")
     add_optimizer_options(ap)
@@ -73,7 +72,7 @@ def torchrun_command(args, nproc: int, results: Path, plans: list[str] | None = 
         cmd += ["--ckpt-dir", args.ckpt_dir, "--save-every", str(args.save_every)]
     if args.resume:
         cmd += ["--resume"]
-    if getattr(args, "override_lr_schedule", False):
+    if args.override_lr_schedule:
         cmd += ["--override-lr-schedule"]
     if args.compile:
         cmd += ["--compile"]

@@ -3,8 +3,8 @@
 The schedule has Megatron-LM's shapes (OptimizerParamScheduler, --lr-decay-style): a linear warm-up to the peak,
 then constant, linear or cosine decay to the minimum at `decay_steps`, or warm-up-stable-decay (WSD: the peak until
 the last `wsd_decay_steps` before `decay_steps`, then linear, cosine, exponential or 1 - sqrt decay), and the
-minimum after `decay_steps` (the warm-up's first step trains at peak / warmup_steps, where Megatron's starts at 0). It is a function of the step alone, so a
-resumed run continues it exactly. Plain arithmetic with no torch: `plan launch` checks the options with it before
+minimum after `decay_steps` (the warm-up's first step trains at peak / warmup_steps, where Megatron's starts at 0).
+It is a function of the step alone, so a resumed run continues it exactly. Plain arithmetic with no torch: `plan launch` checks the options with it before
 any worker starts, and every worker reads the same values from it. It sits in planner/ beside
 launch_command.py (the command line it belongs to), which the planner's torch-free `plan export` uses too.
 """
@@ -32,12 +32,12 @@ class LrSchedule:
     peak_lr: float = DEFAULT_PEAK_LR
     """Learning rate reached at the end of the warm-up."""
     min_lr: float = 0.0
-    """Learning rate at decay_steps and after (linear and cosine decay)."""
+    """Learning rate at decay_steps and after (linear, cosine and WSD decay)."""
     warmup_steps: int = DEFAULT_WARMUP_STEPS
     """Steps of linear warm-up: step s (0-based) of the warm-up trains at peak_lr * (s + 1) / warmup_steps."""
     decay_style: str = "constant"
     """constant: peak_lr after the warm-up; linear / cosine: from peak_lr at the warm-up's end to min_lr at
-    decay_steps."""
+    decay_steps; wsd: peak_lr until wsd_decay_steps before decay_steps, then down to min_lr there."""
     decay_steps: int | None = None
     """The step (0-based, counted from the run's first step, across resumes) at which the decay reaches min_lr;
     needed by linear, cosine and WSD decay."""
@@ -142,6 +142,13 @@ def add_options(ap) -> None:
                     help="AdamW weight decay of the weight matrices (default 0.1)")
     ap.add_argument("--clip-grad", type=float, default=DEFAULT_CLIP_GRAD,
                     help="clip the global gradient norm to this (default 1.0; 0: no clipping)")
+
+
+def add_resume_option(ap) -> None:
+    """`plan launch`'s (and its workers') answer to a checkpoint saved under other settings."""
+    ap.add_argument("--override-lr-schedule", action="store_true",
+                    help="with --resume: go on with this launch's learning-rate schedule and AdamW options where "
+                         "they differ from the checkpoint's (otherwise refused)")
 
 
 def from_args(args) -> OptimizerSettings:

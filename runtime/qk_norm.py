@@ -26,8 +26,8 @@ _ROWS_PER_BLOCK = 16
 
 BWD_ROWS_PER_BLOCK = 64
 """Head rows per step of a backward program. 64 / 8 / 4 was the fastest of benchmarks/tune_qk_norm.py's 18 choices
-at Qwen3-8B's shape (4096 tokens, head dimension 128) on one H200 (session 18, call a1): 178 us against 282 us for
-session 17's 16 / 4 / 4."""
+at Qwen3-8B's shape (4096 tokens, head dimension 128) on one H200 (session 18, call a1, 2026-12-02, tree fd63a9d;
+benchmarks/results/session18-2026-12-02/a1/tune_qk_norm.csv): 178 us against 282 us for session 17's 16 / 4 / 4."""
 
 BWD_PROGRAMS_PER_SM = 8
 """Backward programs per SM, each a contiguous run of row blocks (and one partial row of each weight gradient)."""

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from planner.errors import PlanError
 from planner.launch_command import WORKER_ERROR_FILE_ENV
 from planner.lr_schedule import add_options as add_optimizer_options
+from planner.lr_schedule import add_resume_option
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.plan import Plan
 from runtime import checkpoint
@@ -82,8 +83,7 @@ def parse_args(argv=None):
     ap.add_argument("--ckpt-dir", default=None)
     ap.add_argument("--save-every", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--override-lr-schedule", action="store_true",
-                    help="with --resume: train on with these optimizer options where they differ from the checkpoint's")
+    add_resume_option(ap)
     ap.add_argument("--results", default=None)
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak for MFU")
     add_optimizer_options(ap)

@@ -4,7 +4,6 @@ Failures in any process fail the test with that process's traceback."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import traceback
 
@@ -15,18 +14,11 @@ import torch.multiprocessing as mp
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
-from tests.runtime.dist_util import is_network_flake  # noqa: E402 (needs the repository root on sys.path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.runtime.dist_util import free_port, is_network_flake  # noqa: E402 (needs the repository root on sys.path)
 
 
 def _entry(rank, world, port, fn, args, errq):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for p in (root, os.path.dirname(os.path.abspath(__file__))):
+    for p in (_ROOT, os.path.dirname(os.path.abspath(__file__))):
         if p not in sys.path:
             sys.path.insert(0, p)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -68,7 +60,7 @@ def run(fn, world: int, *args, attempts: int = 2) -> None:
     for attempt in range(1, attempts + 1):
         errq = ctx.SimpleQueue()
         try:
-            mp.start_processes(_entry, args=(world, _free_port(), fn, args, errq), nprocs=world,
+            mp.start_processes(_entry, args=(world, free_port(), fn, args, errq), nprocs=world,
                                join=True, start_method="forkserver")
             return
         except Exception as exc:

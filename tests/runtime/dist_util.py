@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -57,7 +57,7 @@ def run_workers(fn, world: int, *args, attempts: int = 2):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "result.pt")
             try:
-                mp.start_processes(_entry, args=(world, _free_port(), fn, args, path), nprocs=world, join=True,
+                mp.start_processes(_entry, args=(world, free_port(), fn, args, path), nprocs=world, join=True,
                                    start_method="spawn")
             except Exception as exc:
                 errs = [torch.load(os.path.join(d, f), weights_only=False)["error"] for f in sorted(os.listdir(d))
