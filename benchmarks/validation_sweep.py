@@ -76,19 +76,59 @@ def cases(gpus: int, tiny: bool = False) -> list[Case]:
                 Case("tiny-gpt-dp2-opt-mb1-full", "tiny:gpt", 32, 4,
                      P(dp=2, sharding="optimizer", micro_batch=1, recompute="full"))]
     if gpus == 1:
+        # The one-GPU set whose measurement is benchmarks/results/validation/current.csv: the catalogue's and
+        # Hugging Face configs (dense GPT, Llama, Qwen2/3, Phi-3, Mistral NeMo, BERT, MoE), micro-batches 1-16, the
+        # three recompute modes; models too large for one GPU are cut to their first layers (the `-6l`/`-8l` configs).
+        G27, G2L, G13L = _m("gpt-2.7b"), _m("gpt2-large"), _m("gpt-13b-6l")
+        L8L, Q3, Q2, PHI, NEMO = _m("llama3-8b-8l"), _m("qwen3-8b-8l"), _m("qwen2-7b-8l"), _m("phi3-mini"), \
+            _m("mistral-nemo-12b-8l")
+        one = lambda name, model, seq, gb, mb, rc: Case(name, model, seq, gb, P(micro_batch=mb, recompute=rc))  # noqa: E731
         return [
-            Case("gpt13-mb1-none", GPT, 2048, 4, P(micro_batch=1, recompute="none")),
-            Case("gpt13-mb2-sel", GPT, 2048, 8, P(micro_batch=2, recompute="selective")),
-            Case("gpt13-mb4-full", GPT, 2048, 8, P(micro_batch=4, recompute="full")),
-            Case("gpt13-mb4-none", GPT, 2048, 8, P(micro_batch=4, recompute="none")),
-            Case("llama1b-mb1-none", LLAMA, 2048, 4, P(micro_batch=1, recompute="none")),
-            Case("llama1b-mb2-sel", LLAMA, 2048, 8, P(micro_batch=2, recompute="selective")),
-            Case("llama1b-mb4-full", LLAMA, 2048, 8, P(micro_batch=4, recompute="full")),
-            Case("llama1b-s8192-mb1-none", LLAMA, 8192, 2, P(micro_batch=1, recompute="none")),
-            Case("moe-mb2-none", MOE, 2048, 8, P(micro_batch=2, recompute="none")),
-            Case("moe-mb4-sel", MOE, 2048, 8, P(micro_batch=4, recompute="selective")),
-            Case("bert-mb4-none", BERT, 512, 16, P(micro_batch=4, recompute="none")),
-            Case("bert-mb4-full", BERT, 512, 16, P(micro_batch=4, recompute="full")),
+            one("gpt13-mb1-none", GPT, 2048, 4, 1, "none"),
+            one("gpt13-mb2-sel", GPT, 2048, 8, 2, "selective"),
+            one("gpt13-mb4-full", GPT, 2048, 8, 4, "full"),
+            one("gpt13-mb4-none", GPT, 2048, 8, 4, "none"),
+            one("gpt13-mb3-none", GPT, 2048, 6, 3, "none"),
+            one("gpt13-mb5-none", GPT, 2048, 10, 5, "none"),
+            one("gpt13-mb5-sel", GPT, 2048, 10, 5, "selective"),
+            one("gpt13-mb8-sel", GPT, 2048, 16, 8, "selective"),
+            one("gpt2l-s1024-mb4-none", G2L, 1024, 8, 4, "none"),
+            one("gpt2l-s1024-mb8-none", G2L, 1024, 16, 8, "none"),
+            one("gpt2l-s1024-mb16-none", G2L, 1024, 32, 16, "none"),
+            one("gpt2l-s1024-mb8-sel", G2L, 1024, 16, 8, "selective"),
+            one("gpt27-mb1-none", G27, 2048, 8, 1, "none"),
+            one("gpt27-mb2-none", G27, 2048, 8, 2, "none"),
+            one("gpt27-mb2-sel", G27, 2048, 8, 2, "selective"),
+            one("gpt27-mb4-none", G27, 2048, 8, 4, "none"),
+            one("gpt27-mb4-full", G27, 2048, 8, 4, "full"),
+            one("gpt13b6l-mb2-none", G13L, 2048, 8, 2, "none"),
+            one("gpt13b6l-mb2-sel", G13L, 2048, 8, 2, "selective"),
+            one("llama1b-mb1-none", LLAMA, 2048, 4, 1, "none"),
+            one("llama1b-mb2-sel", LLAMA, 2048, 8, 2, "selective"),
+            one("llama1b-mb4-full", LLAMA, 2048, 8, 4, "full"),
+            one("llama1b-mb8-none", LLAMA, 2048, 16, 8, "none"),
+            one("llama1b-s8192-mb1-none", LLAMA, 8192, 2, 1, "none"),
+            one("llama8b8l-s8192-mb1-none", L8L, 8192, 4, 1, "none"),
+            one("llama8b8l-s4096-mb2-full", L8L, 4096, 8, 2, "full"),
+            one("llama8b8l-s4096-mb2-none", L8L, 4096, 8, 2, "none"),
+            one("qwen3-8l-mb1-none", Q3, 4096, 8, 1, "none"),
+            one("qwen3-8l-mb2-sel", Q3, 4096, 8, 2, "selective"),
+            one("qwen3-8l-mb4-full", Q3, 4096, 8, 4, "full"),
+            one("qwen2-8l-mb1-none", Q2, 4096, 8, 1, "none"),
+            one("qwen2-8l-mb2-none", Q2, 4096, 8, 2, "none"),
+            one("qwen2-8l-mb2-sel", Q2, 4096, 8, 2, "selective"),
+            one("phi3-mb1-none", PHI, 4096, 4, 1, "none"),
+            one("phi3-mb2-sel", PHI, 4096, 4, 2, "selective"),
+            one("phi3-mb4-full", PHI, 4096, 4, 4, "full"),
+            one("nemo-8l-mb1-none", NEMO, 4096, 8, 1, "none"),
+            one("nemo-8l-mb2-sel", NEMO, 4096, 8, 2, "selective"),
+            one("moe-mb1-full", MOE, 2048, 8, 1, "full"),
+            one("moe-mb2-none", MOE, 2048, 8, 2, "none"),
+            one("moe-mb4-sel", MOE, 2048, 8, 4, "selective"),
+            one("moe-mb8-none", MOE, 2048, 16, 8, "none"),
+            one("bert-mb4-none", BERT, 512, 16, 4, "none"),
+            one("bert-mb4-full", BERT, 512, 16, 4, "full"),
+            one("bert-mb8-none", BERT, 512, 16, 8, "none"),
         ]
     if gpus == 2:
         return [
