@@ -1,8 +1,8 @@
-"""Session 11: the torch.compile anchor (../shared/anchors/gpt_step_anchor.py, `run_torch`) with its objective
+"""The torch.compile anchor (../shared/anchors/gpt_step_anchor.py, `run_torch`) with its objective
 made non-degenerate, everything else unchanged. As given, the anchor's loss is cross_entropy(logits, idx): it
 predicts the input token itself through tied embeddings initialised N(0, 1) (PyTorch's nn.Embedding default),
 so the correct logit is about |e|^2 = 2048 and the loss is exactly 0 in fp32: every gradient of its backward is
-exactly zero (checked on CPU at hidden 2048 in session 11), and its backward GEMMs and AdamW run on zeros, which
+exactly zero (checked on CPU at hidden 2048), and its backward GEMMs and AdamW run on zeros, which
 draw less power. Variants, each a textual patch of the anchor's source (asserted to apply), run in its own process:
 
   given      the anchor unchanged (its loss and gradient statistics reported after timing)

@@ -3,20 +3,20 @@ provenance.
 
 Used when full profiles were measured on different lent machines and one part of one of them is known to be
 worse, by measurement:
-  * host: session 6's call k5 measured the most complete GEMM and FP8 tables, but its host figures predicted
-    68 plan-validate runs on two machines (calls k1 and k5) at 11.8% median against 7.3-7.4% with call k1's
-    host figures (benchmarks/results/README.md, "Session 6"). The host part moves 20-30% between runs of the
-    same probe (its noise, not only the machine's CPU), so the better-predicting one is kept. Session 7 found
-    the same again: k1's host figures predicted four machines' runs best.
-  * collectives: session 7's call l3 measured send/recv at 4 KiB - 16 MiB at 8 us in some points and 40-90 us
-    in others (the ranks' skew, fixed in runtime/profiler/collectives.py afterwards); call l1's points, measured
-    with the same spin but one machine earlier, were monotonic and its accuracy run agreed within 5% for 54
-    of 55 points.
+  * host: of the full profiles measured on 2x H200 on 2026-11-30, the most complete GEMM and FP8 tables came
+    with host figures that predicted 68 plan-validate runs on two machines at 11.8% median, against 7.3-7.4%
+    with the host figures of the 16:39 UTC profile (tree d4e03ce). The host part moves 20-30% between runs of
+    the same probe (its noise, not only the machine's CPU), so the better-predicting one is kept; a later
+    comparison on four machines' runs found the same.
+  * collectives: the 19:21 UTC profile of that day (tree 95129b7) measured send/recv at 4 KiB - 16 MiB at 8 us
+    in some points and 40-90 us in others (the ranks' skew, fixed in runtime/profiler/collectives.py
+    afterwards); the 19:03 UTC profile's points (tree 053b23e), measured with the same spin, were monotonic and
+    its accuracy run agreed within 5% for 54 of 55 points.
 
   * attention points: head dimensions the base has none of, timed by benchmarks/attention_head_dims.py (the
-    profiler's kernels.time_attention on shapes.attention_grid's rows) in a later call. Session 16 added 192 and
-    256 (Gemma's) to the shipped profiles, which had 64 and 128: above 128 the nearest measured rate was used, and
-    the backward ran up to 54% slower than so predicted (call s3).
+    profiler's kernels.time_attention on shapes.attention_grid's rows). 192 and 256 (Gemma's) were added to the
+    shipped profiles, which had 64 and 128 (benchmarks/results/attention-head-dims/): above 128 the nearest
+    measured rate was used, and the backward ran up to 54% slower than so predicted.
 
     python benchmarks/compose_profile.py BASE.json [--host-from A.json] [--collectives-from B.json] \
         [--elementwise-from C.json] [--calibration-from D.json] [--attention-points-from E.csv] --why "..." \
@@ -42,11 +42,11 @@ PARTS = {"host": (("host",), lambda name: name == "host_overhead"),
                          lambda name: name == "overlap_hidden_fraction" or name.startswith("efficiency"))}
 """part -> (the profile's keys it owns, dotted for nested ones, and which provenance parts describe it).
   * elementwise: the runtime's memory-bound kernels (norms, activations, rotary, residual add), timed again
-    when the runtime changes them (session 10: the residual add fused into the norms, runtime/norm.py) while
+    when the runtime changes them (as when the residual add was fused into the norms, runtime/norm.py) while
     the rest of the profile stays as measured.
   * calibration: the fitted efficiency factors and overlap fractions (with their records), carried onto newly
-    measured kernel tables so that `plan calibrate` refits only the terms the new runs can see (session 13:
-    kernels timed at the power cap; the two-GPU terms fitted in session 9 kept)."""
+    measured kernel tables so that `plan calibrate` refits only the terms the new runs can see (kernels
+    timed at the power cap, with the two-GPU terms fitted on benchmarks/results/calibration/runs.csv kept)."""
 
 
 def compose(base: dict, others: dict[str, dict], why: str) -> dict:

@@ -1,4 +1,4 @@
-"""Issue 5's three bars on two GPUs (PP2 bubble, CP2 scaling at 32k, EP2 MoE vs dense), in one run.
+"""Three bars of the pipeline, context and expert layers on two GPUs (PP2 bubble, CP2 scaling at 32k, EP2 MoE vs dense), in one run.
 
     python benchmarks/parallel_bars.py --out DIR                     # 2 GPUs, CUDA + NCCL
     python benchmarks/parallel_bars.py --out DIR --device cpu --tiny # plumbing check: tiny models, gloo

@@ -1,7 +1,7 @@
 """How well a profile predicts what it did not measure (issue 3's bars), on the machine it describes.
 
 - GEMMs left out of the grid (catalogue models at 5 x 2^e token counts, between the grid's 2^e and 3 x 2^e
-  since session 5; models outside the catalogue at powers of two): predicted device time (Profile.gemm_s less its fixed 5 us launch adder) within 5% median and
+  models outside the catalogue at powers of two): predicted device time (Profile.gemm_s less its fixed 5 us launch adder) within 5% median and
   15% worst of the measured time (same timer as the profiler).
 - FP8 GEMMs (when the profile has an FP8 table) left out of it, timed through runtime/parallel/fp8.py: same
   bars, against Profile.fp8_gemm_s.
@@ -69,7 +69,7 @@ def held_out_gemms(profile: Profile, device, n: int, seed: int = 0, first: int =
     cap = profile.extras.get("gemm_grid", {}).get("flops_cap", 1.5e13)
     cands = []
     if device.type == "cuda":
-        # token counts between the grid's (powers of two and 3 x 2^e since session 5): micro-batches of 5
+        # token counts between the grid's (powers of two and 3 x 2^e): micro-batches of 5
         models, toks = list(CATALOGUE.values()), [1280, 2560, 5120, 10240, 20480, 40960]
         models_off, toks_off = OFF_CATALOGUE, [2048, 4096, 8192, 16384]
     else:
@@ -232,7 +232,7 @@ def _layer_prediction(p: Profile, spec: ModelSpec, b: int, s: int, tp: int = 1) 
     checks the rule the search uses rather than a second copy of it. TP > 1 includes the exposed TP
     communication the cost model charges. As in CostModel.stage_time_s, the layer takes the larger of its
     GPU time and the host time the profile measured for issuing it (a host-paced layer, such as GPT 1.3B
-    at TP2, runs at the host's pace; before session 4 this check compared the GPU time alone)."""
+    at TP2, runs at the host's pace)."""
     from planner.cluster import ClusterSpec
     from planner.cost import CostModel
     from planner.plan import Layout, TrainingShape
@@ -262,14 +262,14 @@ LAYER_CASES = [("gpt-1.3b", 4, 2048), ("llama3-8b", 1, 8192), ("gpt-13b", 2, 204
 
 SUSTAINED_S = 1.5
 """Seconds a layer is replayed back to back before and while it is timed: the clock settles at the power cap
-within ~0.15 s of sustained load (session 13, p1), as it does in training."""
+within ~0.15 s of sustained load (one H200, 2026-12-01), as it does in training."""
 
 
 def _graphed_layer_s(step, seconds: float = SUSTAINED_S) -> float:
     """Median time of one layer step captured as a CUDA graph and replayed back to back for `seconds`, as the
     runtime replays a whole training step (Layout.cuda_graph, runtime/graph.py): the GPU's time without the
-    host's pacing, at the clock sustained training runs at (the median of the second half; until session 13
-    nine replays were timed right after the eager ones, at whatever clock the GPU had reached). `step(i)` has
+    host's pacing, at the clock sustained training runs at (the median of the second half; nine replays timed right
+    after the eager ones would catch whatever clock the GPU had reached). `step(i)` has
     run eagerly before (communicators, cuBLAS and Triton initialised), as capture requires."""
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()

@@ -4,7 +4,7 @@
 
 Each row is re-predicted from its exact plan (the CSV's `.plans.jsonl` sidecar) with planner.cost.evaluate, as
 benchmarks/validation_report.py does; the table says how far each profile's prediction is from the measurement.
-Used in session 16 to compare the shipped profile with the same profile after `plan profile --model ... --base`.
+Used to compare the shipped profile with the same profile after `plan profile --model ... --base`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ runs, plan quality (first choice against the measured best, Spearman rank correl
 predicted against measured. Every row is re-predicted from its exact plan (the CSV's sidecar) with the
 profiles given, so the figures are those of the profiles as shipped, not of the profile a run was made with.
 
-    python benchmarks/validation_report.py benchmarks/results/validation-2026-11-30b/all.csv \
+    python benchmarks/validation_report.py benchmarks/results/validation/current.csv \
         --profile profiles/h200-sxm.json --calibrated profiles/h200-sxm-calibrated.json \
         --holdout-models llama-1b-gqa,moe-small,bert-large --quality-models gpt-1.3b,llama-1b-gqa \
         --out benchmarks/results/validation-2026-11-30b

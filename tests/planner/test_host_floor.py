@@ -128,7 +128,7 @@ def test_host_figures_out_of_recompute_order_are_named():
 def test_plan_provenance_carries_the_profile_warning():
     from planner.search import plan_provenance
 
-    # session 4's shipped probe had llama's selective (5.1 ms) above its full recompute (3.8 ms)
+    # the probe shipped on 2026-11-30 had llama's selective (5.1 ms) above its full recompute (3.8 ms)
     noisy = replace(HOST, family_layer_s={"llama": {"none": 2.3e-3, "selective": 5.1e-3, "full": 3.8e-3}})
     prov = plan_provenance(replace(load_profile("h200-sxm", "h200-sxm"), host=noisy))
     assert any("llama" in w and "recompute order" in w for w in prov["profile_warnings"])

@@ -69,7 +69,7 @@ def test_heated_timing_matches_sustained_gemm():
         heated = time_fn(fn, dev, warmup=2, repeats=7).median_s
     assert active_heater(dev) is None
     sustained = back_to_back_s(fn, 2.0, sync_every=32)
-    # session 13, p1: at the cap such GEMMs ran 9-23% slower than in cold bursts; heated, within a few percent
+    # one H200, 2026-12-01: at the cap such GEMMs ran 9-23% slower than in cold bursts; heated, within a few percent
     assert abs(heated / sustained - 1) < 0.08, (heated, sustained)
 
 

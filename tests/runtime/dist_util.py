@@ -35,13 +35,13 @@ def _entry(rank, world, port, fn, args, result_path):
         dist.destroy_process_group()
     # the work is done and its result written: leave without the interpreter's teardown, where a C++ thread
     # destructor now and then aborts a gloo worker ("terminate called without an active exception", about one
-    # run in twenty of the TP2 FP8 test in session 8), which failed a test whose ranks had both finished
+    # run in twenty of the TP2 FP8 test on 2026-11-30), which failed a test whose ranks had both finished
     os._exit(0)
 
 
 NETWORK_FLAKES = ("DistNetworkError", "Connection reset by peer")
 """What a worker dies of when the local TCP rendezvous breaks under it, not the code under test: seen about once in
-a few hundred multi-process tests on 2-core machines (session 17 locally, session 18 in a CI run: gloo's
+a few hundred multi-process tests on 2-core machines (locally and in a CI run, 2026-12-02: gloo's
 new_group, while ranks built their subgroups). Such a run is tried once more, on a fresh port."""
 
 

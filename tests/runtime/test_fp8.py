@@ -200,7 +200,7 @@ def test_gpu_without_fp8_tensor_cores_is_refused_in_one_sentence(monkeypatch):
 
 
 def test_planner_prices_fp8_and_says_it_is_modelled(tmp_path):
-    """A profile without an FP8 table (the shipped one has one since session 6: its table is dropped here)."""
+    """A profile without an FP8 table (the shipped one has one: its table is dropped here)."""
     from dataclasses import replace
 
     from planner.cluster import ClusterSpec

@@ -143,7 +143,7 @@ def test_gradient_norm_taken_beside_backward_equals_the_norm_after_it(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_fully_sharded_step_on_cuda_trains_as_the_sharded_optimizer_one(tmp_path):
     """Sharding 'full' runs torch's fused AdamW over FSDP2's DTensor shards and one foreach norm on CUDA
-    (runtime/parallel/data.py, session 10). On two GPUs it must train as the ZeRO-1 step of the same plan."""
+    (runtime/parallel/data.py). On two GPUs it must train as the ZeRO-1 step of the same plan."""
     spec = tiny_model("llama", num_layers=4)
     plan = Plan(model=spec, cluster={"gpu": "h200-sxm", "num_gpus": 2, "gpus_per_node": 2},
                 training=TrainingShape(32, 8), layout=Layout(dp=2, micro_batch=2, sharding="optimizer"),

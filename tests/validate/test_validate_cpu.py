@@ -177,7 +177,7 @@ def test_validate_several_plans_of_two_world_sizes_in_one_call(tiny_plan, tmp_pa
 
 
 def test_validate_stopped_midway_still_appends_what_finished(tiny_plan, tmp_path, monkeypatch, capsys):
-    """A wall-clock limit's SIGTERM during a sweep (session 4 lost a 56-plan sweep to it): the plans that
+    """A wall-clock limit's SIGTERM during a sweep (a 56-plan sweep was once lost to it): the plans that
     finished are still reported and appended, the rest are named, and the exit code says it was stopped."""
     from runtime import validate as V
 
