@@ -16,7 +16,17 @@ from dataclasses import dataclass
 
 import torch
 
+from planner.lr_schedule import ADAM_BETAS, ADAM_EPS, DEFAULT_CLIP_GRAD, DEFAULT_PEAK_LR, DEFAULT_WEIGHT_DECAY
 from runtime.triton_support import tl, triton, use_triton
+
+
+class AdamConfig:
+    """AdamW's settings (defaults: planner/lr_schedule.py, where `plan launch`'s options are declared)."""
+
+    def __init__(self, lr=DEFAULT_PEAK_LR, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=DEFAULT_WEIGHT_DECAY,
+                 grad_clip=DEFAULT_CLIP_GRAD):
+        self.lr, self.betas, self.eps, self.weight_decay, self.grad_clip = lr, betas, eps, weight_decay, grad_clip
+
 
 
 @dataclass
