@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from planner.schedule import closed_form_s, rank_schedule  # the one schedule order (planner and runtime)
+from runtime.label_count import global_label_count
 from runtime.parallel.tensor import group_size
 
 __all__ = ["build_pipeline_stages", "stage_layer_ranges", "rank_schedule", "simulate", "train_step",
@@ -252,7 +253,6 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
     pipeline rank gets the same list (only the first stage reads tokens, only the last labels).
     Returns (global-batch mean loss, same on every rank; gradient norm)."""
     from runtime.parallel.expert import collect_aux_loss
-    from runtime.step import global_label_count
 
     lay = groups.layout
     pp, r, v, m = lay.pp, groups.pp_rank, len(stages), len(micro_batches)
