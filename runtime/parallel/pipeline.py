@@ -30,7 +30,7 @@ an action consumes, so transfers overlap compute on both sides.
 Step time in the planner: planner/schedule.py plays these same action lists (`rank_schedule` lives there,
 one order for both) with each virtual stage's forward and backward time and a hop time between ranks. Its
 closed form, `analytic_step_time` here, m * max_r t_r + (sum_r t_r - max_r t_r) / v, is what that play gives
-for equal stages and free transfers; until session 9 it was the planner's model, and replayed interleaved
+for equal stages and free transfers; until commit 0b7710e (2026-11-30) it was the planner's model, and replayed interleaved
 steps measured 10-17% above it (uneven chunks pace the fill and drain, and the hops wait: the per-tick
 batches serialise on the NCCL stream). The planner now plays the schedule, and calibration fits the hop.
 `measured_bubble_fraction(timelines)` measures the same quantity from the recorded action start/end
