@@ -2,7 +2,7 @@
 
 Without it the host issues every kernel of the step itself, about 50 per layer, and for small layers or
 TP > 1 it issues them more slowly than the GPU runs them: the step is host-paced, slower than its GPU time
-and as variable as the host (benchmarks/results/README.md, sessions 4-7). A graph captured once and replayed
+and as variable as the host (benchmarks/results/README.md, 2026-11-30). A graph captured once and replayed
 every step takes the host out: the step runs at the GPU's pace.
 
 What a replay needs, and where it comes from:
