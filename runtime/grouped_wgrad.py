@@ -3,7 +3,7 @@
 `grouped_wgrad_(main_grad, dy, x, offs, overwrite)`: main_grad[g] (+)= dy[rows of g]^T @ x[rows of g] for every
 local expert g, rows grouped by expert as torch._grouped_mm takes them (group g owns rows offs[g-1]:offs[g],
 offsets on the device). main_grad is the [experts, N, K] view of the experts' main gradients that
-runtime/parallel/data.py lays out back to back.
+runtime/parallel/flat_buffer.py lays out back to back.
 
 Why: torch._grouped_mm writes a bf16 [experts, N, K] gradient and cannot accumulate, so every micro-batch then
 added it into main_grad (read 2 + 4, write 4 bytes per parameter): 12 ms of the 232 ms of GPU time of a step of the

@@ -1,6 +1,6 @@
 """AdamW over flat fp32 shards that also writes the updated weights in the compute dtype, in one pass.
 
-The distributed optimizer (runtime/parallel/data.py) updates contiguous segments of its flat buffers: the
+The distributed optimizer (runtime/parallel/distributed_optimizer.py) updates contiguous segments of its flat buffers: the
 fp32 master weights, the (main) gradient (fp32, or bf16 under a plan's grad_dtype), Adam's m and v, and the bf16 parameters the model computes
 with. PyTorch's fused AdamW (`torch._fused_adamw_`) covers the first four; the bf16 copy would be another
 pass over 6 bytes per parameter. On CUDA a small Triton kernel does both (reads 16 B, writes 14 B per
