@@ -62,8 +62,8 @@ class FullyShardedOptimizer:
         """Gradients are reduce-scattered after every micro-batch's backward, as the planner prices 'full'
         (planner.cost.dp_comm_s) and as the pipeline schedules run it. Skipping the sync on all but the last
         micro-batch would make FSDP2 keep every layer's unsharded gradient in fp32 until then: an allocator
-        trace of a gpt-1.3b CP2 step (2026-11-30, 2x H200, commit 070ae35) showed FSDP2 allocating 4.5 GiB of them, the whole
-        model's."""
+        trace of a gpt-1.3b CP2 step (2026-11-30, 2x H200, commit 070ae35) showed FSDP2 allocating 4.5 GiB of
+        them, the whole model's."""
         for mod in self.modules:
             mod.set_requires_gradient_sync(True)
 

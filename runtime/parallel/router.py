@@ -7,7 +7,7 @@ Transformer / Mixtral's `load_balancing_loss_func`): aux = E * sum_e f_e * P_e w
 e, over the micro-batch's tokens. Under TP (sequence parallel) and CP each rank holds a shard of them: f is
 summed over the cp x tp group (`groups.cp_tp`, a [k, E] all-reduce of counts, no gradient) and P stays local,
 so the rank's loss E * sum_e f_e * P_e(local) averaged over the tp * cp shards is exactly the loss of the whole
-micro-batch, whatever the layout. After each forward `self.aux_loss` holds the rank's loss (a tensor in the
+micro-batch, whatever the layout. After each forward MoEMLP's `aux_loss` holds the rank's loss (a tensor in the
 graph) divided by the TP degree (summing gradients over TP averages over TP). The training loop adds it to
 each micro-batch's loss, scaled to a mean over micro-batches and dp*cp ranks since gradients are summed over
 both:
@@ -48,8 +48,8 @@ class _RouterLogits(torch.autograd.Function):
     """fp32 router logits x @ W^T. On CUDA with bf16 x and W one bf16 GEMM with an fp32 output: the same products,
     summed in fp32, as the fp32 GEMM of their upcast copies, without making those copies or keeping x's fp32
     copy for backward (it keeps x as it is). Why: the upcast operands ran on an fp32 (non-tensor-core) kernel,
-    80 us a call at 8192 x 2048 x 8 on an H200 (2026-12-01 kernel table, commit dd42892), and the kept fp32 copy was 4 bytes
-    per hidden element per token. Backward likewise: the logits' gradient rounded to x's dtype (the rest of the
+    80 us a call at 8192 x 2048 x 8 on an H200 (2026-12-01 kernel table, commit dd42892), and the kept fp32
+    copy was 4 bytes per hidden element per token. Backward likewise: the logits' gradient rounded to x's dtype (the rest of the
     backward runs in it) and both GEMMs on tensor cores summing in fp32; the weight gradient comes out in fp32
     before its cast. Through the upcast copies they were two fp32 GEMMs and an fp32 copy of x, about 4 ms of a
     232 ms MoE step (same table). On CPU (the tests' fp32 models) everything stays fp32."""
