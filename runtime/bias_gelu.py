@@ -6,7 +6,7 @@ y (the GEMM output, what the plain GELU kept). Backward computes dy = gelu'(y + 
 per-program column partial sums of dy; one small kernel (runtime/norm.py's sum_partials) adds them up straight
 into the bias's main gradient where the optimizer gave it one (tensor.claim_main_grad's protocol), else into a
 new tensor. Why: the bias gradient was a separate reduction over dY [tokens, ffn] after GELU's backward had just
-written it: 24 x 50 us of a GPT-1.3B step on one H200 (session 10 call p3's kernel table: 3.7 ms in the four
+written it: 24 x 50 us of a GPT-1.3B step on one H200 (2026-12-01 kernel table, commit f0cd39e: 3.7 ms in the four
 bias sums of each layer, fc1's the largest).
 
 On CUDA (and under Triton's interpreter) one Triton kernel each way; elsewhere PyTorch's ops.
@@ -78,7 +78,7 @@ _BWD_BLOCK = (2, 1024)
 _BWD_ROWS_PER_PROG = 64
 _BWD_WARPS = 4
 """Backward tiles: 2 rows x 1024 columns, 64 rows per program, 4 warps, the fastest of 40 shapes x rows per program
-x warps timed on an H200 (session 11 call r5, gpu/tune_bias_gelu.py): 155 us at 8192 x 8192 (GPT-1.3B's fc1 at
+x warps timed on an H200 (2026-12-01, commit d2522a6, gpu/tune_bias_gelu.py): 155 us at 8192 x 8192 (GPT-1.3B's fc1 at
 micro-batch 4) and 279 us at 32768 x 4096, partial sums included, against 185 / 338 us for PyTorch's GELU
 backward plus the column sum; the first choice, 16 x 256 over 256 rows, took 265 / 516 us. 8192 rows make a
 128-row partial-sum table (4 MiB fp32)."""

@@ -34,8 +34,8 @@ def peak_live(events: list[dict], baseline_bytes: int, top: int = 40) -> dict:
     """Replay allocator events (dicts with 'action', 'addr', 'size', 'frames'): the peak of baseline + live
     allocations and what was alive at it, grouped by allocation site, largest first. An allocation's memory
     returns at 'free_completed' (a 'free_requested' one may still be in use by another stream); so does the
-    memory of a block allocated before the step (in the baseline) when the step frees it. Session 6's first
-    traces ignored those frees, and FSDP's trace peaked 2.6 GiB above the run's max_memory_allocated."""
+    memory of a block allocated before the step (in the baseline) when the step frees it. The first traces
+    (2026-11-30, commit 7baa891) ignored those frees, and FSDP's trace peaked 2.6 GiB above the run's max_memory_allocated."""
     live: dict[int, dict] = {}
     cur = peak = baseline_bytes
     peak_at = -1

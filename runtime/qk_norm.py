@@ -5,7 +5,7 @@ head_dim and scaled by q_weight, every head of k likewise by k_weight, and v is 
 Why: PyTorch's RMSNorm over [s, b, heads, head_dim] views of the qkv output copies the strided views to
 contiguous memory, runs a layer-norm kernel over 128-wide rows at about a quarter of its rate on hidden-wide rows,
 and needs a concatenation to put q and k back beside v for the fused rotary. A qwen3-8b-8l step on an H200
-(micro-batch 1) spent about 51 ms of its 0.79 s in those kernels (session 17, t4); the cost model priced 10 ms.
+(micro-batch 1) spent about 51 ms of its 0.79 s in those kernels (2026-12-02, commit fd63a9d); the cost model priced 10 ms.
 Here the qkv output is read once and the normalised qkv written once; backward reads it, its gradient and the
 per-head rstd, writes the input gradient and per-program partial sums of the two weights' gradients (summed by
 runtime/norm.py's sum_partials, straight into their fp32 main_grad where the optimizer gave one).
@@ -26,8 +26,8 @@ _ROWS_PER_BLOCK = 16
 
 BWD_ROWS_PER_BLOCK = 64
 """Head rows per step of a backward program. 64 / 8 / 4 was the fastest of benchmarks/tune_qk_norm.py's 18 choices
-at Qwen3-8B's shape (4096 tokens, head dimension 128) on one H200 (session 18, call a1, 2026-12-02, tree fd63a9d;
-benchmarks/results/session18-2026-12-02/a1/tune_qk_norm.csv): 178 us against 282 us for session 17's 16 / 4 / 4."""
+at Qwen3-8B's shape (4096 tokens, head dimension 128) on one H200 (2026-12-02, tree fd63a9d, tune_qk_norm.csv in benchmarks/results of commit e14e583): 178 us
+against 282 us for the earlier 16 / 4 / 4."""
 
 BWD_PROGRAMS_PER_SM = 8
 """Backward programs per SM, each a contiguous run of row blocks (and one partial row of each weight gradient)."""

@@ -17,16 +17,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from runtime.model import IGNORE_INDEX
+from runtime.label_count import global_label_count
+from runtime.parallel.pipeline import train_step as pipeline_train_step
 from runtime.parallel.tensor import group_size
-
-
-def global_label_count(micro_batches, groups) -> torch.Tensor:
-    """Labelled tokens in the whole global batch (every micro-batch of every dp*cp rank)."""
-    n = sum((mb["labels"] != IGNORE_INDEX).sum() for mb in micro_batches).to(torch.float32)
-    if group_size(groups.dp_cp) > 1:
-        dist.all_reduce(n, group=groups.dp_cp)
-    return n.clamp_min(1.0)
 
 
 def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None):
@@ -60,6 +53,5 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None):
 
 def select_train_step(layout):
     if layout.pp > 1:
-        from runtime.parallel.pipeline import train_step as pipeline_train_step  # the pipeline helper's
         return pipeline_train_step
     return train_step

@@ -1,2 +1,3 @@
-"""Parallel layers and wrappers: tensor (TP+SP), data (DP / distributed optimizer / FSDP2), and, from
-their own files, context (ring attention), expert (MoE) and pipeline schedules."""
+"""Parallel layers and wrappers: tensor (TP+SP), context (ring attention), data (DP: flat_buffer,
+distributed_optimizer, fsdp, adamw), expert (MoE: router, expert_mlp, expert_dispatch), pipeline schedules,
+the vocabulary-parallel cross-entropy and FP8 linear layers."""

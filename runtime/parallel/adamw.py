@@ -1,6 +1,6 @@
 """AdamW over flat fp32 shards that also writes the updated weights in the compute dtype, in one pass.
 
-The distributed optimizer (runtime/parallel/data.py) updates contiguous segments of its flat buffers: the
+The distributed optimizer (runtime/parallel/distributed_optimizer.py) updates contiguous segments of its flat buffers: the
 fp32 master weights, the (main) gradient (fp32, or bf16 under a plan's grad_dtype), Adam's m and v, and the bf16 parameters the model computes
 with. PyTorch's fused AdamW (`torch._fused_adamw_`) covers the first four; the bf16 copy would be another
 pass over 6 bytes per parameter. On CUDA a small Triton kernel does both (reads 16 B, writes 14 B per
@@ -16,7 +16,17 @@ from dataclasses import dataclass
 
 import torch
 
+from planner.lr_schedule import ADAM_BETAS, ADAM_EPS, DEFAULT_CLIP_GRAD, DEFAULT_PEAK_LR, DEFAULT_WEIGHT_DECAY
 from runtime.triton_support import tl, triton, use_triton
+
+
+class AdamConfig:
+    """AdamW's settings (defaults: planner/lr_schedule.py, where `plan launch`'s options are declared)."""
+
+    def __init__(self, lr=DEFAULT_PEAK_LR, betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=DEFAULT_WEIGHT_DECAY,
+                 grad_clip=DEFAULT_CLIP_GRAD):
+        self.lr, self.betas, self.eps, self.weight_decay, self.grad_clip = lr, betas, eps, weight_decay, grad_clip
+
 
 
 @dataclass

@@ -31,7 +31,7 @@ Block kernels: on CUDA with fp16/bf16 inputs, cuDNN's fused attention when torch
 (aten._scaled_dot_product_cudnn_attention[_backward], the kernel that F.scaled_dot_product_attention picks
 on Hopper, so a CP rank runs the same attention kernel as the one-GPU model), else torch's flash-attention
 (aten._scaled_dot_product_flash_attention[_backward], FA2: on H200 it ran the 32k CP2 step at 65% of one
-GPU in session 3); otherwise a plain fp32 math implementation. All three return the natural-log
+GPU on 2026-11-30, commit 2035b96); otherwise a plain fp32 math implementation. All three return the natural-log
 log-sum-exp the merge needs, and their backward takes the final out and lse. GQA: K/V travel with their own (fewer) heads and are expanded per block;
 their gradients are summed back over the query-head groups before they travel.
 """

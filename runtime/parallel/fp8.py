@@ -12,7 +12,7 @@ operand. No history, no host synchronisation (amax and scales stay on the device
 each rank scales its own shard, so FP8 results agree with a one-process FP8 run within FP8 precision, not
 bit for bit.
 
-Why the quantisation is fused (session 6, 2x H200): the first version quantised in PyTorch operations (abs,
+Why the quantisation is fused (2026-11-30, 2x H200, commit 9679497): the first version quantised in PyTorch operations (abs,
 amax, float, clamp_min, divide, multiply, clamp_, cast: about 8 memory passes per operand, several writing bf16
 copies, and the weight's transpose made contiguous in bf16 for every input-gradient GEMM); its FP8 GEMMs were
 faster, yet training was slower than bf16: GPT-1.3B on one H200 0.176 s per step against 0.137 s, GPT-6.7B

@@ -30,7 +30,7 @@ an action consumes, so transfers overlap compute on both sides.
 Step time in the planner: planner/schedule.py plays these same action lists (`rank_schedule` lives there,
 one order for both) with each virtual stage's forward and backward time and a hop time between ranks. Its
 closed form, `analytic_step_time` here, m * max_r t_r + (sum_r t_r - max_r t_r) / v, is what that play gives
-for equal stages and free transfers; until session 9 it was the planner's model, and replayed interleaved
+for equal stages and free transfers; until commit 0b7710e (2026-11-30) it was the planner's model, and replayed interleaved
 steps measured 10-17% above it (uneven chunks pace the fill and drain, and the hops wait: the per-tick
 batches serialise on the NCCL stream). The planner now plays the schedule, and calibration fits the hop.
 `measured_bubble_fraction(timelines)` measures the same quantity from the recorded action start/end
@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from planner.schedule import closed_form_s, rank_schedule  # the one schedule order (planner and runtime)
+from runtime.label_count import global_label_count
 from runtime.parallel.tensor import group_size
 
 __all__ = ["build_pipeline_stages", "stage_layer_ranges", "rank_schedule", "simulate", "train_step",
@@ -252,7 +253,6 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
     pipeline rank gets the same list (only the first stage reads tokens, only the last labels).
     Returns (global-batch mean loss, same on every rank; gradient norm)."""
     from runtime.parallel.expert import collect_aux_loss
-    from runtime.step import global_label_count
 
     lay = groups.layout
     pp, r, v, m = lay.pp, groups.pp_rank, len(stages), len(micro_batches)

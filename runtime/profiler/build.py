@@ -36,7 +36,7 @@ class Options:
     max_nvlink_group: int = 8
     at_power_cap: bool = True
     """Time the kernels with the GPU held at its power cap, where sustained training runs (runtime/profiler/
-    timing.py, PowerHeater); False: in short bursts at whatever clock the GPU is at (before session 13)."""
+    timing.py, PowerHeater); False: in short bursts at whatever clock the GPU is at (before commit 871086d)."""
     host: bool = True
     """Measure the host time per layer (runtime/profiler/host.py; GPU, full profiles only)."""
     models: tuple = ()

@@ -3,7 +3,7 @@ not measured its head dimension) on this GPU and add them to a profile.
 
 A plan whose layer GEMMs fall between a profile's measured points reads interpolated times, and between the
 grid's lines cuBLAS runs some shapes 10-25% off the interpolated rate, repeatably (benchmarks/results/README.md,
-sessions 11 and 15: 2560 x 2560 x 8192 weight gradients, for instance). The planner says so in every such plan's
+2026-12-01 and 2026-12-02: 2560 x 2560 x 8192 weight gradients, for instance). The planner says so in every such plan's
 provenance. Measuring a whole new profile to fix that takes five minutes and loses what the base profile holds
 that a fresh one does not: the calibration `plan calibrate` fitted on measured runs, host figures from another
 machine, collectives from a two-GPU node. This times only the GEMMs of the models asked for that the base has

@@ -124,13 +124,13 @@ def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, ste
 ROUNDS, STEPS_PER_ROUND, WARMUP_STEPS = 3, 4, 3
 """The two depths are timed in alternating rounds, and the per-layer figure is the median over rounds of
 the difference of the round medians. Timing each depth in one block made a transient (another process, a
-clock change) that fell on one block land whole in the difference: session 4's probe put llama's selective
+clock change) that fell on one block land whole in the difference: the probe of 2026-11-30 (commit 97c684a) put llama's selective
 recompute at 5.1 ms per layer, above its full recompute at 3.8 ms."""
 
 
 _GROUPS: dict = {}
 """Process groups by degrees, built once per probe process: creating NCCL communicators for every figure
-made the probe take 150 s of session 5's 270 s profile (as `plan launch` with several plans does, a layout
+made the probe take 150 s of a 270 s profile (2026-11-30, commit cd8b1e0) (as `plan launch` with several plans does, a layout
 of the same degrees reuses them)."""
 
 

@@ -139,7 +139,7 @@ def model_gemm_shapes(spec: ModelSpec, seq_len: int, tp_degrees=TP_DEGREES, cp_d
     allows, at every token count micro-batch x sequence / CP for micro-batches 1-max_micro_batch and the CP
     degrees whose ring splits the sequence, each as forward, dgrad and wgrad. Measured before the catalogue
     grid, so that a model's plans read measured times, not interpolated ones: between the grid's lines cuBLAS
-    runs some shapes 9-17% off the interpolated rate, repeatably (benchmarks/results/README.md, session 11).
+    runs some shapes 9-17% off the interpolated rate, repeatably (benchmarks/results/README.md, 2026-12-01).
     Ordered small first; deduplicated."""
     toks = sorted({mb * seq_len // cp for mb in range(1, max_micro_batch + 1) for cp in cp_degrees
                    if seq_len % (2 * cp) == 0 or cp == 1})

@@ -215,7 +215,7 @@ def test_routing_matches_mixtral_reference():
 
 def test_regroup_permutation_matches_the_block_by_block_order():
     """(source, expert) blocks -> (expert, source) blocks, empty blocks included, against a plain loop."""
-    from runtime.parallel.expert import regroup_permutation
+    from runtime.parallel.expert_dispatch import regroup_permutation
 
     g = torch.Generator().manual_seed(3)
     for ep, El in ((2, 4), (3, 2), (4, 1)):
@@ -247,7 +247,7 @@ def _flat_buffer_check(family, bucket_elems):
     import copy
 
     from runtime.mesh import single_process_groups
-    from runtime.parallel import expert as ex
+    from runtime.parallel import expert_mlp as ex
     from runtime.parallel.data import build_optimizer
 
     spec = _spec(family, experts=4)
@@ -317,7 +317,7 @@ def test_grouped_experts_accumulate_in_the_gemm_on_cuda():
 def test_router_logits_on_cuda_tensor_cores_match_float64():
     """The router's logits and both gradients in bf16 on tensor cores (fp32 sums) against float64 autograd of
     the same operands, at bf16's precision."""
-    from runtime.parallel.expert import _RouterLogits
+    from runtime.parallel.router import _RouterLogits
 
     torch.manual_seed(0)
     x = torch.randn(4096, 1024, device="cuda").to(torch.bfloat16).requires_grad_()

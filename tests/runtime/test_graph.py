@@ -126,7 +126,7 @@ def test_replayed_steps_match_eager_steps(tmp_path, tp, pp, vpp, sharding, moe):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gradient_norm_taken_beside_backward_equals_the_norm_after_it(tmp_path):
     """Without a data-parallel group each bucket's norm is taken on a side stream as backward finishes it
-    (runtime/parallel/data.py); with overlap_dp off it is taken after backward. Same norms, same losses."""
+    (runtime/parallel/distributed_optimizer.py); with overlap_dp off it is taken after backward. Same norms, same losses."""
     spec = tiny_model("gpt", num_layers=4)
     plan = Plan(model=spec, cluster={"gpu": "h200-sxm", "num_gpus": 1, "gpus_per_node": 1},
                 training=TrainingShape(32, 4), layout=Layout(micro_batch=2, sharding="none", cuda_graph=True),
@@ -143,7 +143,7 @@ def test_gradient_norm_taken_beside_backward_equals_the_norm_after_it(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_fully_sharded_step_on_cuda_trains_as_the_sharded_optimizer_one(tmp_path):
     """Sharding 'full' runs torch's fused AdamW over FSDP2's DTensor shards and one foreach norm on CUDA
-    (runtime/parallel/data.py). On two GPUs it must train as the ZeRO-1 step of the same plan."""
+    (runtime/parallel/fsdp.py). On two GPUs it must train as the ZeRO-1 step of the same plan."""
     spec = tiny_model("llama", num_layers=4)
     plan = Plan(model=spec, cluster={"gpu": "h200-sxm", "num_gpus": 2, "gpus_per_node": 2},
                 training=TrainingShape(32, 8), layout=Layout(dp=2, micro_batch=2, sharding="optimizer"),

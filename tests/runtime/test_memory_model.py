@@ -82,6 +82,7 @@ def test_zero2_reduction_buffers_within_the_planner_count(family):
     from runtime.mesh import single_process_groups
     from runtime.model import build_model
     from runtime.parallel import data as D
+    from runtime.parallel.flat_buffer import FlatBuffer
 
     spec = tiny_model(family, num_layers=4)
     bucket = 3000
@@ -89,14 +90,14 @@ def test_zero2_reduction_buffers_within_the_planner_count(family):
     opt = D.DistributedOptimizer([model], single_process_groups(), "optimizer+grads", D.AdamConfig(),
                                  bucket_elems=bucket)
     peak = [0]
-    original = D._Buffer.grad_view
+    original = FlatBuffer.grad_view
 
     def grad_view(self, p):
         view = original(self, p)
         peak[0] = max(peak[0], sum(4 * b.size for b in self.buckets if b.full is not None))
         return view
 
-    D._Buffer.grad_view = grad_view
+    FlatBuffer.grad_view = grad_view
     try:
         seq = torch.randint(0, spec.vocab_size, (2, 2, 17), generator=torch.Generator().manual_seed(0))
         opt.zero_grad()
@@ -106,7 +107,7 @@ def test_zero2_reduction_buffers_within_the_planner_count(family):
             loss.backward()
         opt.finish_grads()
     finally:
-        D._Buffer.grad_view = original
+        FlatBuffer.grad_view = original
         opt.close()
     lay = Layout(dp=2, micro_batch=1, sharding="optimizer+grads")
     planned = mem.dp_reduction_transient_bytes(0, 0, lay, mem.largest_layer_param_local(spec, 1),

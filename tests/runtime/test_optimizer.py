@@ -12,7 +12,8 @@ import torch
 from planner.model import tiny_model
 from runtime.mesh import single_process_groups
 from runtime.model import build_model
-from runtime.parallel.data import AdamConfig, DistributedOptimizer
+from runtime.parallel.adamw import AdamConfig
+from runtime.parallel.distributed_optimizer import DistributedOptimizer
 from runtime.parallel.tensor import weight_grad
 
 

@@ -3,7 +3,7 @@ from tests.runtime.dist_util import run_workers
 from planner.model import tiny_model
 from planner.plan import Layout
 from runtime.mesh import build_groups
-from runtime.parallel import data
+from runtime.parallel import distributed_optimizer
 from tests.runtime.equiv import assert_close, assert_close_bf16_grads, reference, run_case, worker
 
 MIXED = ["full", "selective", "none", "selective"]
@@ -68,16 +68,16 @@ def _bf16_worker(rank, world, cases):
     for family, lay_kw, modes in cases:
         spec, lay = tiny_model(family), Layout(**lay_kw)
         seen = []
-        real_rs = data._rs
+        real_rs = distributed_optimizer._rs
 
         def spy(output, input, *a, **kw):  # the reduction's precision, as issued
             seen.append(input.dtype)
             return real_rs(output, input, *a, **kw)
-        data._rs = spy
+        distributed_optimizer._rs = spy
         try:
             got = run_case(spec, lay, build_groups(lay, "cpu"), modes or ["none"] * spec.num_layers)
         finally:
-            data._rs = real_rs
+            distributed_optimizer._rs = real_rs
         out.append((got, sorted({str(d) for d in seen})))
     return out
 
