@@ -27,9 +27,9 @@ from planner.cluster import ClusterSpec
 from planner.bounds import compute_bound_s, time_and_memory_bounds
 from planner.cost import CostModel
 from planner.errors import NoFitError, PlanError
-from planner.legality import cuda_graph_violation, layout_violation
+from planner.legality import SHARDING_LEVELS, cuda_graph_violation, layout_violation
 from planner.model import ModelSpec
-from planner.plan import SHARDING_LEVELS, Layout, Plan, StagePlan, TrainingShape
+from planner.plan import Layout, Plan, StagePlan, TrainingShape
 from planner.profile import FP8_MODEL_NOTE, Profile, profile_argument
 
 MAX_VPP = 8
