@@ -11,7 +11,7 @@ from planner.search import SearchResult
 HOST_PACED_SHARE = 0.10
 """A plan is host-paced when the host floor (issuing the kernels) sets at least this share of its predicted step.
 Its time then depends on the CPU: the same host-paced 1-GPU plans measured on three lent H200 machines spread
-13-48%, GPU-paced ones 2-4% (benchmarks/results/README.md, session 5)."""
+13-48%, GPU-paced ones 2-4% (benchmarks/results/README.md; commit f98243c, 2026-11-30)."""
 
 
 def host_paced(prediction) -> bool:

@@ -75,8 +75,8 @@ class DataParallelTerms:
         fp32 call per tensor, issued in backward's gradient hooks on the compute stream: exposed. Once per step
         (on the last micro-batch), every micro-batch under 'optimizer+grads' (whose gradients are reduced every
         micro-batch); under 'full' on the rank's shard of each. Under MoE with TP the experts' weights are among
-        them: 2 GiB per step for moe-small at TP2 (11 ms), which the planner had not priced (session 10: a
-        helper's re-prediction of session 9's n4 TP2 runs)."""
+        them: 2 GiB per step for moe-small at TP2 (11 ms), which the planner had not priced (found re-predicting
+        measured H200 TP2 runs; commit 318483e, 2026-12-01)."""
         lay = self.lay
         if lay.tp == 1:
             return 0.0

@@ -37,9 +37,9 @@ class MemoryTermsOfRanks:
         """Peak bytes of one pipeline rank: states + every in-flight micro-batch's activations + the largest
         transient (a layer's backward working set, the output layer's logits, a fully recomputed layer's
         rematerialised activations). Under 'optimizer+grads' the in-flight full-size gradient buckets sit beside
-        the activations during every backward, so they add to this peak. (Until session 11 ZeRO-1 had a second,
-        end-of-backward peak: its reduce-scatter outputs, one per bucket, held until the step; it now reduces in
-        place, memory.dp_reduction_transient_bytes.)"""
+        the activations during every backward, so they add to this peak. (Before commit 467bdc0, 2026-12-01, ZeRO-1
+        had a second, end-of-backward peak: its reduce-scatter outputs, one per bucket, held until the step; it now
+        reduces in place, memory.dp_reduction_transient_bytes.)"""
         m, lay, shape = self.m, self.lay, self.shape
         dense, expert = self.rank_params(rank_stages)
         first = any(j == 0 for j, _ in rank_stages)

@@ -45,11 +45,11 @@ class Profile:
     """Measured host time per layer (runtime/profiler/host.py); None: no host floor (older profiles)."""
     wgrad_points: list[tuple[int, int, int, float]] = field(default_factory=list)
     """(m, n, k, seconds) of weight-gradient GEMMs [m,k] x [k,n] accumulated into fp32 (k = tokens); empty in
-    profiles measured before session 4, where wgrad_s falls back to gemm_s."""
+    profiles measured before commit 3841b61 (2026-11-30), where wgrad_s falls back to gemm_s."""
     fp8_points: list[tuple[int, int, int, float]] = field(default_factory=list)
     """(m, n, k, seconds) of FP8 GEMMs as runtime/parallel/fp8.py runs them (per-tensor scaling of both bf16
-    operands included), forward and input-gradient layouts; empty before session 5 and on devices without FP8,
-    where fp8_gemm_s is modelled."""
+    operands included), forward and input-gradient layouts; empty before commit 940723c (2026-11-30) and on devices
+    without FP8, where fp8_gemm_s is modelled."""
 
     # -- queries -------------------------------------------------------------
     def eff(self, term: str) -> float:
@@ -87,8 +87,8 @@ class Profile:
     @property
     def kernels_timed_at_power_cap(self) -> bool:
         """Whether the profiler timed this profile's kernels with the GPU held at its power cap
-        (runtime/profiler/timing.py; profiles from before session 13 were timed in short bursts). Kernels timed
-        to compare with it, or to add to it, are timed the same way."""
+        (runtime/profiler/timing.py; profiles from before commit 871086d, 2026-12-01, were timed in short bursts).
+        Kernels timed to compare with it, or to add to it, are timed the same way."""
         return any(part.get("part") == "kernel_timing" and part.get("at_power_cap")
                    for part in self.provenance.get("parts", []))
 
@@ -141,8 +141,9 @@ class Profile:
     def attention_kernel_head_dim(self, head_dim: int, causal: bool) -> int:
         """The head dimension whose measured kernel this one is priced as: itself where measured; else the next
         larger one measured, since the kernels pad the head dimension to their tile (on H200, head dimensions 80,
-        96 and 112 ran in the time of 128 within 2%, forward and backward, and 160 in that of 192: session 16,
-        benchmarks/attention_head_dims.py); above the largest measured, itself (at the nearest one's rate)."""
+        96 and 112 ran in the time of 128 within 2%, forward and backward, and 160 in that of 192: commit c21f8b1,
+        2026-12-02, benchmarks/attention_head_dims.py); above the largest measured, itself (at the nearest one's
+        rate)."""
         dims = {p["head_dim"] for p in self.attention_points if p["causal"] == causal} \
             or {p["head_dim"] for p in self.attention_points}
         if head_dim in dims:

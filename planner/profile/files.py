@@ -43,9 +43,9 @@ def shipped_profile_path(gpu: str) -> Path:
 
 def default_profile_path(gpu: str) -> Path:
     """The profile the planner reads for `gpu` without --profile: the calibrated one where it ships (the
-    measured profile with its overlap and efficiency factors refitted on measured runs by `plan calibrate`;
-    session 9: 3.0% median, 13.2% worst step-time error on held-out GPU-paced runs against 10.1% / 28.3% for the
-    measured one, benchmarks/results/README.md), else the measured one."""
+    measured profile with its overlap and efficiency factors refitted on measured runs by `plan calibrate`; H200,
+    commit b66dd1f, 2026-11-30: 3.0% median, 13.2% worst step-time error on held-out GPU-paced runs against 10.1% /
+    28.3% for the measured one, benchmarks/results/README.md), else the measured one."""
     calibrated = shipped_profile_path(f"{gpu}-calibrated")
     return calibrated if calibrated.exists() else shipped_profile_path(gpu)
 

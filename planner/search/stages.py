@@ -1,5 +1,6 @@
 """The inner problem of a layout: how many layers each (virtual) pipeline stage holds and how many of them
-recompute, by a greedy split (fast, feasible) or by CP-SAT (exact within its work limit); see planner/search/__init__.py."""
+recompute, by a greedy split (fast, feasible) or by CP-SAT (exact within its work limit); see
+planner/search/__init__.py."""
 from __future__ import annotations
 
 import heapq
@@ -16,9 +17,10 @@ brute-force comparisons): several strategies proving optimality beat one even on
 SOLVE_WORK = 0.01
 """CP-SAT's deterministic time (its own work measure, not seconds on the clock) per solve in the search, on one
 worker: the same command gives the same plans on any machine and load. With a 30 ms wall-clock limit on eight
-workers (before session 16) the runners-up, and now and then the first choice (mixtral-8x7b on 64 GPUs, between
-plans 0.2% apart), changed from run to run on a loaded machine. On twelve catalogue cases this finds the same first
-choices, one 0.05% better and one 0.015% worse (benchmarks/results/README.md, session 16), in about the same time."""
+workers (before commit c643a23, 2026-12-02) the runners-up, and now and then the first choice (mixtral-8x7b on 64
+GPUs, between plans 0.2% apart), changed from run to run on a loaded machine. On twelve catalogue cases this finds
+the same first choices, one 0.05% better and one 0.015% worse (benchmarks/results/README.md; commit c643a23,
+2026-12-02), in about the same time."""
 SOLVE_WALL_CAP_S = 2.0
 """A guard on a solve with a work limit (SOLVE_WORK): only a far slower machine than a laptop reaches it."""
 
