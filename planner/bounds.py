@@ -1,4 +1,4 @@
-"""Lower bounds the search prunes with (planner/search.py): for one layout, over every layer split and recompute
+"""Lower bounds the search prunes with (planner/search/): for one layout, over every layer split and recompute
 choice, the step time its scoring can give (the schedule's closed form, CostModel.predict(play=False)) and the
 busiest rank's memory. A bound above the truth would drop a layout that could win; tests/planner/test_search.py
 holds each below every split of hundreds of layouts."""
@@ -42,8 +42,8 @@ def least_recompute_cost_s(cm: CostModel, saved_bytes: float, layers: float) -> 
     `layers` layers, each recomputed selectively (saving d_s for s_s seconds), fully (d_f for s_f) or not, in
     fractions: a linear programme whose least lies at one of three points (all selective, all full, or every layer
     recomputed with the two mixed). Selective is the cheaper per byte but saves less; once it is not enough, each
-    further byte costs (s_f - s_s) / (d_f - d_s) (llama3-70b's layer: 0.014 s/GiB fully against 0.005
-    selectively; pricing every byte at the cheaper rate let 25% more layouts through to a split, session 16).
+    further byte costs (s_f - s_s) / (d_f - d_s) (llama3-70b's layer: 0.014 s/GiB fully against 0.005 selectively;
+    pricing every byte at the cheaper rate let 25% more layouts through to a split; commit 4d6f280, 2026-12-02).
     0 where neither mode saves anything; the all-full cost where even that cannot save enough (no split fits)."""
     acts, L = cm.activations, cm.layer
     d_s, s_s = acts.none_bytes - acts.selective_bytes, L.selective_recompute_s

@@ -206,10 +206,11 @@ def with_overlap(profile, fractions: dict, efficiency: dict | None = None):
 
 
 EFFICIENCY_GRID = [round(2 ** (i / 8), 4) for i in range(-16, 33)]
-"""Candidate factors, 0.25x to 16x in steps of 2^(1/8) (9%) (the pipeline hop came out near 8x in session 9)."""
+"""Candidate factors, 0.25x to 16x in steps of 2^(1/8) (9%) (the pipeline hop came out near 8x in the H200 refit of
+commit 2e4dcec, 2026-11-30)."""
 EFFICIENCY_FINE = [2 ** (j / 64) for j in range(-8, 9)]
 """Then around each factor found, steps of 2^(1/64) (1.1%) up to one coarse step either side: the compute factor
-is a few percent off 1, where the coarse grid has only 0.917, 1 and 1.09 (session 13)."""
+is a few percent off 1, where the coarse grid has only 0.917, 1 and 1.09 (H200 refit of commit 7ff48ee, 2026-12-01)."""
 
 
 def sensitive_terms(runs: list[Run], profile) -> list[str]:

@@ -5,9 +5,28 @@ filter candidates, `check_plan` to refuse plan files, and the runtime to refuse 
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from planner.errors import PlanError
 from planner.model import ModelSpec
-from planner.plan import GRAD_DTYPES, RECOMPUTE_MODES, SHARDING_LEVELS, Layout, Plan, StagePlan, TrainingShape
+
+if TYPE_CHECKING:  # planner.plan imports this module to check the plans it loads
+    from planner.plan import Layout, Plan, StagePlan, TrainingShape
+
+SHARDING_LEVELS = ("none", "optimizer", "optimizer+grads", "full")
+"""Data-parallel sharding: none (plain DDP); optimizer = fp32 master weights and Adam states sharded (the
+distributed optimizer, ZeRO-1); optimizer+grads (ZeRO-2); full = parameters too (FSDP / ZeRO-3)."""
+
+GRAD_DTYPES = ("fp32", "bf16")
+"""Precision of the main gradients (the buffer weight-gradient GEMMs accumulate into, over micro-batches) and of
+their data-parallel reduction: fp32 (Megatron-Core's --accumulate-allreduce-grads-in-fp32), or bf16 (its default
+without that flag: half the gradient memory and half the reduce-scatter bytes, bf16 rounding at every add).
+Master weights and Adam states stay fp32 either way."""
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+"""Per layer: none keeps every activation; selective recomputes norms, the attention core and the MLP
+activation (cheap elementwise work, keeps the GEMM inputs it cannot cheaply rebuild); full keeps only the
+layer's input and reruns the whole layer forward in backward."""
 
 
 def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gpus: int | None = None,

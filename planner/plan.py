@@ -16,26 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from planner.errors import PlanError, read_json
+from planner.legality import check_plan
 from planner.model import ModelSpec
 
 PLAN_FORMAT = "parallel-plan/plan"
 PLAN_VERSION = 1
-
-SHARDING_LEVELS = ("none", "optimizer", "optimizer+grads", "full")
-"""Data-parallel sharding: none (plain DDP); optimizer = fp32 master weights and Adam states sharded (the
-distributed optimizer, ZeRO-1); optimizer+grads (ZeRO-2); full = parameters too (FSDP / ZeRO-3)."""
-
-GRAD_DTYPES = ("fp32", "bf16")
-"""Precision of the main gradients (the buffer weight-gradient GEMMs accumulate into, over micro-batches) and of
-their data-parallel reduction: fp32 (Megatron-Core's --accumulate-allreduce-grads-in-fp32), or bf16 (its default
-without that flag: half the gradient memory and half the reduce-scatter bytes, bf16 rounding at every add).
-Master weights and Adam states stay fp32 either way."""
-
-RECOMPUTE_MODES = ("none", "selective", "full")
-"""Per layer: none keeps every activation; selective recomputes norms, the attention core and the MLP
-activation (cheap elementwise work, keeps the GEMM inputs it cannot cheaply rebuild); full keeps only the
-layer's input and reruns the whole layer forward in backward."""
-
 
 @dataclass(frozen=True)
 class TrainingShape:
@@ -63,7 +48,7 @@ class Layout:
     micro_batch: int = 1
     """Sequences per micro-batch per data-parallel replica."""
     sharding: str = "optimizer"
-    """One of SHARDING_LEVELS."""
+    """One of planner.legality.SHARDING_LEVELS."""
     overlap_tp: bool = True
     """Overlap tensor-parallel all-gather / reduce-scatter with the GEMMs next to them."""
     overlap_dp: bool = True
@@ -78,7 +63,7 @@ class Layout:
     """Forward and input-gradient GEMMs of the transformer layers in FP8 (E4M3 / E5M2 with per-tensor current
     scaling, runtime/parallel/fp8.py); weight gradients, embedding, output layer and attention stay bf16."""
     grad_dtype: str = "fp32"
-    """One of GRAD_DTYPES: the main gradients' precision and that of their data-parallel reduction. A numerics
+    """One of planner.legality.GRAD_DTYPES: the main gradients' precision and that of their data-parallel reduction. A numerics
     choice, so the user's (plan --grad-dtype), never the search's."""
     cuda_graph: bool = False
     """Capture the whole step (forward, backward, gradient reduction, AdamW) once as a CUDA graph and replay it
@@ -210,7 +195,6 @@ class Plan:
             raise PlanError(f"{source} lacks the field {exc.args[0]!r}") from None
         except TypeError as exc:
             raise PlanError(f"{source} has a malformed section ({exc})") from None
-        from planner.legality import check_plan  # late: legality imports this module
         check_plan(plan)
         return plan
 

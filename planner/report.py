@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from planner.breakdown import BREAKDOWN_LABEL, BREAKDOWN_ORDER
 from planner.legality import cuda_graph_violation
 from planner.plan import Plan
 from planner.search import SearchResult
@@ -10,7 +11,7 @@ from planner.search import SearchResult
 HOST_PACED_SHARE = 0.10
 """A plan is host-paced when the host floor (issuing the kernels) sets at least this share of its predicted step.
 Its time then depends on the CPU: the same host-paced 1-GPU plans measured on three lent H200 machines spread
-13-48%, GPU-paced ones 2-4% (benchmarks/results/README.md, session 5)."""
+13-48%, GPU-paced ones 2-4% (benchmarks/results/README.md; commit f98243c, 2026-11-30)."""
 
 
 def host_paced(prediction) -> bool:
@@ -23,15 +24,6 @@ def host_paced_note(prediction) -> str:
             "waits for the host to issue kernels): its time depends on the CPU the profile's host figures came "
             "from, and on another machine it can differ by tens of percent (`python -m runtime.profiler.host` "
             "measures them on this machine)")
-
-
-BREAKDOWN_ORDER = ("compute", "host", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
-BREAKDOWN_LABEL = {"compute": "compute", "host": "host-bound (kernels issued slower than run)", "recompute": "recompute", "tp_comm": "exposed TP comm",
-                   "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm", "pp_comm": "exposed PP comm",
-                   "bubble": "pipeline bubble", "dp_comm": "exposed DP comm",
-                   "optimizer": "optimizer + grad accumulation"}
-BREAKDOWN_SHORT_LABEL = {**BREAKDOWN_LABEL, "host": "host-bound", "optimizer": "optimizer"}
-"""For table cells (planner/why_not.py)."""
 
 
 def _stage_summary(plan: Plan) -> str:

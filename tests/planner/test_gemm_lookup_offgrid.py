@@ -1,4 +1,4 @@
-"""The GEMM lookup off the profile's grid (planner/profile.py _gemm_s_cached): measured points stay exact, a line
+"""The GEMM lookup off the profile's grid (planner/profile/table.py _gemm_s_cached): measured points stay exact, a line
 is interpolated along only over a bracket of at most two octaves, and elsewhere a plane fitted to the nearest
 points answers (a study of the lookup on 8,335 measured shapes, 2026-12-02, commit 175947e)."""
 import math

@@ -1,4 +1,4 @@
-"""The MoE layer's memory-bound terms (planner/cost.py) by hand: the row movements of dispatch and combine, and
+"""The MoE layer's memory-bound terms (planner/cost/) by hand: the row movements of dispatch and combine, and
 the stacked copy of the expert weights, which the runtime makes only where its flat buffers cannot hold each
 projection's expert weights back to back (ZeRO-2, FSDP; runtime/parallel/flat_buffer.py)."""
 import pytest

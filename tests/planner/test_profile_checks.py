@@ -99,7 +99,7 @@ def test_other_gpu_profile_warns_when_planning(tmp_path):
 
 def test_default_profile_of_another_gpu_warns(tmp_path, monkeypatch):
     """The default file is checked too: a shipped file's name is no guarantee of the GPU inside it."""
-    import planner.profile as prof_mod
+    import planner.profile.files as prof_mod
 
     d = _shipped()
     d["gpu"] = "h100-sxm"

@@ -212,7 +212,7 @@ def test_bounds_are_below_every_split_they_bound(profile, name, cuda_graph):
 
 
 def test_the_same_search_gives_the_same_plans(profile):
-    """CP-SAT runs on a work limit, not the clock (planner.search.SOLVE_WORK): a search repeated, here with the
+    """CP-SAT runs on a work limit, not the clock (planner.search.stages.SOLVE_WORK): a search repeated, here with the
     CPU busy in another thread, returns the same plans, splits included."""
     import threading
 

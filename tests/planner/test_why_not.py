@@ -7,7 +7,7 @@ from planner.cluster import ClusterSpec
 from planner.model import resolve_model
 from planner.plan import Layout, Prediction, TrainingShape
 from planner.search import search
-from planner.why_not import alternative_kinds, why_it_loses
+from planner.search.alternatives import alternative_kinds, why_it_loses
 from tests.planner.conftest import run_cli
 
 

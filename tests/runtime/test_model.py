@@ -92,7 +92,7 @@ def test_saved_activations_match_the_documented_list(family):
 
 
 def test_gpt_style_with_fewer_kv_heads_builds_and_trains():
-    """Configs read as GPT-style with grouped or multi-query attention (falcon, starcoder2: planner/model.py,
+    """Configs read as GPT-style with grouped or multi-query attention (falcon, starcoder2: planner/model/hf_config.py,
     PLAIN_MLP_TYPES): the runtime builds exactly the parameters the planner counts, and a step gives finite
     gradients on every parameter."""
     for kv in (2, 1):

@@ -10,7 +10,7 @@ import pytest
 from runtime.trace_analysis import RankComponents
 from runtime.validate import COMPONENTS, TracedStep, components_report, predicted_components_s, read_components
 
-# every key of planner/cost.py's breakdown_s, each value distinct so that a wrong mapping shows
+# every key of planner/cost/'s breakdown_s, each value distinct so that a wrong mapping shows
 BREAKDOWN_S = {"compute": 0.50, "host": 0.02, "recompute": 0.10, "tp_comm": 0.03, "cp_comm": 0.005,
                "ep_comm": 0.007, "pp_comm": 0.011, "bubble": 0.08, "dp_comm": 0.013, "optimizer": 0.04}
 COMPONENT_OF_KEY = {"compute": "GPU compute", "recompute": "GPU compute", "optimizer": "GPU compute",

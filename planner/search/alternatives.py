@@ -1,8 +1,9 @@
-"""Why not another layout: the kinds of layout a recommended plan is compared against, and where one loses time.
+"""Why not another layout: the kinds of layout a recommended plan is compared against, each kind's best plan found
+from the search's own candidates (`search(alternatives=True)`, `plan --why-not`), and where it loses time.
 
 A user who would otherwise copy a configuration asks "why not TP 8?" or "why not ZeRO-3?". For each kind of
-layout the recommended one is not, the search (planner/search.py, `search(alternatives=True)`) finds that kind's
-best plan, and this module says in a few words where it loses: the breakdown terms that grow the most.
+layout the recommended one is not, this module finds that kind's best plan and says in a few words where it
+loses: the breakdown terms that grow the most.
 
 Kinds: every other tensor-parallel degree; with and without a pipeline; interleaved or not (where the plan
 pipelines); every other sharding level; with and without context parallelism; for MoE models every other
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+from planner import memory as mem
+from planner.breakdown import BREAKDOWN_SHORT_LABEL as TERM_LABEL
 from planner.model import ModelSpec
-from planner.plan import Layout
-from planner.report import BREAKDOWN_SHORT_LABEL as TERM_LABEL
+from planner.plan import Layout, Plan
+from planner.search.result import Alternative, SearchStats
+from planner.search.scoring import _Candidate, _plan_of, _score
 
 Kind = tuple[str, Callable[[Layout], bool]]
 
@@ -24,6 +28,9 @@ SHOWN_TERMS = 2
 SMALLEST_SHOWN_SHARE = 0.005
 """A term that grows by less than this share of the recommended step is not worth naming."""
 
+ALTERNATIVE_SPLITS = 6
+"""The alternatives' searches split at most this many of each kind's layouts, best bound first (a few tenths of a
+second for all kinds together; their figures are that kind's best found, not proven best)."""
 
 
 def alternative_kinds(best: Layout, layouts: list[Layout], model: ModelSpec) -> list[Kind]:
@@ -61,3 +68,32 @@ def why_it_loses(best, alternative) -> str:
     if alternative.step_s < step:
         return "predicted faster when its schedule is played; the search ranks layouts by the schedule's closed form"
     return ", ".join(named) if named else "about the same in every term"
+
+
+def _alternatives(plans: list[Plan], candidates: list[_Candidate], model, shape, cluster, profile, pins,
+                  limit: float) -> list[Alternative]:
+    """For each kind of layout the first plan is not (alternative_kinds), its best layout by the same scoring as
+    the search (bounds and greedy splits reused from it; no CP-SAT), with the schedule played, or the search's
+    own runner-up of that kind where that plays faster."""
+    best = plans[0]
+    out = []
+    scratch = SearchStats()  # the alternatives' work is not the search's
+    for label, keep in alternative_kinds(best.layout, [c.layout for c in candidates], model):
+        kind = [c for c in candidates if keep(c.layout)]
+        scored, _, least, cut_short = _score(kind, shape, pins, limit, 1, scratch, None, ALTERNATIVE_SPLITS)
+        if scored:
+            _, c, stages = scored[0]
+            found = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile)]
+            plan = min(found + [p for p in plans[1:] if keep(p.layout)], key=lambda p: p.prediction.step_s)
+            out.append(Alternative(label, plan, why_it_loses(best.prediction, plan.prediction)))
+        elif cut_short:
+            out.append(Alternative(label, None, f"none of its {4 * ALTERNATIVE_SPLITS} most promising layouts has a "
+                                                f"greedy split within the {limit / mem.GIB:.1f} GiB allowed per GPU"))
+        elif least is not None and least[0] > limit:
+            out.append(Alternative(label, None, f"does not fit: each of its layouts needs at least "
+                                                f"{least[0] / mem.GIB:.1f} GiB per GPU against the "
+                                                f"{limit / mem.GIB:.1f} GiB allowed"))
+        else:
+            out.append(Alternative(label, None, "does not fit: no greedy layer split and recompute of its layouts "
+                                                f"stays within the {limit / mem.GIB:.1f} GiB allowed per GPU"))
+    return out

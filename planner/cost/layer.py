@@ -1,0 +1,233 @@
+"""Per layer and micro-batch on one rank: GEMMs, attention and elementwise kernels, with the tensor-, context- and
+expert-parallel communication beside them (LayerCosts), and the embedding and output ends (EndCosts)."""
+from __future__ import annotations
+
+from planner import memory as mem
+from planner.cost.terms import BF16, FP32, EndCosts, LayerCosts, cached_property, exposed_s, two_chunk_exposed_s
+
+
+class LayerTerms:
+    """CostModel's per-layer and end costs (shared between layouts with the same layer key)."""
+
+    @cached_property
+    def activations(self) -> mem.LayerActivations:
+        return self._memo("activations", lambda: mem.layer_activations(self.m, self.shape, self.lay))
+
+    # -- per layer -----------------------------------------------------------------------------------
+    @cached_property
+    def tokens(self) -> float:
+        """Tokens of one micro-batch on one rank (all of them after the sequence-parallel gather)."""
+        return self.lay.micro_batch * self.shape.seq_len / self.lay.cp
+
+    def _gemm_fwd_bwd_s(self, m: int, n: int, k: int, fp8: bool = False) -> tuple[float, float]:
+        """Forward [m,k]x[k,n]; backward dgrad dY W = [m,n]x[n,k] and wgrad dY^T X = [n,m]x[m,k], keyed as
+        the runtime calls them (and the profiler times them). fp8: forward and dgrad as FP8 GEMMs (modelled,
+        Profile.fp8_gemm_s), wgrad in bf16 as the runtime runs it. The wgrad accumulates into fp32 (the profile's
+        wgrad table) unless the gradients are bf16, where it writes bf16 like any GEMM (the bf16-output table,
+        whose layouts are forward's and dgrad's: modelled)."""
+        (tf, *f), (td, *d), (tw, *w) = self._gemm_queries(m, n, k, fp8)
+        return self.prof.gemm_table_s(tf, *f), self.prof.gemm_table_s(td, *d) + self.prof.gemm_table_s(tw, *w)
+
+    def _gemm_queries(self, m: int, n: int, k: int, fp8: bool = False) -> list[tuple[str, int, int, int]]:
+        """(profile table, m, n, k) of the forward, dgrad and wgrad GEMMs of a linear layer [m,k]x[k,n]."""
+        mm = "fp8" if fp8 else "mm"
+        return [(mm, m, n, k), (mm, m, k, n), ("mm" if self.lay.grad_dtype == "bf16" else "wgrad", n, k, m)]
+
+    @cached_property
+    def layer(self) -> LayerCosts:
+        return self._memo("layer", self._layer)
+
+    def layer_gemms(self) -> list[tuple[int, int, int]]:
+        """(m, n, k) of the dense layer's linear GEMMs on one rank, forward layout (qkv, out-projection, and
+        without MoE fc1 and fc2); each also runs as dgrad and wgrad (_gemm_fwd_bwd_s)."""
+        m, t = self.m, self.lay.tp
+        T = int(self.tokens)
+        gemms = [(T, (m.q_width + 2 * m.kv_width) // t, m.hidden), (T, m.hidden, m.q_width // t)]
+        if not m.is_moe:
+            gemms += [(T, (2 if m.gated_mlp else 1) * m.ffn_hidden // t, m.hidden), (T, m.hidden, m.ffn_hidden // t)]
+        return gemms
+
+    def interpolated_gemms(self) -> tuple[int, int]:
+        """(how many of the layer's GEMM queries, forward, dgrad and wgrad, the profile answers by interpolation
+        or a model rather than from a measured point, of how many)."""
+        queries = [q for shape in self.layer_gemms() for q in self._gemm_queries(*shape, self.lay.fp8)]
+        return sum(not self.prof.gemm_measured(*q) for q in queries), len(queries)
+
+    def _qk_norm_s(self, tokens: int) -> tuple[float, float]:
+        """(forward, backward) seconds of Qwen3's q/k norms on one rank (ModelSpec.qk_norm; 0 without them), as
+        runtime/qk_norm.py runs them on the GPU: one kernel over the qkv GEMM output in its own layout each way.
+        Forward reads it and writes the normalised copy (v copied along); backward reads it and its gradient and
+        writes the input gradient (the weights' per-program partial sums are a few KiB). Memory-bound passes at
+        the elementwise bandwidth, one launch each."""
+        m, t, prof = self.m, self.lay.tp, self.prof
+        if not m.qk_norm:
+            return 0.0, 0.0
+        qkv_bytes = BF16 * tokens * (m.q_width + 2 * m.kv_width) / t
+        return prof.memory_bound_s(2 * qkv_bytes), prof.memory_bound_s(3 * qkv_bytes)
+
+    def _layer(self) -> LayerCosts:
+        m, lay, prof = self.m, self.lay, self.prof
+        t, h, f = lay.tp, m.hidden, m.ffn_hidden
+        T = int(self.tokens)
+        qkv_n = (m.q_width + 2 * m.kv_width) // t
+        gemms = self.layer_gemms()
+        fwd = bwd = 0.0
+        for shape in gemms:
+            a, b = self._gemm_fwd_bwd_s(*shape, fp8=lay.fp8)
+            fwd, bwd = fwd + a, bwd + b
+        # attention core: this rank's heads over its share of the sequence (the ring covers the rest)
+        s = self.shape.seq_len
+        ring = prof.eff("ring") if lay.cp > 1 else 1.0  # calibrated: the ring's blocks and merges
+        attn_f = ring * prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, False)
+        attn_b = ring * prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, True)
+        # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel
+        # (bytes as the profiler counts them): the norms with the residual adds fused in (runtime/norm.py;
+        # pre-norm: the attention norm alone, the MLP norm with the add before it, the layer's last add on
+        # its own; every norm backward merges the residual's gradient), the MLP activation, rotary on q and k
+        tok_t = T / t
+        norm = "layernorm" if m.has_bias else "rmsnorm"
+        act = "swiglu" if m.gated_mlp else "gelu"
+        act_rows = T / t * f * (m.top_k if m.is_moe else 1)
+        k = prof.kernel_s
+        row_bytes = BF16 * tok_t * h
+        if m.family == "bert":  # post-norm: both norms take their add; backward adds the residual's gradient apart
+            ew_f = 2 * k(f"{norm}_add_fwd", 4 * row_bytes)
+            ew_b = 2 * k(f"{norm}_bwd", 3 * row_bytes) + 2 * k("residual_add", 3 * row_bytes)
+        else:
+            ew_f = k(f"{norm}_fwd", 2 * row_bytes) + k(f"{norm}_add_fwd", 4 * row_bytes) \
+                + k("residual_add", 3 * row_bytes)
+            ew_b = 2 * k(f"{norm}_bwd", 4 * row_bytes)
+        # GELU with a bias (dense GPT, BERT): the bias add and its gradient inside the activation's kernels
+        # (runtime/bias_gelu.py); priced at plain GELU's rate by a profile measured before those kernels
+        bias_act = not m.gated_mlp and m.has_bias and not m.is_moe
+        act_k = "bias_gelu" if bias_act else act
+        ew_f += k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows, fallback=f"{act}_fwd")
+        ew_b += k(f"{act_k}_bwd", BF16 * (5 if m.gated_mlp else 3) * act_rows, fallback=f"{act}_bwd")
+        if not m.learned_positions:
+            # runtime/rotary.py: one pass each way over the whole qkv GEMM output (v is copied out beside the
+            # rotated q and k; backward also assembles the qkv gradient)
+            rot_bytes = BF16 * 2 * T * (m.q_width + 2 * m.kv_width) / t
+            ew_f += k("rotary_fwd", rot_bytes)
+            ew_b += k("rotary_bwd", rot_bytes)
+        qk_norm_fwd_s, qk_norm_bwd_s = self._qk_norm_s(T)
+        ew_f += qk_norm_fwd_s
+        ew_b += qk_norm_bwd_s
+        # bias gradients: dY summed over its rows (runtime/parallel/tensor.py), column-parallel over all T
+        # tokens of the local columns, row-parallel over this rank's sequence shard of all columns
+        # (an H200 trace of a GPT 1.3B step, commit 1a5b0fb, 2026-11-30: 3.6 ms of 128 ms in these sums)
+        # qkv, proj (GPT, BERT; Llama-style per qkv_bias / attn_out_bias), fc1 (unless inside the activation's
+        # backward), fc2
+        sums = ([T * qkv_n] if m.has_qkv_bias else []) + ([tok_t * h] if m.has_attn_out_bias else [])
+        if m.has_bias and not m.is_moe:
+            sums += ([] if bias_act else [T * (f // t)]) + [tok_t * h]
+        ew_b += sum(k("bias_grad", BF16 * rows_x_cols) for rows_x_cols in sums)
+        ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows,
+                                                                 fallback=f"{act}_fwd") \
+            + qk_norm_fwd_s  # inside the checkpointed attention core
+        comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
+        moe_f = moe_b = 0.0
+        if m.is_moe:
+            routed = tok_t * m.top_k  # token copies per rank after dispatch (on average, whatever the EP degree)
+            chunks = self.dispatch_chunks  # the experts run once per chunk, on its share of the rows
+            rf, rb = self._gemm_fwd_bwd_s(int(tok_t), m.num_experts, h)
+            # the local experts run as grouped GEMMs (runtime/parallel/expert.py: one torch._grouped_mm per
+            # projection for all of them), priced as one GEMM over all the routed rows: the kernel tiles every
+            # expert's rows in one launch, so it runs close to a dense GEMM of that many rows (the partial last
+            # tile of each expert is not counted)
+            e1f, e1b = (chunks * t for t in self._gemm_fwd_bwd_s(int(routed / chunks), (2 if m.gated_mlp else 1) * f, h))
+            e2f, e2b = (chunks * t for t in self._gemm_fwd_bwd_s(int(routed / chunks), h, f))
+            # the grouped GEMMs take the local experts' weights as one [experts, out, in] tensor: a view of the
+            # flat parameter buffer, where runtime/parallel/data.py lays each projection's expert weights out back
+            # to back (sharding 'none' and 'optimizer'); else (ZeRO-2 may cut them, FSDP owns its own storage)
+            # _GroupedLinear stacks a copy in forward and again in backward: a read and a write of every local
+            # expert weight (bf16) each way, per micro-batch
+            stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) \
+                if self.stacks_expert_weights else 0.0
+            rows_f_s, rows_b_s = self._moe_row_passes_s(tok_t, routed, h, lay.ep > 1)
+            # the weight-gradient GEMMs priced above as one dense GEMM write one [out, in] gradient; the grouped one
+            # writes one per local expert, each read and written back in fp32 where it accumulates into main_grad
+            # (runtime/grouped_wgrad.py), after its tile's main loop
+            grads_out = (m.num_experts // lay.ep - 1) * mem.layer_expert_params_local(m, lay.ep) / (m.num_experts // lay.ep)
+            wgrad_out_s = prof.memory_bound_s(2 * mem.grad_bytes(lay) * grads_out)
+            moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * prof.eff("expert")
+            moe_b = (rb + e1b + e2b + stack_s + rows_b_s + wgrad_out_s) * prof.eff("expert")
+            # dispatch and combine all-to-alls, each way in forward and again in backward
+            a2a = self.group_collective_s("all_to_all", BF16 * routed * h / chunks, lay.ep,
+                                          self.strides["ep"]) * prof.eff("ep")
+            if chunks == 1:
+                comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
+            else:  # each chunk's transfers beside the other chunk's experts: the schedule's own timeline
+                experts_f, experts_b = (e1f + e2f) / chunks * prof.eff("expert"), (e1b + e2b) / chunks * prof.eff("expert")
+                comm["ep"] = two_chunk_exposed_s(a2a, experts_f) + two_chunk_exposed_s(a2a, experts_b)
+        if m.shared_expert_ffn:
+            # shared experts (runtime/parallel/expert.py, SharedExperts): a bf16 SwiGLU MLP over this rank's
+            # sequence shard, whole on every TP rank; Qwen's gate is a [hidden] dot product and a scaling pass.
+            # The runtime runs them while the dispatch is in flight; no overlap is credited (not measured)
+            fs = m.shared_expert_ffn
+            for shape in ((int(tok_t), 2 * fs, h), (int(tok_t), h, fs)):
+                a_s, b_s = self._gemm_fwd_bwd_s(*shape)
+                fwd, bwd = fwd + a_s, bwd + b_s
+            ew_f += k("swiglu_fwd", BF16 * 3 * tok_t * fs)
+            ew_b += k("swiglu_bwd", BF16 * 5 * tok_t * fs)
+            if m.shared_expert_gate:
+                ew_f += prof.memory_bound_s(BF16 * 3 * tok_t * h)
+                ew_b += prof.memory_bound_s(BF16 * 5 * tok_t * h)
+        ce = prof.eff("compute")  # calibrated: what the runtime spends beyond its measured kernels
+        fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel = (x * ce for x in (fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel))
+        compute_f = fwd + attn_f + ew_f + moe_f
+        compute_b = bwd + attn_b + ew_b + moe_b
+        # tensor parallel (sequence parallel): forward all-gathers before QKV and FC1, reduce-scatters after
+        # out-proj and FC2; backward mirrors them and re-gathers the saved sharded inputs for wgrad
+        if t > 1:
+            nbytes = BF16 * T * h
+            ag = self.group_collective_s("all_gather", nbytes, t, 1) * prof.eff("tp")
+            rs = self.group_collective_s("reduce_scatter", nbytes, t, 1) * prof.eff("tp")
+            n_pairs = 1 if m.is_moe else 2
+            frac = prof.overlap_hidden_fraction.get("tp", 0.0)
+            tp_f = n_pairs * (ag + rs)
+            tp_b = n_pairs * (2 * ag + rs)
+            comm_tp_f = exposed_s(tp_f, fwd, frac, lay.overlap_tp)
+            comm_tp_b = exposed_s(tp_b, bwd, frac, lay.overlap_tp)
+        else:
+            comm_tp_f = comm_tp_b = 0.0
+        # context parallel: cp-1 ring steps pass K and V forward; backward passes K, V and dK, dV
+        if lay.cp > 1:
+            kv_bytes = BF16 * 2 * lay.micro_batch * (m.num_kv_heads // t) * (s // lay.cp) * m.head_dim
+            step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
+            frac = prof.overlap_hidden_fraction.get("cp", 0.0)
+            cp_f = exposed_s((lay.cp - 1) * step, attn_f, frac, True)
+            cp_b = exposed_s(2 * (lay.cp - 1) * step, attn_b, frac, True)
+        else:
+            cp_f = cp_b = 0.0
+        comm["tp"], comm["cp"] = comm_tp_f + comm_tp_b, cp_f + cp_b
+        ep_half = comm["ep"] / 2
+        sel = ew_sel + attn_f  # selective recompute reruns the norms, the MLP activation and the attention core
+        return LayerCosts(fwd_compute_s=compute_f, bwd_compute_s=compute_b,
+                          fwd_comm_s=comm_tp_f + cp_f + ep_half, bwd_comm_s=comm_tp_b + cp_b + ep_half,
+                          selective_recompute_s=sel, comm_by_dim_s=comm)
+
+    # -- ends -------------------------------------------------------------------------------------------
+    @cached_property
+    def ends(self) -> EndCosts:
+        return self._memo("ends", self._ends)
+
+    def _ends(self) -> EndCosts:
+        m, lay, prof = self.m, self.lay, self.prof
+        t, h, v = lay.tp, m.hidden, m.vocab_size
+        T = int(self.tokens)
+        # embedding: gather rows forward, scatter-add fp32 gradient backward (memory-bound)
+        emb = prof.kernel_s("embedding_fwd", BF16 * T * h * 2) + prof.memory_bound_s(FP32 * T * h * 3)
+        hf, hb = self._gemm_fwd_bwd_s(T, v // t, h)
+        if m.family == "bert":
+            a, b = self._gemm_fwd_bwd_s(T, h, h)
+            hf, hb = hf + a, hb + b
+        ce = prof.kernel_s("cross_entropy_fwd_bwd", 2 * BF16 * T * v / t)  # the profiler's nominal bytes per logit
+        comm = 0.0
+        if t > 1:
+            nbytes = BF16 * T * h
+            comm = 2 * (self.group_collective_s("all_gather", nbytes, t, 1)
+                        + self.group_collective_s("reduce_scatter", nbytes, t, 1))
+            comm += self.group_collective_s("all_reduce", FP32 * T, t, 1)  # the loss: max
+            comm += self.group_collective_s("all_reduce", 2 * FP32 * T, t, 1)  # sum of exp and target logit
+        c = prof.eff("compute")
+        return EndCosts(embedding_s=emb * c, head_s=(hf + hb + ce) * c, head_comm_s=comm * prof.eff("tp"))

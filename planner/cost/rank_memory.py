@@ -1,0 +1,145 @@
+"""Memory per rank: parameters, gradients, optimizer states and activations of the stages a rank holds, and the
+lower bound the search prunes with."""
+from __future__ import annotations
+
+from planner import memory as mem
+from planner.cost.terms import MemoryTerms, cached_property
+from planner.plan import StagePlan
+
+
+class MemoryTermsOfRanks:
+    """CostModel's parameter counts and per-rank memory."""
+
+    @cached_property
+    def per_layer_params(self) -> tuple[float, float]:
+        """(dense, expert) parameter elements of one layer on one rank."""
+        return self._memo("per_layer_params", lambda: (mem.layer_dense_params_local(self.m, self.lay.tp),
+                                                       mem.layer_expert_params_local(self.m, self.lay.ep)))
+
+    def rank_params(self, rank_stages: list[tuple[int, StagePlan]]) -> tuple[float, float]:
+        """(dense, expert) parameter elements held by one pipeline rank."""
+        layers = sum(st.layers for _, st in rank_stages)
+        first = any(j == 0 for j, _ in rank_stages)
+        last = any(j == self.lay.pp * self.lay.vpp - 1 for j, _ in rank_stages)
+        return self.params_of(layers, first, last)
+
+    def params_of(self, layers: float, first: bool, last: bool) -> tuple[float, float]:
+        m, lay = self.m, self.lay
+        dense_l, expert_l = self.per_layer_params
+        dense = layers * dense_l
+        if first:
+            dense += mem.embedding_params_local(m, lay.tp)
+        if last:
+            dense += mem.head_params_local(m, lay.tp, lay.pp)
+        return dense, layers * expert_l
+
+    def rank_memory_bytes(self, rank: int, rank_stages: list[tuple[int, StagePlan]], num_micro: int) -> float:
+        """Peak bytes of one pipeline rank: states + every in-flight micro-batch's activations + the largest
+        transient (a layer's backward working set, the output layer's logits, a fully recomputed layer's
+        rematerialised activations). Under 'optimizer+grads' the in-flight full-size gradient buckets sit beside
+        the activations during every backward, so they add to this peak. (Before commit 467bdc0, 2026-12-01, ZeRO-1
+        had a second, end-of-backward peak: its reduce-scatter outputs, one per bucket, held until the step; it now
+        reduces in place, memory.dp_reduction_transient_bytes.)"""
+        m, lay, shape = self.m, self.lay, self.shape
+        dense, expert = self.rank_params(rank_stages)
+        first = any(j == 0 for j, _ in rank_stages)
+        last = any(j == lay.pp * lay.vpp - 1 for j, _ in rank_stages)
+        root = (mem.embedding_params_local(m, lay.tp) if first else 0.0) \
+            + (mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0)
+        base = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, root) \
+            + mem.cublas_workspace_bytes(lay, self.cluster.gpu)
+        acts = self.activations
+        last = lay.pp * lay.vpp - 1
+        dp_t = mem.dp_reduction_transient_bytes(dense, expert, lay, mem.largest_layer_param_local(m, lay.tp),
+                                                mem.largest_param_local(m, lay.tp))
+        beside = dp_t  # ZeRO-2's buckets alive beside the activations (nothing under the other levels)
+        transient = acts.working_bytes + beside
+        total = base
+        for chunk, (j, st) in enumerate(rank_stages):
+            inflight = mem.in_flight_micro_batches(rank, chunk, lay, num_micro)
+            n_none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
+            per_mb = n_none * acts.none_bytes + st.selective_recompute_layers * acts.selective_bytes \
+                + st.full_recompute_layers * acts.full_bytes
+            per_mb += mem.rotary_table_bytes(m, shape, lay)
+            if j != last:
+                per_mb += mem.pipeline_output_bytes(m, shape, lay)
+            if j == 0:
+                per_mb += mem.embedding_activation_bytes(m, shape, lay)
+            if j == last:
+                kept, trans = mem.head_activation_bytes(m, shape, lay)
+                per_mb += kept
+                transient = max(transient, trans)
+            if st.full_recompute_layers:
+                transient = max(transient, acts.working_bytes + acts.none_bytes + beside)
+            total += inflight * per_mb
+        return total + transient
+
+    def memory_lower_bound_bytes(self, per_layer_act_bytes: float, extra_transient_bytes: float = 0.0) -> float:
+        """A lower bound of the busiest rank's rank_memory_bytes over every layer split, with each layer keeping at
+        least per_layer_act_bytes per micro-batch in flight (the least its recompute choices allow). Each rank r
+        holds fixed bytes F_r that no split moves (workspace, the smallest transient, its chunks' per-micro-batch
+        tensors, the embedding or head where it sits), and per layer w_r = state + activations times the fewest
+        micro-batches any of its chunks holds in flight. The continuous relaxation spreads the L layers so that
+        every rank holding any reaches the same M: sum_r max(0, M - F_r) / w_r = L. extra_transient_bytes: a
+        transient every rank has for the recompute assumed (a fully recomputed layer's rematerialised activations)."""
+        state_l, ranks = self.rank_fixed_bytes
+        fixed = [f + max(transient + extra_transient_bytes, own_transient) for f, transient, own_transient, _ in ranks]
+        weight = [state_l + per_layer_act_bytes * k for _, _, _, k in ranks]
+        # the smallest M: add ranks in order of F_r while M stays above the next one's F
+        order = sorted(range(len(ranks)), key=fixed.__getitem__)
+        inv = fixed_over_w = 0.0
+        M = fixed[order[0]]
+        for i, r in enumerate(order):
+            inv += 1.0 / weight[r]
+            fixed_over_w += fixed[r] / weight[r]
+            M = (self.m.num_layers + fixed_over_w) / inv
+            if i + 1 == len(order) or M <= fixed[order[i + 1]]:
+                break
+        return M
+
+    @cached_property
+    def rank_fixed_bytes(self) -> tuple[float, list[tuple[float, float, float, int]]]:
+        """(state bytes per layer, per rank (bytes no split moves, the transient every rank has, this rank's own
+        transient (the logits, on the last stage's rank), the fewest micro-batches any of its chunks holds in
+        flight)) for memory_lower_bound_bytes; worked out once per layout."""
+        m, lay, shape = self.m, self.lay, self.shape
+        num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+        S = lay.pp * lay.vpp
+        state_l = mem.state_bytes(*self.per_layer_params, lay)
+        transient = self.activations.working_bytes + mem.dp_reduction_transient_bytes(
+            0.0, 0.0, lay, mem.largest_layer_param_local(m, lay.tp), mem.largest_param_local(m, lay.tp))
+        every_mb = mem.rotary_table_bytes(m, shape, lay)
+        hop_mb = mem.pipeline_output_bytes(m, shape, lay)
+        head_kept, head_transient = mem.head_activation_bytes(m, shape, lay)
+        workspace = mem.cublas_workspace_bytes(lay, self.cluster.gpu)
+        ranks = []
+        for r in range(lay.pp):
+            inflight = mem.in_flight_by_chunk(r, lay, num_micro)
+            first, last = r == 0, r == lay.pp - 1  # stage 0 is rank 0's chunk 0; the last stage rank pp-1's last
+            dense, expert = self.params_of(0, first, last)
+            f = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, dense) + workspace
+            for c, k in enumerate(inflight):
+                j = c * lay.pp + r
+                per_mb = every_mb + (hop_mb if j != S - 1 else head_kept)
+                if j == 0:
+                    per_mb += mem.embedding_activation_bytes(m, shape, lay)
+                f += k * per_mb
+            ranks.append((f, transient, head_transient if last else 0.0, min(inflight)))
+        return state_l, ranks
+
+    def memory_terms(self, rank: int, num_micro: int) -> "MemoryTerms":
+        """Rank memory as linear functions of its stages' layer and recompute counts (what CP-SAT and the
+        greedy split use): the activation peak, base + sum_c (state + k_c * a_none) * n_c
+        - k_c * (d_full * f_c + d_sel * s_c) + a_none if any layer is fully recomputed (its rematerialised
+        activations during backward) (see rank_memory_bytes)."""
+        lay = self.lay
+        js = list(range(rank, lay.pp * lay.vpp, lay.pp))
+        acts = self.activations
+        dense_l, expert_l = self.per_layer_params
+        act_base = self.rank_memory_bytes(rank, [(j, StagePlan(0)) for j in js], num_micro)
+        state_l = mem.state_bytes(dense_l, expert_l, lay)
+        return MemoryTerms(
+            base_bytes=act_base, state_per_layer_bytes=state_l,
+            in_flight=list(mem.in_flight_by_chunk(rank, lay, num_micro)),
+            none_bytes=acts.none_bytes, sel_saving_bytes=acts.none_bytes - acts.selective_bytes,
+            full_saving_bytes=acts.none_bytes - acts.full_bytes)

@@ -1,0 +1,154 @@
+"""CostModel: one (model, shape, layout) on one cluster with one profile, its terms (planner/cost/*.py) assembled
+into a plan's step time, memory and breakdown."""
+from __future__ import annotations
+
+from planner import memory as mem
+from planner.cluster import ClusterSpec
+from planner.cost.comm import CommTerms
+from planner.cost.data_parallel import DataParallelTerms
+from planner.cost.host import HostTerms
+from planner.cost.layer import LayerTerms
+from planner.cost.rank_memory import MemoryTermsOfRanks
+from planner.model import ModelSpec
+from planner.plan import Layout, Plan, Prediction, StagePlan, TrainingShape
+from planner.profile import Profile
+from planner.schedule import closed_form_s, pipeline_time_s
+
+
+class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParallelTerms):
+    """Costs of one (model, shape, layout) on one cluster with one profile; the search builds one per
+    candidate layout and asks it about many stage splits."""
+
+    def __init__(self, model: ModelSpec, shape: TrainingShape, layout: Layout, cluster: ClusterSpec,
+                 profile: Profile, shared: dict | None = None):
+        self.m, self.shape, self.lay, self.cluster, self.prof = model, shape, layout, cluster, profile
+        # layer and end costs depend only on (tp, cp, ep, micro-batch, overlap, fp8, gradient precision): a
+        # search shares them
+        self._shared = shared if shared is not None else {}
+        self.layer_key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8,
+                          layout.grad_dtype, self.dispatch_chunks, self.stacks_expert_weights)
+        """What a layer's price depends on: the key of its memo in `shared`."""
+
+    @property
+    def stacks_expert_weights(self) -> bool:
+        """Whether the MoE layer copies its local expert weights into one tensor per use (sharding levels whose
+        buffers cannot hold them back to back; see _layer): part of the layer's price, so of its memo key."""
+        return self.m.is_moe and self.lay.sharding in ("optimizer+grads", "full")
+
+    @property
+    def dispatch_chunks(self) -> int:
+        """Chunks an MoE layer dispatches its tokens in (runtime/parallel/expert.py, MoEMLP.dispatch_chunks)."""
+        return 2 if self.lay.overlap_ep and self.lay.ep > 1 and self.m.is_moe else 1
+
+    def _memo(self, name, fn):
+        k = (name, self.layer_key)
+        v = self._shared.get(k)
+        if v is None:
+            v = self._shared[k] = fn()
+        return v
+
+
+    # -- per rank -------------------------------------------------------------------------------------
+    def stage_time_s(self, j: int, st: StagePlan) -> float:
+        """Forward + backward of one micro-batch through virtual stage j, recompute included: the GPU's
+        time, or the host's when issuing the kernels takes longer (stage_host_s), plus the host time that
+        MoE layers under expert parallelism cannot hide (stage_expert_host_s)."""
+        host = self.stage_host_s(j, st)
+        expert = self.stage_expert_host_s(st)
+        return max(self.stage_gpu_s(j, st), host - expert) + expert
+
+
+    def stage_gpu_s(self, j: int, st: StagePlan) -> float:
+        L = self.layer
+        t = st.layers * L.fwd_bwd_s + st.full_recompute_layers * L.full_recompute_s \
+            + st.selective_recompute_layers * L.selective_recompute_s
+        if j == 0:
+            t += self.ends.embedding_s
+        if j == self.lay.pp * self.lay.vpp - 1:
+            t += self.ends.head_s + self.ends.head_comm_s
+        return t
+
+    def stage_fwd_share(self, j: int, st: StagePlan) -> float:
+        """The forward's share of virtual stage j's GPU time (for the schedule play; recompute runs in the
+        backward, and the head's forward is its output GEMM, a third of its forward + backward)."""
+        L = self.layer
+        fwd = st.layers * L.fwd_s + (self.ends.embedding_s if j == 0 else 0.0)
+        if j == self.lay.pp * self.lay.vpp - 1:
+            fwd += self.ends.head_s / 3
+        gpu = self.stage_gpu_s(j, st)
+        return fwd / gpu if gpu > 0 else 0.5
+
+
+    def predict(self, stages: list[StagePlan], play: bool = True) -> Prediction:
+        """The plan's step time, memory and breakdown. play=False times a pipeline by the schedule's closed
+        form (planner/schedule.py, closed_form_s) with every hop on the path, instead of playing the schedule:
+        the search scores its candidates that way (a play costs milliseconds) and plays the plans it keeps."""
+        lay, m = self.lay, self.m
+        num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
+        per_rank_t, mems, dp_t, opt_t, tpg_t = [], [], [], [], []
+        times = [self.stage_time_s(j, st) for j, st in enumerate(stages)]
+        for r in range(lay.pp):
+            rs = [(j, stages[j]) for j in range(len(stages)) if j % lay.pp == r]
+            t_r = sum(times[j] for j, _ in rs)
+            per_rank_t.append(t_r)
+            mems.append(self.rank_memory_bytes(r, rs, num_micro))
+            dense, expert = self.rank_params(rs)
+            L = self.layer
+            layers = sum(st.layers for _, st in rs)
+            dp_t.append(self.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro))
+            last = any(j == lay.pp * lay.vpp - 1 for j, _ in rs)
+            first = any(j == 0 for j, _ in rs)
+            opt_t.append(self.optimizer_s(dense, expert, self.fused_wgrad_params(layers, last, first)))
+            tpg_t.append(self.tp_grad_reduce_s(layers, first, last, num_micro))
+        t_max = max(per_rank_t)
+        if lay.pp == 1:
+            pipe = ideal = num_micro * t_max
+        else:
+            ideal = closed_form_s(per_rank_t, num_micro, lay.vpp)  # equal chunks, free hops
+            if not play:
+                pipe = closed_form_s([t + 2 * lay.vpp * self.p2p_s for t in per_rank_t], num_micro, lay.vpp)
+            else:  # the runtime's schedule, played with these stages' times (planner/schedule.py)
+                fwd = [t * self.stage_fwd_share(j, st) for j, (t, st) in enumerate(zip(times, stages))]
+                bwd = [t - f for t, f in zip(times, fwd)]
+                pipe = pipeline_time_s(lay.pp, lay.vpp, num_micro, fwd, bwd, self.p2p_s)
+        # after the pipeline: the data-parallel reduction left exposed and the TP reduction of replicated
+        # parameters' gradients (both in the last backward's hooks), then the optimizer
+        ends_t = [d + g for d, g in zip(dp_t, tpg_t)]
+        step = pipe + max(ends_t) + max(opt_t)
+        # breakdown along the slowest rank
+        r = per_rank_t.index(t_max)
+        rs = [(j, stages[j]) for j in range(len(stages)) if j % lay.pp == r]
+        L = self.layer
+        layers = sum(st.layers for _, st in rs)
+        recompute = sum(st.full_recompute_layers * L.full_recompute_s + st.selective_recompute_layers * L.selective_recompute_s
+                        for _, st in rs)
+        ends = sum((self.ends.embedding_s if j == 0 else 0.0)
+                   + (self.ends.head_s if j == len(stages) - 1 else 0.0) for j, _ in rs)
+        head_comm = sum(self.ends.head_comm_s for j, _ in rs if j == len(stages) - 1)
+        host_bound = num_micro * sum(self.stage_time_s(j, st) - self.stage_gpu_s(j, st) for j, st in rs)
+        breakdown = {
+            "compute": num_micro * (layers * (L.fwd_compute_s + L.bwd_compute_s) + ends),
+            "host": host_bound,
+            "recompute": num_micro * recompute,
+            "tp_comm": num_micro * (layers * L.comm_by_dim_s["tp"] + head_comm) + max(ends_t) - max(dp_t),
+            "cp_comm": num_micro * layers * L.comm_by_dim_s["cp"],
+            "ep_comm": num_micro * layers * L.comm_by_dim_s["ep"],
+            # what the schedule adds beyond its closed form: hops waited for, and uneven chunks' fill and drain
+            "pp_comm": max(0.0, pipe - ideal),
+            "bubble": min(pipe, ideal) - num_micro * t_max,
+            "dp_comm": max(dp_t),
+            "optimizer": max(opt_t),
+        }
+        tokens = self.shape.global_batch * self.shape.seq_len
+        flops = m.model_flops_per_token(self.shape.seq_len) * tokens
+        n = lay.world_size
+        kind = self.cluster.kind
+        return Prediction(step_s=step, tokens_per_s=tokens / step, tflops_per_gpu=flops / step / n / 1e12,
+                          mfu=flops / step / n / (kind.peak_bf16_tflops * 1e12),
+                          memory_gib_per_rank=[b / mem.GIB for b in mems],
+                          memory_limit_gib=mem.memory_limit_bytes(self.cluster.usable_memory_gib) / mem.GIB,
+                          breakdown_s=breakdown)
+
+
+def evaluate(plan: Plan, cluster: ClusterSpec, profile: Profile) -> Prediction:
+    return CostModel(plan.model, plan.training, plan.layout, cluster, profile).predict(plan.stages)

@@ -1,0 +1,314 @@
+"""ModelSpec: one model's shape, with its exact parameter, activation and FLOP counts, and its validation."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from planner.errors import PlanError
+
+
+BERT_NORM_EPS = 1e-12
+"""BERT's LayerNorm epsilon (Devlin et al.'s release; Hugging Face BertConfig.layer_norm_eps)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str
+    """'gpt' (decoder, LayerNorm, GELU, learned positions), 'llama' (decoder, RMSNorm, SwiGLU, rotary)
+    or 'bert' (encoder: bidirectional attention, token types, masked-LM head)."""
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    """Key/value heads; equal to num_heads for multi-head attention, fewer for GQA."""
+    ffn_hidden: int
+    """Inner width of the MLP (of each expert for MoE)."""
+    vocab_size: int
+    max_seq_len: int
+    """Longest sequence the model supports (size of the learned position table for GPT/BERT)."""
+    default_seq_len: int
+    """Training sequence length used when the user gives no --seq-len."""
+    default_global_batch: int
+    """Global batch in sequences used when the user gives no --global-batch."""
+    num_experts: int = 1
+    """1 for a dense MLP; >1 replaces each MLP by that many experts (MoE)."""
+    top_k: int = 1
+    """Experts each token is routed to (MoE only)."""
+    shared_expert_ffn: int = 0
+    """Inner width of the shared experts, all of them together (MoE only; Qwen's shared_expert_intermediate_size,
+    DeepSeek's n_shared_experts x moe_intermediate_size): one SwiGLU MLP every token goes through beside its
+    routed experts. 0: none."""
+    shared_expert_gate: bool = False
+    """The shared experts' output scaled per token by sigmoid(x . w), w one [hidden] weight per layer (Qwen)."""
+    moe_aux_loss_coeff: float = 0.01
+    """Weight of the load-balancing loss in the training loss (MoE only; Hugging Face router_aux_loss_coef,
+    Megatron --moe-aux-loss-coeff)."""
+    moe_normalize_topk: bool = True
+    """Renormalise the top-k routing weights to sum to one (Mixtral does; Qwen MoE configs say norm_topk_prob)."""
+    moe_capacity_factor: float = 0.0
+    """0: dropless, every assignment computed. Else each expert takes at most capacity x tokens x top_k / experts
+    assignments per rank-local batch and drops the rest (Megatron --moe-expert-capacity-factor). The cost model
+    prices the dropless work, an upper bound."""
+    tie_embeddings: bool = False
+    """Output layer shares the input embedding's weight."""
+    head_dim_override: int = 0
+    """Per-head width when it is not hidden // num_heads (0: hidden // num_heads)."""
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections of a Llama-style model (Qwen2 and Qwen2-MoE always have them; Llama-family
+    configs with attention_bias true). GPT and BERT have them whatever this says (has_bias)."""
+    attn_out_bias: bool = False
+    """A bias on the attention's output projection of a Llama-style model (Llama-family attention_bias true, with
+    qkv_bias). GPT and BERT have it whatever this says (has_bias)."""
+    qk_norm: bool = False
+    """Qwen3's q/k norms (Llama-style models only): after the q/k projections and before rotary, each head of q and
+    of k is RMS-normalised over head_dim (epsilon norm_eps) and scaled by a [head_dim] weight shared across the heads,
+    one for q (q_norm) and one for k (k_norm) per layer (Hugging Face qwen3 and qwen3_moe, Megatron --qk-layernorm).
+    OLMo2's norms over the whole q and k projections are another thing, not this."""
+    rope_theta: float = 10000.0
+    """Base of the rotary frequencies: pair i of a head turns by position x rope_theta^(-2i / head_dim) (Hugging Face
+    rope_theta, Megatron --rotary-base; Llama 3 500000, Mixtral and Qwen2 1e6). Meaningless for learned positions."""
+    norm_eps: float = 1e-5
+    """Epsilon of every LayerNorm / RMSNorm (Hugging Face rms_norm_eps / layer_norm_eps, Megatron --norm-epsilon;
+    BERT 1e-12 (BERT_NORM_EPS), Qwen2 1e-6)."""
+    rope_scaling_factor: float = 0.0
+    """Llama 3.1's rotary frequency scaling (Hugging Face rope_scaling of type llama3): 0 for none, else the factor
+    the low frequencies are divided by (Llama 3.1 8). The three fields below are set with it and 0 without it."""
+    rope_low_freq_factor: float = 0.0
+    """Llama 3.1 scaling: frequencies whose wavelength exceeds rope_original_max_positions / this are divided by the
+    factor (Llama 3.1 1)."""
+    rope_high_freq_factor: float = 0.0
+    """Llama 3.1 scaling: frequencies whose wavelength is below rope_original_max_positions / this are kept (Llama 3.1
+    4); those between the two bounds are interpolated."""
+    rope_original_max_positions: int = 0
+    """Llama 3.1 scaling: the context length the model was first trained at (Hugging Face
+    original_max_position_embeddings; Llama 3.1 8192)."""
+    unapplied_rope_scaling: str = ""
+    """The type of a rope_scaling the source config asked for that the spec leaves out (linear, dynamic, yarn,
+    longrope, ...): the runtime trains with plain rotary at rope_theta instead, and the Megatron export says so.
+    '' when there is none (Llama 3.1's llama3 type is applied: rope_scaling_factor above)."""
+
+    # -- derived structure -------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.head_dim_override or self.hidden // self.num_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def causal(self) -> bool:
+        return self.family != "bert"
+
+    @property
+    def gated_mlp(self) -> bool:
+        """SwiGLU (gate and up projections) rather than a plain GELU MLP."""
+        return self.family == "llama"
+
+    @property
+    def has_bias(self) -> bool:
+        """GPT-2/3 and BERT use biases in linear layers and norms; Llama-style models do not."""
+        return self.family in ("gpt", "bert")
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """The fused q/k/v projection has a bias (column-parallel: each TP rank holds its heads' part)."""
+        return self.has_bias or self.qkv_bias
+
+    @property
+    def has_attn_out_bias(self) -> bool:
+        """The attention's output projection has a bias (row-parallel: whole on every TP rank)."""
+        return self.has_bias or self.attn_out_bias
+
+    @property
+    def learned_positions(self) -> bool:
+        return self.family in ("gpt", "bert")
+
+    @property
+    def q_width(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    # -- parameter counts (elements) ---------------------------------------
+    def norm_params(self) -> int:
+        return 2 * self.hidden if self.has_bias else self.hidden
+
+    def qk_norm_params(self) -> int:
+        """The q and k norms' weights of one layer, [head_dim] each (whole on every TP rank)."""
+        return 2 * self.head_dim if self.qk_norm else 0
+
+    def attention_params(self) -> int:
+        h, qkv_width = self.hidden, self.q_width + 2 * self.kv_width
+        qkv = h * qkv_width + (qkv_width if self.has_qkv_bias else 0)
+        out = self.q_width * h + (h if self.has_attn_out_bias else 0)
+        return qkv + out + self.qk_norm_params()
+
+    def expert_params(self) -> int:
+        """One MLP (one expert for MoE)."""
+        h, f = self.hidden, self.ffn_hidden
+        if self.gated_mlp:
+            return 3 * h * f
+        return 2 * h * f + (f + h if self.has_bias else 0)
+
+    def router_params(self) -> int:
+        return self.hidden * self.num_experts if self.is_moe else 0
+
+    def shared_expert_params(self) -> int:
+        """The shared experts of one MoE layer (SwiGLU) and their gate."""
+        if not self.shared_expert_ffn:
+            return 0
+        return 3 * self.hidden * self.shared_expert_ffn + (self.hidden if self.shared_expert_gate else 0)
+
+    def mlp_params(self) -> int:
+        return self.num_experts * self.expert_params() + self.router_params() + self.shared_expert_params()
+
+    def layer_params(self) -> int:
+        return 2 * self.norm_params() + self.attention_params() + self.mlp_params()
+
+    def layer_dense_params(self) -> int:
+        """Parameters of a layer that are not expert weights (replicated across expert-parallel ranks)."""
+        return self.layer_params() - self.num_experts * self.expert_params() if self.is_moe else self.layer_params()
+
+    def embedding_params(self) -> int:
+        """Input side: token embedding, learned positions, BERT token types and embedding norm."""
+        n = self.vocab_size * self.hidden
+        if self.learned_positions:
+            n += self.max_seq_len * self.hidden
+        if self.family == "bert":
+            n += 2 * self.hidden + self.norm_params()
+        return n
+
+    def head_params(self) -> int:
+        """Output side: final norm (decoders), output projection unless tied, BERT's MLM transform."""
+        h = self.hidden
+        if self.family == "bert":
+            # dense h->h + GELU + LayerNorm, then the tied decoder plus its bias
+            n = h * h + h + self.norm_params() + self.vocab_size
+            return n + (0 if self.tie_embeddings else self.vocab_size * h)
+        n = self.norm_params()
+        return n + (0 if self.tie_embeddings else self.vocab_size * h)
+
+    def total_params(self) -> int:
+        return self.num_layers * self.layer_params() + self.embedding_params() + self.head_params()
+
+    def active_params(self) -> int:
+        """Parameters touched by one token (MoE: top_k experts of each layer)."""
+        if not self.is_moe:
+            return self.total_params()
+        per_layer = self.layer_dense_params() + self.top_k * self.expert_params()
+        return self.num_layers * per_layer + self.embedding_params() + self.head_params()
+
+    # -- FLOPs --------------------------------------------------------------
+    def layer_matmul_flops_per_token(self) -> float:
+        """Forward matmul FLOPs of one layer per token (MoE: top_k experts plus the router)."""
+        h = self.hidden
+        attn = 2 * h * (self.q_width + 2 * self.kv_width) + 2 * self.q_width * h
+        mlp = self.top_k * 2 * (3 if self.gated_mlp else 2) * h * self.ffn_hidden + 2 * self.router_params() \
+            + 2 * self.shared_expert_params()
+        return attn + mlp
+
+    def attention_core_flops_per_token(self, seq_len: int, causal_halved: bool) -> float:
+        """Forward QK^T and AV FLOPs per token of one layer; halved for causal masks when asked."""
+        f = 4.0 * seq_len * self.q_width
+        return f / 2 if (causal_halved and self.causal) else f
+
+    def head_matmul_flops_per_token(self) -> float:
+        h = self.hidden
+        f = 2 * h * self.vocab_size
+        if self.family == "bert":
+            f += 2 * h * h
+        return f
+
+    def model_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward = 3x forward) in the convention MFU is quoted in
+        by Megatron-LM, PaLM and ../shared/anchors: attention scores counted in full (not halved for causal
+        masks), no recompute counted. Used for MFU and TFLOP/s, never for predicting time."""
+        fwd = self.num_layers * (self.layer_matmul_flops_per_token()
+                                 + self.attention_core_flops_per_token(seq_len, causal_halved=False))
+        fwd += self.head_matmul_flops_per_token()
+        return 3.0 * fwd
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "ModelSpec":
+        names = {f.name for f in fields(ModelSpec)}
+        unknown = set(d) - names
+        if unknown:
+            raise PlanError(f"model spec has unknown fields {sorted(unknown)}")
+        if "norm_eps" not in d and d.get("family") == "bert":
+            # written before the spec had norm_eps, when the runtime gave BERT's norms 1e-12
+            d = dict(d, norm_eps=BERT_NORM_EPS)
+        try:
+            spec = ModelSpec(**d)
+        except TypeError as exc:
+            raise PlanError(f"model spec is incomplete: {exc}") from None
+        validate_model(spec)
+        return spec
+
+
+def validate_model(m: ModelSpec) -> None:
+    """Reject specs no runtime could build, with one sentence naming the field."""
+    if m.family not in ("gpt", "llama", "bert"):
+        raise PlanError(f"model family '{m.family}' is not one of gpt, llama, bert")
+    for name in ("num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden", "vocab_size",
+                 "max_seq_len", "default_seq_len", "default_global_batch", "num_experts", "top_k"):
+        v = getattr(m, name)
+        if not isinstance(v, int) or v < 1:
+            raise PlanError(f"model '{m.name}': {name} must be a positive integer, got {v!r}")
+    if m.head_dim_override == 0 and m.hidden % m.num_heads:
+        raise PlanError(f"model '{m.name}': hidden {m.hidden} is not divisible by {m.num_heads} heads")
+    if m.num_heads % m.num_kv_heads:
+        raise PlanError(f"model '{m.name}': {m.num_heads} heads are not divisible by {m.num_kv_heads} KV heads")
+    if m.top_k > m.num_experts:
+        raise PlanError(f"model '{m.name}': top_k {m.top_k} exceeds its {m.num_experts} experts")
+    if isinstance(m.shared_expert_ffn, bool) or not isinstance(m.shared_expert_ffn, int) or m.shared_expert_ffn < 0:
+        raise PlanError(f"model '{m.name}': shared_expert_ffn must be a whole number >= 0, got {m.shared_expert_ffn!r}")
+    if (m.shared_expert_ffn or m.shared_expert_gate) and not (m.is_moe and m.gated_mlp):
+        raise PlanError(f"model '{m.name}': shared experts are modelled for MoE models with SwiGLU experts only")
+    if m.shared_expert_gate and not m.shared_expert_ffn:
+        raise PlanError(f"model '{m.name}': shared_expert_gate is set but there are no shared experts")
+    for name in ("moe_aux_loss_coeff", "moe_capacity_factor"):
+        v = getattr(m, name)
+        if not _is_number(v) or v < 0:
+            raise PlanError(f"model '{m.name}': {name} must be a number >= 0, got {v!r}")
+    for name in ("moe_normalize_topk", "qkv_bias", "attn_out_bias", "qk_norm"):
+        if not isinstance(getattr(m, name), bool):
+            raise PlanError(f"model '{m.name}': {name} must be true or false, got {getattr(m, name)!r}")
+    if m.qk_norm and m.family != "llama":
+        raise PlanError(f"model '{m.name}': qk_norm (per-head q/k RMSNorm before rotary) is modelled for Llama-style "
+                        f"models only, not for family '{m.family}'")
+    if not isinstance(m.unapplied_rope_scaling, str):
+        raise PlanError(f"model '{m.name}': unapplied_rope_scaling must be a string, got {m.unapplied_rope_scaling!r}")
+    for name in ("rope_theta", "norm_eps"):
+        v = getattr(m, name)
+        if not _is_number(v) or not v > 0:
+            raise PlanError(f"model '{m.name}': {name} must be a positive number, got {v!r}")
+    if not _is_number(m.rope_scaling_factor) or m.rope_scaling_factor < 0:
+        raise PlanError(f"model '{m.name}': rope_scaling_factor must be 0 (none) or a positive number, "
+                        f"got {m.rope_scaling_factor!r}")
+    if m.rope_scaling_factor == 0:
+        scaling_set = [n for n in ("rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions")
+                       if getattr(m, n) != 0]
+        if scaling_set:
+            raise PlanError(f"model '{m.name}': {', '.join(scaling_set)} set without rope_scaling_factor")
+    else:
+        lo, hi, orig = m.rope_low_freq_factor, m.rope_high_freq_factor, m.rope_original_max_positions
+        if m.learned_positions:
+            raise PlanError(f"model '{m.name}': rope_scaling_factor is set but the model has learned positions")
+        if not (_is_number(lo) and _is_number(hi) and 0 < lo < hi):
+            raise PlanError(f"model '{m.name}': rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor, "
+                            f"got {lo!r} and {hi!r}")
+        if isinstance(orig, bool) or not isinstance(orig, int) or orig < 1:
+            raise PlanError(f"model '{m.name}': rope_original_max_positions must be a positive integer with rope "
+                            f"scaling, got {orig!r}")
+
+
+def _is_number(v) -> bool:
+    """A finite int or float (not a bool)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)

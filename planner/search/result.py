@@ -1,0 +1,70 @@
+"""What a search is asked (Pins) and what it returns (SearchResult: plans, alternatives, SearchStats)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.plan import Plan
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Dimensions the user fixed; None leaves them to the search."""
+
+    tp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    micro_batch: int | None = None
+    sharding: str | None = None
+    recompute: str | None = None
+    """none / selective / full for every layer, or None to let the search choose per stage."""
+    fp8: bool = False
+    """Plan the transformer layers' GEMMs in FP8 (every layout searched uses it)."""
+    grad_dtype: str = "fp32"
+    """Main-gradient precision of every layout searched (Layout.grad_dtype): a numerics choice, not searched."""
+    no_overlap: frozenset = frozenset()
+    """Dimensions ('tp', 'dp', 'pp') whose communication must not be overlapped with compute; the search
+    otherwise turns every overlap on (in this cost model overlap never costs time)."""
+    cuda_graph: bool = True
+    """Capture the step as a CUDA graph wherever that is legal on a GPU (Layout.cuda_graph); it removes the
+    host's time and costs nothing, so it is not a searched choice. False: every plan runs eagerly."""
+
+
+@dataclass
+class SearchStats:
+    layouts_enumerated: int = 0
+    layouts_legal: int = 0
+    layouts_bounded: int = 0
+    """Legal layouts whose full bounds were worked out (the rest were ruled out by their compute bound)."""
+    layouts_fit_bound: int = 0
+    """Of those, the layouts within the memory bound."""
+    layouts_greedy: int = 0
+    layouts_solved: int = 0
+    proven_optimal: int = 0
+    cpsat_variables: int = 0
+    gap_to_bound: float = 0.0
+    """How far the first plan may be above the best plan of the layouts not settled by CP-SAT."""
+    phase_s: dict = field(default_factory=dict)
+
+
+@dataclass
+class Alternative:
+    """The best plan of a kind the recommended one is not (another TP degree, no pipeline, another sharding
+    level, ...): what a user comparing against a familiar configuration asks about."""
+
+    label: str
+    """What differs from the recommended layout, e.g. 'TP 8' or 'no pipeline (PP 1)'."""
+    plan: Plan | None
+    """Its best layout with its greedy split, the schedule played; None when none of its layouts fits."""
+    why: str
+    """Where it loses time against the recommended plan, or why none of its layouts fits."""
+
+
+@dataclass
+class SearchResult:
+    plans: list[Plan]
+    stats: SearchStats
+    alternatives: list[Alternative] = field(default_factory=list)
+    """With search(alternatives=True): the best plan of each kind of layout the first plan is not."""

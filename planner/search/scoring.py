@@ -1,0 +1,124 @@
+"""Candidates of the branch and bound: a layout with its cost model and bounds, scored in order of their bounds by a
+greedy split, and the Plan made of a candidate's split with its provenance."""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from planner import memory as mem
+from planner.bounds import compute_bound_s, time_and_memory_bounds
+from planner.cost import CostModel
+from planner.plan import Layout, Plan, StagePlan, TrainingShape
+from planner.profile import FP8_MODEL_NOTE, Profile, profile_argument
+from planner.search.result import Pins, SearchStats
+from planner.search.stages import greedy_stages, solve_stages
+
+
+@dataclass
+class _Candidate:
+    layout: Layout
+    cost: CostModel
+    compute_bound_s: float
+    """bounds.compute_bound_s: cheap, below time_bound_s; the order the layouts are examined in."""
+    time_bound_s: float = math.nan
+    memory_bound_bytes: float = math.nan
+    """bounds.time_and_memory_bounds, worked out only for layouts whose compute bound could still beat the k-th best plan."""
+    greedy: list[StagePlan] | None = None
+    greedy_tried: bool = False
+    """greedy_stages, kept for the alternatives' searches (None: no split fits, or not tried yet)."""
+
+
+def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit: float, top_k: int,
+           stats: SearchStats, solve_work: float | None, max_splits: float = math.inf):
+    """The top_k candidates by the score of a split (CostModel.predict(play=False)): best bound first, a layout
+    known by its compute bound gets its full bounds (memory, and time with communication and optimizer) and goes
+    back in line; one known by its full bound gets a greedy split (CP-SAT where that finds none, while fewer than
+    top_k are scored, unless solve_work is None). So the splits come in the order of the full bounds, and only
+    layouts whose compute bound is below the k-th best are bounded in full. Bounds and splits are kept on the
+    candidates for later calls. Returns (scored [(score, candidate, stages)], the lowest bound of the layouts not
+    scored, (least memory bound, its layout) among those bounded, whether max_splits cut the search short).
+    max_splits: stop after splitting that many layouts, or trying four times as many (the alternatives' searches:
+    their best among the most promising, not proven best)."""
+    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates)]
+    heapq.heapify(queue)
+    scored: list[tuple[float, _Candidate, list[StagePlan]]] = []
+    kth = math.inf
+    unsettled_bound = math.inf
+    min_mem: tuple[float, Layout] | None = None
+    splits = tries = 0  # layouts split, and split or tried (a greedy split can find nothing within memory)
+    while queue and splits < max_splits and tries < 4 * max_splits:
+        bound_s, i, bounded = heapq.heappop(queue)
+        if bound_s >= kth:  # so is every layout's still in line
+            unsettled_bound = bound_s
+            break
+        c = candidates[i]
+        if not bounded:
+            if math.isnan(c.time_bound_s):
+                c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
+                stats.layouts_bounded += 1
+                stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+            if min_mem is None or c.memory_bound_bytes < min_mem[0]:
+                min_mem = (c.memory_bound_bytes, c.layout)
+            if c.memory_bound_bytes <= limit:
+                heapq.heappush(queue, (c.time_bound_s, i, True))
+            continue
+        if not c.greedy_tried:
+            c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, pins.recompute), True
+            stats.layouts_greedy += 1
+        stages = c.greedy
+        tries += 1
+        if stages is None and len(scored) < top_k and solve_work is not None:
+            stages = solve_stages(c.cost, shape, limit, pins.recompute, work_limit=solve_work).stages
+            stats.layouts_solved += 1
+        if stages is None:
+            continue
+        splits += 1
+        step = c.cost.predict(stages, play=False).step_s
+        scored.append((step, c, stages))
+        scored.sort(key=lambda x: x[0])
+        if len(scored) >= top_k:
+            kth = scored[top_k - 1][0]
+    return scored, unsettled_bound, min_mem, bool(queue) and (splits >= max_splits or tries >= 4 * max_splits)
+
+
+def _plan_of(c: _Candidate, stages: list[StagePlan], pred, model, shape, cluster, profile) -> Plan:
+    prov = plan_provenance(profile, c.layout.fp8)
+    off_grid, queries = c.cost.interpolated_gemms()
+    if off_grid:  # say so: between the grid's points cuBLAS can run 10-30% off the interpolated rate
+        prov["modelled"].insert(0, f"GEMMs: {off_grid} of this layout's {queries} layer GEMM shapes interpolated "
+                                   f"between profile points (`plan profile --model {model.name} --base "
+                                   f"{profile_argument(profile)}` measures them and adds them to this profile)")
+    if not profile.attention_measured(model.head_dim, model.causal):
+        as_dim = profile.attention_kernel_head_dim(model.head_dim, model.causal)
+        how = (f"priced as {as_dim}, the next larger one measured (kernels pad to their tile)" if as_dim != model.head_dim
+               else "read at the nearest measured one's rate")
+        prov["modelled"].insert(0, f"attention: head dimension {model.head_dim} not measured, {how} (`plan profile "
+                                   f"--model {model.name} --base {profile_argument(profile)}` measures it)")
+    return Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
+                prediction=pred, provenance=prov)
+
+
+def plan_provenance(profile: Profile, fp8: bool = False) -> dict:
+    """Which profile the times came from, and which of its figures are measured and which modelled."""
+    prov = profile.provenance
+    measured, modelled = list(prov.get("measured", [])), list(prov.get("modelled", []))
+    if fp8 and not profile.fp8_measured:
+        modelled.append(FP8_MODEL_NOTE)
+    for part in prov.get("parts", []):
+        status = str(part.get("status", ""))
+        text = part.get("part", "?") + (f" ({part['model']})" if "model" in part else "")
+        (measured if status == "measured" else modelled).append(text if status in ("measured", "modelled")
+                                                                else f"{text}: {status}")
+    return {"profile": profile.source_path or profile.gpu, "profile_gpu": profile.gpu,
+            "profile_measured_on": prov.get("gpu_name", prov.get("measured_on", "")),
+            "profile_date": prov.get("date", ""), "profile_commit": prov.get("git_commit", ""),
+            "profile_kind": ("derived from " + str(prov["derived_from"].get("gpu_name", "another GPU"))
+                             if isinstance(prov.get("derived_from"), dict) else prov.get("kind", prov.get("mode", "measured"))),
+            "measured": measured,
+            "modelled": modelled + [f"memory allowance: {mem.RESERVED_GIB} GiB outside the allocator, "
+                                    f"{mem.FRAGMENTATION:.0%} fragmentation"],
+            "profile_warnings": ([f"host time per layer out of recompute order (probe noise; recompute choices of "
+                                  f"host-paced plans may be misjudged): {v}"
+                                  for v in profile.host.recompute_order_violations()]
+                                 if profile.host is not None else [])}

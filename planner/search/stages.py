@@ -1,0 +1,215 @@
+"""The inner problem of a layout: how many layers each (virtual) pipeline stage holds and how many of them
+recompute, by a greedy split (fast, feasible) or by CP-SAT (exact within its work limit); see
+planner/search/__init__.py."""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from planner.cost import CostModel
+from planner.plan import StagePlan, TrainingShape
+
+
+SOLVER_WORKERS = 8
+"""CP-SAT's portfolio of workers for a solve with a wall-clock limit (solve_stages' time_limit_s; the tests'
+brute-force comparisons): several strategies proving optimality beat one even on two cores."""
+SOLVE_WORK = 0.01
+"""CP-SAT's deterministic time (its own work measure, not seconds on the clock) per solve in the search, on one
+worker: the same command gives the same plans on any machine and load. With a 30 ms wall-clock limit on eight
+workers (before commit c643a23, 2026-12-02) the runners-up, and now and then the first choice (mixtral-8x7b on 64
+GPUs, between plans 0.2% apart), changed from run to run on a loaded machine. On twelve catalogue cases this finds
+the same first choices, one 0.05% better and one 0.015% worse (benchmarks/results/README.md; commit c643a23,
+2026-12-02), in about the same time."""
+SOLVE_WALL_CAP_S = 2.0
+"""A guard on a solve with a work limit (SOLVE_WORK): only a far slower machine than a laptop reaches it."""
+
+
+def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
+                  recompute_pin: str | None = None) -> list[StagePlan] | None:
+    """A fast feasible split (the CP-SAT hint and upper bound): layers go one at a time to the rank that
+    stays fastest (optimal for identical layers without memory limits); inside a rank, extra layers go to
+    the chunks with the fewest micro-batches in flight; then each rank that is over its memory recomputes
+    the layers with the most micro-batches in flight, selectively first, fully if that is not enough."""
+
+    lay, m = cm.lay, cm.m
+    P, V, S = lay.pp, lay.vpp, lay.pp * lay.vpp
+    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+    L = cm.layer
+    one = {"full": StagePlan(1, 1, 0), "selective": StagePlan(1, 0, 1)}.get(recompute_pin or "", StagePlan(1))
+    gpu_layer = L.fwd_bwd_s + {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute_pin or "", 0.0)
+    # a layer costs the larger of its GPU and host time (stage_time_s), plus the MoE host time that EP's
+    # synchronisation exposes (stage_expert_host_s)
+    host_layer = cm.stage_host_s(0, one) - cm.stage_host_s(0, StagePlan(0)) - cm.stage_expert_host_s(one)
+    per_layer = max(gpu_layer, host_layer) + cm.stage_expert_host_s(one)
+    ends = [sum(cm.stage_time_s(j, StagePlan(0)) for j in range(r, S, P)) for r in range(P)]
+    n_rank = [V] * P
+    heap = [(ends[r] + V * per_layer, r) for r in range(P)]
+    heapq.heapify(heap)
+    for _ in range(m.num_layers - S):
+        t, r = heapq.heappop(heap)
+        n_rank[r] += 1
+        heapq.heappush(heap, (t + per_layer, r))
+    stages: list[StagePlan | None] = [None] * S
+    for r in range(P):
+        js = list(range(r, S, P))
+        terms = cm.memory_terms(r, num_micro)
+        inflight = terms.in_flight
+        counts = [n_rank[r] // V] * V
+        for c in sorted(range(V), key=lambda c: (inflight[c], -c))[: n_rank[r] % V]:
+            counts[c] += 1
+        full = counts[:] if recompute_pin == "full" else [0] * V
+        sel = counts[:] if recompute_pin == "selective" else [0] * V
+        if recompute_pin is None:
+            # selective first on the chunks holding the most micro-batches, then full where that is not enough
+            for c in sorted(range(V), key=lambda c: -inflight[c]):
+                over = terms.bytes(counts, full, sel) - limit_bytes
+                if over <= 0:
+                    break
+                sel[c] = min(counts[c], math.ceil(over / (inflight[c] * terms.sel_saving_bytes)))
+            for c in sorted(range(V), key=lambda c: -inflight[c]):
+                over = terms.bytes(counts, full, sel) - limit_bytes
+                if over <= 0:
+                    break
+                extra = terms.full_saving_bytes - terms.sel_saving_bytes  # selective -> full
+                add = min(counts[c] - full[c], math.ceil((over + (0 if any(full) else terms.none_bytes))
+                                                         / (inflight[c] * max(extra, 1.0))))
+                full[c] += add
+                sel[c] = min(sel[c], counts[c] - full[c])
+        if terms.bytes(counts, full, sel) > limit_bytes:
+            return None
+        for c, j in enumerate(js):
+            stages[j] = StagePlan(counts[c], full[c], sel[c])
+    return stages  # type: ignore[return-value]
+
+
+@dataclass
+class SolveResult:
+    stages: list[StagePlan] | None
+    proven_optimal: bool
+    bound_s: float
+    """The solver's proven lower bound on the pipeline part of the step (seconds)."""
+
+
+def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recompute_pin: str | None = None,
+                 time_limit_s: float = 10.0, hint: list[StagePlan] | None = None,
+                 work_limit: float | None = None) -> SolveResult:
+    """CP-SAT: the layer split and recompute per stage that minimise the schedule's step time within
+    memory; stages None when no split fits (or none was found in the limit). work_limit: one worker for that much
+    deterministic time (reproducible; the search's SOLVE_WORK), else SOLVER_WORKERS for time_limit_s seconds."""
+    from ortools.sat.python import cp_model
+
+    lay, m = cm.lay, cm.m
+    S, P, V = lay.pp * lay.vpp, lay.pp, lay.vpp
+    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+    L = cm.layer
+    us = lambda s: int(round(s * 1e6))  # noqa: E731
+    kib = lambda b: int(math.ceil(b / 1024))  # noqa: E731
+    t_layer, t_full, t_sel = us(L.fwd_bwd_s), us(L.full_recompute_s), us(L.selective_recompute_s)
+    limit = int(limit_bytes // 1024)
+
+    mdl = cp_model.CpModel()
+    n = [mdl.NewIntVar(1, m.num_layers, f"n{j}") for j in range(S)]
+    f = [mdl.NewIntVar(0, m.num_layers, f"f{j}") for j in range(S)]
+    s = [mdl.NewIntVar(0, m.num_layers, f"s{j}") for j in range(S)]
+    mdl.Add(sum(n) == m.num_layers)
+    for j in range(S):
+        mdl.Add(f[j] + s[j] <= n[j])
+        # virtual stages of one rank differ by at most one layer: the split across ranks stays free, and
+        # the solver is spared the many equivalent ways of shuffling layers between a rank's chunks
+        if j + P < S:
+            mdl.Add(n[j] - n[j + P] <= 1)
+            mdl.Add(n[j + P] - n[j] <= 1)
+        if recompute_pin == "full":
+            mdl.Add(f[j] == n[j])
+        elif recompute_pin == "selective":
+            mdl.Add(s[j] == n[j])
+        elif recompute_pin == "none":
+            mdl.Add(f[j] == 0)
+            mdl.Add(s[j] == 0)
+    # stage time = max(GPU time, host time - exposed MoE host time) + that (CostModel.stage_time_s), every
+    # term linear in the stage's layer counts: GPU and host slopes from the cost model itself
+    host_of = lambda j, st: us(cm.stage_host_s(j, st) - cm.stage_expert_host_s(st))  # noqa: E731
+    expert_per_layer = us(cm.stage_expert_host_s(StagePlan(1)))
+    gpu0 = [us(cm.stage_gpu_s(j, StagePlan(0))) for j in range(S)]
+    host0 = [host_of(j, StagePlan(0)) for j in range(S)]
+    h_none = [host_of(j, StagePlan(1)) - host0[j] for j in range(S)]
+    h_full = [host_of(j, StagePlan(1, 1, 0)) - host0[j] for j in range(S)]
+    h_sel = [host_of(j, StagePlan(1, 0, 1)) - host0[j] for j in range(S)]
+    per_layer_max = max(t_layer + t_full, max(h_none + h_full + h_sel + [0])) + expert_per_layer
+    horizon = per_layer_max * m.num_layers + sum(max(g, h) for g, h in zip(gpu0, host0)) + 1
+    T = []
+    for r in range(P):
+        js = [j for j in range(S) if j % P == r]
+        stage_t = []
+        for j in js:
+            gpu = t_layer * n[j] + t_full * f[j] + t_sel * s[j] + gpu0[j]
+            tj = mdl.NewIntVar(0, horizon, f"t{j}")
+            host = h_none[j] * (n[j] - f[j] - s[j]) + h_full[j] * f[j] + h_sel[j] * s[j] + host0[j]
+            # gpu - host over any stage of at least one layer: per-layer differences (none, full, selective)
+            # times counts >= 0, plus the constant; one side dominates when the differences agree in sign
+            # and the smallest one-layer stage keeps that sign
+            diff = (t_layer - h_none[j], t_layer + t_full - h_full[j], t_layer + t_sel - h_sel[j])
+            const = gpu0[j] - host0[j]
+            if min(diff) >= 0 and min(diff) + const >= 0:
+                mdl.Add(tj == gpu)    # GPU-bound for every split: a linear model (and a fast solve)
+            elif max(diff) <= 0 and max(diff) + const <= 0:
+                mdl.Add(tj == host)   # host-bound for every split
+            else:
+                mdl.AddMaxEquality(tj, [gpu, host])
+            stage_t.append(tj + expert_per_layer * n[j])
+        tr = mdl.NewIntVar(0, horizon, f"T{r}")
+        mdl.Add(tr == sum(stage_t))
+        T.append(tr)
+        # memory of rank r: the same linear terms as the greedy split, in KiB rounded against the plan
+        terms = cm.memory_terms(r, num_micro)
+        st_kib, none_kib = kib(terms.state_per_layer_bytes), kib(terms.none_bytes)
+        dsel, dfull = int(terms.sel_saving_bytes // 1024), int(terms.full_saving_bytes // 1024)
+        expr = [(st_kib + k * none_kib) * n[j] - k * dfull * f[j] - k * dsel * s[j]
+                for k, j in zip(terms.in_flight, js)]
+        any_full = mdl.NewBoolVar(f"anyfull{r}")
+        for j in js:
+            mdl.Add(f[j] <= m.num_layers * any_full)
+        mdl.Add(sum(expr) + kib(terms.base_bytes) + none_kib * any_full <= limit)
+    tmax = mdl.NewIntVar(0, horizon, "tmax")
+    mdl.AddMaxEquality(tmax, T)
+    mdl.Minimize((num_micro * V - 1) * tmax + sum(T))
+    if hint:
+        for j in range(S):
+            mdl.AddHint(n[j], hint[j].layers)
+            mdl.AddHint(f[j], hint[j].full_recompute_layers)
+            mdl.AddHint(s[j], hint[j].selective_recompute_layers)
+    solver = cp_model.CpSolver()
+    if work_limit is not None:
+        solver.parameters.num_workers = 1
+        solver.parameters.max_deterministic_time = work_limit
+        solver.parameters.max_time_in_seconds = SOLVE_WALL_CAP_S
+    else:
+        solver.parameters.num_workers = SOLVER_WORKERS
+        solver.parameters.max_time_in_seconds = time_limit_s
+    status = solver.Solve(mdl)
+    bound_s = solver.BestObjectiveBound() / V / 1e6 if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else 0.0
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(None, status == cp_model.INFEASIBLE, bound_s)
+    stages = [StagePlan(layers=solver.Value(n[j]), full_recompute_layers=solver.Value(f[j]),
+                        selective_recompute_layers=solver.Value(s[j])) for j in range(S)]
+    return SolveResult(stages, status == cp_model.OPTIMAL, bound_s)
+
+
+def _solve_concurrently(jobs: list[tuple[CostModel, list[StagePlan]]], shape: TrainingShape, limit: float,
+                        recompute: str | None, solve_work: float) -> list[SolveResult]:
+    """solve_stages for each (cost model, hint), on as many threads as there are CPUs: CP-SAT releases the GIL
+    while it solves, and each solve is single-threaded and deterministic (SOLVE_WORK), so the results do not
+    depend on the threads (gpt-70b on 64 GPUs: four solves in 0.16 s on two cores against 0.27 s one by one)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job):
+        cm, hint = job
+        return solve_stages(cm, shape, limit, recompute, hint=hint, work_limit=solve_work)
+
+    threads = min(len(jobs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if threads <= 1:
+        return [one(job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(one, jobs))
