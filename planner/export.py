@@ -276,9 +276,9 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
         script = "pretrain_bert.py"
         notes.append("BERT trains with pretrain_bert.py, whose model adds a binary (next-sentence) head unless "
                      "--bert-no-binary-head is given; the plan has none")
-    notes.append(f"vocabulary: the plan counts {m.vocab_size} entries; use a tokenizer whose padded size is that "
-                 f"(for synthetic data: --tokenizer-type NullTokenizer --vocab-size {m.vocab_size} "
-                 "--make-vocab-size-divisible-by 1)")
+    notes.append(f"vocabulary: {m.vocab_size} token ids, which this runtime pads to {m.padded_vocab} rows (a multiple of 128); "
+                 f"Megatron-LM pads to a multiple of 128 x TP (for synthetic data: --tokenizer-type NullTokenizer "
+                 f"--vocab-size {m.vocab_size} --make-vocab-size-divisible-by 128)")
     return MegatronExport(a, notes, script)
 
 

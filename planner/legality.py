@@ -48,8 +48,8 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
         return f"{model.num_kv_heads} KV heads are not divisible by TP {lay.tp}"
     if model.ffn_hidden % lay.tp:
         return f"MLP width {model.ffn_hidden} is not divisible by TP {lay.tp}"
-    if model.vocab_size % lay.tp:
-        return f"vocabulary {model.vocab_size} is not divisible by TP {lay.tp}"
+    if model.padded_vocab % lay.tp:
+        return f"padded vocabulary {model.padded_vocab} is not divisible by TP {lay.tp}"
     if gpus_per_node is not None and lay.tp > gpus_per_node:
         return f"TP {lay.tp} would span nodes ({gpus_per_node} GPUs per node)"
     if lay.vpp > 1 and lay.pp == 1:

@@ -89,7 +89,7 @@ def layer_gemm_weights_local(m: ModelSpec, tp: int) -> float:
 
 def head_gemm_weights_local(m: ModelSpec, tp: int) -> float:
     """The output layer's own weight (untied models only; a tied one is the embedding's, used twice)."""
-    return 0.0 if m.tie_embeddings else m.vocab_size * m.hidden / tp
+    return 0.0 if m.tie_embeddings else m.padded_vocab * m.hidden / tp
 
 
 def layer_expert_params_local(m: ModelSpec, ep: int) -> float:
@@ -98,7 +98,7 @@ def layer_expert_params_local(m: ModelSpec, ep: int) -> float:
 
 
 def embedding_params_local(m: ModelSpec, tp: int) -> float:
-    n = m.vocab_size * m.hidden / tp
+    n = m.padded_vocab * m.hidden / tp
     if m.learned_positions:
         n += m.max_seq_len * m.hidden
     if m.family == "bert":
@@ -111,9 +111,9 @@ def head_params_local(m: ModelSpec, tp: int, pp: int) -> float:
     h = m.hidden
     n = m.norm_params()
     if m.family == "bert":
-        n += h * h + h + m.vocab_size / tp
+        n += h * h + h + m.padded_vocab / tp
     if not m.tie_embeddings or pp > 1:
-        n += m.vocab_size * h / tp
+        n += m.padded_vocab * h / tp
     return n
 
 
@@ -198,7 +198,7 @@ def largest_layer_param_local(m: ModelSpec, tp: int) -> float:
 
 def largest_param_local(m: ModelSpec, tp: int) -> float:
     """Elements of the largest parameter tensor on a tensor-parallel rank (a vocabulary-sized one, usually)."""
-    return max(m.vocab_size * m.hidden / tp, largest_layer_param_local(m, tp))
+    return max(m.padded_vocab * m.hidden / tp, largest_layer_param_local(m, tp))
 
 
 def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay: Layout,
@@ -301,7 +301,7 @@ def head_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> tu
     runtime/parallel/cross_entropy.py computes in forward and keeps in the compute dtype; transiently the
     logits themselves while that gradient is written."""
     tokens = lay.micro_batch * shape.seq_len / lay.cp
-    h, v = m.hidden, m.vocab_size
+    h, v = m.hidden, m.padded_vocab
     kept = 2 * BF16_BYTES * h * tokens / lay.tp + BF16_BYTES * v / lay.tp * tokens
     if m.family == "bert":
         kept += 2 * BF16_BYTES * h * tokens / lay.tp

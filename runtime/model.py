@@ -86,7 +86,7 @@ class Embedding(nn.Module):
     def __init__(self, spec: ModelSpec, groups):
         super().__init__()
         self.spec, self.tp = spec, groups.tp
-        self.word = VocabParallelEmbedding(spec.vocab_size, spec.hidden, groups.tp)
+        self.word = VocabParallelEmbedding(spec.padded_vocab, spec.hidden, groups.tp)
         self.position = _tp_param((spec.max_seq_len, spec.hidden), None, sequence_parallel=True) \
             if spec.learned_positions else None
         self.token_type = _tp_param((2, spec.hidden), None, sequence_parallel=True) if spec.family == "bert" else None
@@ -233,7 +233,7 @@ class Head(nn.Module):
         super().__init__()
         self.spec, self.tp = spec, groups.tp
         t = group_size(groups.tp)
-        v = spec.vocab_size
+        v = spec.padded_vocab  # ModelSpec.padded_vocab: aligned output GEMMs
         if spec.family == "bert":
             self.dense = _tp_param((spec.hidden, spec.hidden), None, sequence_parallel=True)
             self.dense_bias = _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)

@@ -61,7 +61,7 @@ class DataParallelTerms:
         lay, m = self.lay, self.m
         if lay.sharding not in ("none", "optimizer"):
             return 0.0
-        word = m.vocab_size * m.hidden / lay.tp
+        word = m.padded_vocab * m.hidden / lay.tp
         tied_copy = last and m.tie_embeddings and lay.pp > 1  # the last stage's own copy of the tied weight
         # MoE experts on Hopper: their grouped weight-gradient GEMM accumulates into main_grad itself
         # (runtime/grouped_wgrad.py); elsewhere their gradients are added per micro-batch

@@ -213,7 +213,7 @@ class LayerTerms:
 
     def _ends(self) -> EndCosts:
         m, lay, prof = self.m, self.lay, self.prof
-        t, h, v = lay.tp, m.hidden, m.vocab_size
+        t, h, v = lay.tp, m.hidden, m.padded_vocab
         T = int(self.tokens)
         # embedding: gather rows forward, scatter-add fp32 gradient backward (memory-bound)
         emb = prof.kernel_s("embedding_fwd", BF16 * T * h * 2) + prof.memory_bound_s(FP32 * T * h * 3)

@@ -52,7 +52,7 @@ def linear_layers(spec: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
     q = spec.num_heads // tp * spec.head_dim
     kv = max(spec.num_kv_heads // tp, 1) * spec.head_dim
     f = spec.ffn_hidden // tp
-    vocab = math.ceil(spec.vocab_size / tp / 128) * 128   # vocabulary padded to a multiple of 128 per rank
+    vocab = spec.padded_vocab // tp   # the output layer's rows on a rank (ModelSpec.padded_vocab)
     layers = [("qkv", q + 2 * kv, h), ("out_proj", h, q), ("fc2", h, f), ("output", vocab, h)]
     if spec.gated_mlp:
         layers += [("gate_up", 2 * f, h), ("gate_or_up", f, h)]

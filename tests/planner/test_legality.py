@@ -49,8 +49,15 @@ def test_ffn_divisible_by_tp():
     assert "MLP width 130 is not divisible by TP 4" in why(tiny_model("gpt", ffn_hidden=130), tp=4)
 
 
-def test_vocab_divisible_by_tp():
-    assert "vocabulary 250 is not divisible by TP 4" in why(tiny_model("gpt", vocab_size=250), tp=4)
+def test_odd_vocabulary_is_padded_so_every_tp_degree_splits_it():
+    """GPT-2's 50,257 ids: the embedding and output layer hold 50,304 rows (a multiple of 128), which TP 1-8 split."""
+    odd = tiny_model("gpt", vocab_size=250)
+    assert odd.padded_vocab == 256
+    assert tiny_model("gpt", vocab_size=50257).padded_vocab == 50304
+    assert tiny_model("gpt", vocab_size=256).padded_vocab == 256
+    assert why(odd, tp=4) is None
+    # the padded rows are counted: the embedding holds 256 rows of the hidden width
+    assert odd.embedding_params() - tiny_model("gpt", vocab_size=256).embedding_params() == 0
 
 
 def test_tp_stays_inside_a_node():

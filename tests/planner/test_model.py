@@ -33,11 +33,19 @@ PUBLISHED = [
 @pytest.mark.parametrize("name,total,active,tol", PUBLISHED)
 def test_catalogue_matches_published_counts(name, total, active, tol):
     m = CATALOGUE[name]
-    assert m.total_params() == pytest.approx(total, rel=tol)
+    pad = m.vocab_padding_params()  # rows the runtime allocates beyond the vocabulary (ModelSpec.padded_vocab)
+    assert m.total_params() - pad == pytest.approx(total, rel=tol)
     if active is None:
         assert m.active_params() == m.total_params()
     else:
-        assert m.active_params() == pytest.approx(active, rel=tol)
+        assert m.active_params() - pad == pytest.approx(active, rel=tol)
+
+
+def test_bert_vocabulary_padding_counted_by_hand():
+    """BERT-base: 30,522 ids padded to 30,592 rows; tied decoder, so one [70, 768] block plus 70 decoder biases."""
+    m = CATALOGUE["bert-base"]
+    assert m.padded_vocab == 30592
+    assert m.vocab_padding_params() == 70 * 768 + 70
 
 
 def test_catalogue_has_the_issue_models():
@@ -395,7 +403,8 @@ def test_import_head_dim_override(tmp_path):
 def test_import_gpt2(tmp_path):
     m = from_hf_config(_write(tmp_path, GPT2))
     assert (m.family, m.num_layers, m.hidden, m.num_heads, m.max_seq_len) == ("gpt", 12, 768, 12, 1024)
-    assert m.total_params() == 124_439_808  # GPT-2 small (GPT2Model, tied output)
+    assert m.total_params() - m.vocab_padding_params() == 124_439_808  # GPT-2 small (GPT2Model, tied output)
+    assert m.padded_vocab == 50304 and m.vocab_padding_params() == 47 * 768
 
 
 def test_import_bert(tmp_path):
