@@ -47,7 +47,8 @@ def check(args) -> tuple[Plan, int, Path]:
         raise PlanError("--save-every needs --ckpt-dir")
     if args.ckpt_dir:
         from runtime.checkpoint import check_dir
-        check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule)
+        check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule,
+                  report=lambda note: print(f"plan: {note}", file=sys.stderr, flush=True))
     check_memory_trace(args, nproc)
     return plan, nproc, results
 

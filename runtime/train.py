@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import hashlib
 import json
 import os
 import signal
@@ -264,6 +265,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     adam = AdamConfig(lr=settings.schedule.peak_lr, weight_decay=settings.weight_decay, grad_clip=settings.clip_grad)
     opt = build_optimizer(stages, groups, lay.sharding, adam, compute, lay.overlap_dp,
                           grad_dtype=GRAD_DTYPES[lay.grad_dtype])
+    plan_hash = hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
     start = 0
     if args.resume:
         start = checkpoint.load(args.ckpt_dir, opt, groups)
@@ -400,7 +402,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             if save_due:
                 if graphed is not None:
                     graphed.sync_params()
-                checkpoint.save(args.ckpt_dir, done, opt, groups, settings)
+                checkpoint.save(args.ckpt_dir, done, opt, groups, settings, plan_hash)
                 last_saved = done
             if stopped:
                 if rank0:
@@ -415,7 +417,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         if graphed is not None:
             graphed.sync_params()
         if args.ckpt_dir and last_saved != done:
-            checkpoint.save(args.ckpt_dir, done, opt, groups, settings)  # at exit
+            checkpoint.save(args.ckpt_dir, done, opt, groups, settings, plan_hash)  # at exit
         if components_path and not stopped:
             # after the exit checkpoint, which holds step `done`: the extra step's update is never saved or
             # logged, so neither a resumed run nor the step statistics see it
@@ -482,7 +484,8 @@ def check_args(args, many: bool) -> None:
     if args.override_lr_schedule and not args.resume:
         raise PlanError("--override-lr-schedule needs --resume")
     if args.ckpt_dir:
-        checkpoint.check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule)
+        # sizes and small files here, on every rank; rank 0 hashes every file in checkpoint.load
+        checkpoint.check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule, full=False)
     for name, value in (("results", args.results), ("components", args.components_out)):
         if value:
             folder = Path(value) if many else Path(value).parent
