@@ -31,7 +31,7 @@ from planner.lr_schedule import add_options as add_optimizer_options
 from planner.lr_schedule import add_resume_option
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.plan import Plan
-from runtime import checkpoint
+from runtime import checkpoint, supervise
 from runtime.data import Prefetcher, open_source, step_micro_batches
 from runtime.mesh import build_groups
 from runtime.model import build_stage
@@ -269,6 +269,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     start = 0
     if args.resume:
         start = checkpoint.load(args.ckpt_dir, opt, groups)
+        supervise.progress(start)
         if rank0:
             print(f"resumed from {checkpoint.step_dir(args.ckpt_dir, start)}", flush=True)
             for leftover in checkpoint.incomplete_leftovers(args.ckpt_dir):
@@ -335,6 +336,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             if writer:
                 writer.writerow(row)
                 results.flush()
+        supervise.progress(rec.step)  # the launcher's monitor: this rank is not stuck
         return stop.agreed()  # SIGTERM / SIGINT on any rank: every rank stops after the same step
 
     pending: _LaunchedStep | None = None
@@ -403,6 +405,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                 if graphed is not None:
                     graphed.sync_params()
                 checkpoint.save(args.ckpt_dir, done, opt, groups, settings, plan_hash)
+                supervise.progress()
                 last_saved = done
             if stopped:
                 if rank0:
@@ -564,12 +567,16 @@ def main(argv=None) -> int:
                 _release(cuda)
                 if rank0:
                     (Path(args.results) / f"{path.stem}.done").touch()
+            supervise.progress()
+        supervise.finished()
         return 0
     finally:
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
+    supervise.die_with_parent()  # torchrun gone, for whatever reason: so is this worker
+    supervise.start_heartbeat()
     try:
         sys.exit(main())
     except PlanError as exc:
