@@ -28,6 +28,7 @@ metadata classes, and byte items (we save none) load with weights_only.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -116,6 +117,7 @@ def check_dir(ckpt_dir, resume: bool, settings: OptimizerSettings | None = None,
     d = Path(ckpt_dir)
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"--ckpt-dir '{d}' is a file, not a folder")
+    check_writable_folder(d)
     steps = complete_steps(d)
     if not resume:
         if steps or (d / "latest").exists():
@@ -130,6 +132,22 @@ def check_dir(ckpt_dir, resume: bool, settings: OptimizerSettings | None = None,
     if settings is not None and not override:
         _check_same_settings(step_dir(d, step), settings)
     return step
+
+
+def check_writable_folder(d: Path) -> None:
+    """--ckpt-dir can take checkpoints: a writable folder, or one that can be made in a writable folder (found
+    now, not at the first save after a whole run)."""
+    if d.is_dir():
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise CheckpointError(f"--ckpt-dir '{d}' is not writable")
+        return
+    parent = d.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CheckpointError(f"--ckpt-dir '{d}' cannot be made: '{parent}' is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(f"--ckpt-dir '{d}' cannot be made: '{parent}' is not writable")
 
 
 def _failure(name: str, reason: str) -> str:

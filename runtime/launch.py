@@ -16,6 +16,7 @@ within --timeout, in one sentence naming the rank, the step and the checkpoint t
 from __future__ import annotations
 
 import contextlib
+import csv
 import math
 import os
 import signal
@@ -62,13 +63,33 @@ def check(args) -> tuple[Plan, int, Path]:
 
 
 def check_results_file(results: Path, resume: bool) -> None:
-    """The step CSV can be written where asked, and a fresh run does not append to an earlier run's."""
+    """The step CSV can be written where asked, a fresh run does not append to an earlier run's, and a resumed
+    one appends only to a step CSV of ours (an empty file counts as new)."""
     if results.is_dir():
         raise PlanError(f"results file '{results}' is a folder")
     if not results.parent.is_dir():
         raise PlanError(f"the folder of results file '{results}' does not exist")
     if results.exists() and not resume:
         raise PlanError(f"results file '{results}' already exists; move it away or pass --results")
+    if results.exists():
+        if not os.access(results, os.W_OK):
+            raise PlanError(f"results file '{results}' is not writable")
+        if results.stat().st_size and not _is_step_csv(results):
+            raise PlanError(f"results file '{results}' is not a step CSV of plan launch (its first line is not "
+                            "our header); give another --results")
+    elif not os.access(results.parent, os.W_OK | os.X_OK):
+        raise PlanError(f"results file '{results}' cannot be made: its folder is not writable")
+
+
+def _is_step_csv(path: Path) -> bool:
+    """A header of ours: 'step' and 'loss' and only columns the worker writes (an older run's subset too)."""
+    from runtime.train import CSV_FIELDS
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return {"step", "loss"} <= set(header) and set(header) <= set(CSV_FIELDS) and len(set(header)) == len(header)
 
 
 def check_nodes(args, plan: Plan, nproc: int) -> None:

@@ -295,6 +295,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         if not new:  # a resumed run appends under the file's own header (one written before a column was added)
             with open(results_path, newline="") as fh:
                 fields = next(csv.reader(fh), None) or CSV_FIELDS
+        _end_with_newline(Path(results_path))  # a row glued onto an unterminated last line would be lost
         results = open(results_path, "a", newline="")
         writer = csv.DictWriter(results, fieldnames=fields, extrasaction="ignore")
         if new:
@@ -434,6 +435,14 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         if results:
             results.close()
         opt.close()
+
+
+def _end_with_newline(path: Path) -> None:
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb+") as fh:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) not in (b"\n", b"\r"):
+                fh.write(b"\n")
 
 
 def set_aside_rows_after(path: Path, step: int) -> Path | None:

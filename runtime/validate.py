@@ -361,6 +361,11 @@ def append_row(path: Path, row: dict, plan: Plan, gpu_state: dict | None = None,
     new = not path.exists()
     if new:
         path.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        with open(path, "rb+") as fh:  # a last line without its newline: the row goes on a line of its own
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) not in (b"\n", b"\r"):
+                fh.write(b"\n")
     with open(path, "a", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
         if new:
