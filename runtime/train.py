@@ -179,7 +179,7 @@ def _bubble_fraction(groups) -> float:
 def _traced(args, cuda: bool, fn):
     """One step under torch.profiler; rank 0 writes the ops by device time and (one process, or CPU) by host
     time. With several GPU processes only the device is traced: the host profiler's per-op cost slowed a
-    host-paced TP2 step from 0.2 s to 3.9 s (session 3), and its NCCL kernels then waited on the slow peer,
+    host-paced TP2 step from 0.2 s to 3.9 s, and its NCCL kernels then waited on the slow peer,
     which made the exposed-communication figure meaningless."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -157,3 +157,22 @@ def test_bad_timeout_is_refused(tmp_path, capsys):
         assert main([plan, "--device", "cpu", "--nproc-per-node", "1", "--timeout", bad]) == 1
         err = capsys.readouterr().err.strip()
         assert err.startswith("plan: --timeout must be a number of seconds above 0") and "\n" not in err
+
+
+def test_a_killed_rank_ends_in_one_sentence(tmp_path):
+    """kill -9 of rank 1 of two: torchrun stops rank 0; the launch prints one sentence naming rank 1, the signal
+    and its step, in place of torchrun's report and rank 0's traceback about the lost peer."""
+    proc, results, _ = _launch(tmp_path, "d", 2, "--save-every", "2")
+    try:
+        _wait_for_rows(results, 3, proc)
+        family = _descendants(proc.pid)
+        rank1 = [p for p in family if "runtime.train" in _cmdline(p) and _rank_of(p) == 1]
+        assert len(rank1) == 1, family
+        os.kill(rank1[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert _gone_within(family) == []
+    assert proc.returncode == 1, err
+    assert re.fullmatch(r"plan: rank 1 was killed by SIGKILL during step \d+ \(after step \d+\); the job was "
+                        rf"ended; resume from '{tmp_path}/d-ck/step-\d{{8}}' with --resume", err.strip()), err
