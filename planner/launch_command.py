@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nnodes", type=int, default=1, help="nodes taking part (default 1)")
     ap.add_argument("--node-rank", type=int, default=0, help="this node's rank among --nnodes (default 0)")
     ap.add_argument("--rdzv-endpoint", default=None, help="host:port of the rendezvous (several nodes)")
+    ap.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                    help="end the job when a rank shows no sign of life for half this long, or no rank finishes a "
+                         "step (or save) for this long (default 300); one sentence names the rank, the step and "
+                         "the checkpoint to resume from")
     ap.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
     return ap
 

@@ -17,11 +17,18 @@ A save writes DIR/step-00000100.partial/ and renames it to its final name once e
 name with its `.metadata` is complete. A run killed mid-save leaves a `.partial` directory (or, from saves
 before this scheme, a step directory without `.metadata`): that is no checkpoint, resume skips it, and a save
 that needs its name first moves it aside to NAME.incomplete. Nothing is deleted, and a complete step
-directory is never overwritten. Resume takes the newest complete checkpoint.
+directory is never overwritten.
+
+Before the rename, rank 0 writes the step's manifest (runtime/manifest.py) last: the sha256 of every file, the
+step, the plan's hash and the source tree. Resume takes the newest complete checkpoint that matches its
+manifest, checked before DCP reads a byte (DCP unpickles `.metadata`); one that does not match is named and
+passed over for the next older one. `.metadata` is then unpickled by an unpickler that knows only DCP's
+metadata classes, and byte items (we save none) load with weights_only.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -30,11 +37,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from planner.errors import PlanError
 from planner.lr_schedule import OptimizerSettings, settings_from_dict
 from planner.lr_schedule import to_argv as optimizer_argv
+from runtime import manifest
 from runtime.model import logical_name
 from runtime.parallel.tensor import group_size, logical_parts
 
@@ -96,15 +106,18 @@ def incomplete_leftovers(ckpt_dir) -> list[Path]:
         p.name.endswith(PARTIAL) or (_STEP_NAME.fullmatch(p.name) and not is_complete(p))))
 
 
-def check_dir(ckpt_dir, resume: bool, settings: OptimizerSettings | None = None, override: bool = False) -> int | None:
+def check_dir(ckpt_dir, resume: bool, settings: OptimizerSettings | None = None, override: bool = False,
+              full: bool = True, report=None) -> int | None:
     """Whether a run may use ckpt_dir, checked before it trains (by `plan launch`, and by every worker before it
-    joins the process group). A fresh run needs a folder without checkpoints (its saves would fail after all
-    its training, or mix two runs' steps under one `latest`); a resumed one a complete checkpoint, saved with
-    the same optimizer `settings` unless `override` (a checkpoint from before TRAINING_FILE is not checked).
+    joins the process group, there with `full=False`: sizes and small files only). A fresh run needs a folder
+    without checkpoints (its saves would fail after all its training, or mix two runs' steps under one
+    `latest`); a resumed one a complete checkpoint that matches its manifest (`resume_step`), saved with the
+    same optimizer `settings` unless `override`. `report(sentence)` hears of checkpoints passed over.
     Returns the step a resumed run starts from, None for a fresh run; raises CheckpointError."""
     d = Path(ckpt_dir)
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"--ckpt-dir '{d}' is a file, not a folder")
+    check_writable_folder(d)
     steps = complete_steps(d)
     if not resume:
         if steps or (d / "latest").exists():
@@ -113,11 +126,54 @@ def check_dir(ckpt_dir, resume: bool, settings: OptimizerSettings | None = None,
                                   "or give another --ckpt-dir")
         return None
     latest_step(d)  # a 'latest' without a step number means a damaged folder: say so rather than guess past it
+    step, note = resume_step(d, full)
+    if note and report:
+        report(note)
+    if settings is not None and not override:
+        _check_same_settings(step_dir(d, step), settings)
+    return step
+
+
+def check_writable_folder(d: Path) -> None:
+    """--ckpt-dir can take checkpoints: a writable folder, or one that can be made in a writable folder (found
+    now, not at the first save after a whole run)."""
+    if d.is_dir():
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise CheckpointError(f"--ckpt-dir '{d}' is not writable")
+        return
+    parent = d.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CheckpointError(f"--ckpt-dir '{d}' cannot be made: '{parent}' is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(f"--ckpt-dir '{d}' cannot be made: '{parent}' is not writable")
+
+
+def _failure(name: str, reason: str) -> str:
+    if reason.startswith("it has no "):
+        return f"checkpoint {name} has no {manifest.MANIFEST_FILE}"
+    return f"checkpoint {name} fails its manifest ({reason})"
+
+
+def resume_step(ckpt_dir, full: bool = True) -> tuple[int, str | None]:
+    """The newest complete checkpoint that matches its manifest, and a sentence naming the newer ones passed
+    over (None when none was). Raises CheckpointError when none matches."""
+    d = Path(ckpt_dir)
+    steps = complete_steps(d)
     if not steps:
         raise CheckpointError(f"--resume found no complete checkpoint in '{d}' to resume from")
-    if settings is not None and not override:
-        _check_same_settings(step_dir(d, steps[-1]), settings)
-    return steps[-1]
+    failures = []
+    for step in reversed(steps):
+        path = step_dir(d, step)
+        reason = manifest.verify(path, full=full)
+        if reason is None:
+            note = f"{'; '.join(failures)}; resuming from {path.name}" if failures else None
+            return step, note
+        failures.append(_failure(path.name, reason))
+    newest = failures[0] + (f" and {len(failures) - 1} older one(s) fail too" if len(failures) > 1 else "")
+    raise CheckpointError(f"{newest}: no checkpoint in '{d}' can be resumed from without reading files its "
+                          "save did not write (runtime/README.md, Checkpoints)")
 
 
 def _check_same_settings(path: Path, settings: OptimizerSettings) -> None:
@@ -179,9 +235,11 @@ def _as_dtensor(local: torch.Tensor, tp_dim, t: int, mesh):
                               stride=_contiguous_stride(shape))
 
 
-def save(ckpt_dir, step: int, opt, groups, settings: OptimizerSettings | None = None) -> Path:
+def save(ckpt_dir, step: int, opt, groups, settings: OptimizerSettings | None = None,
+         plan_hash: str | None = None) -> Path:
     """Write step `step` to ckpt_dir/step-NNNNNNNN (through a `.partial` directory renamed when complete), with
-    the optimizer `settings` in its TRAINING_FILE, then point `latest` at it. Every rank calls it."""
+    the optimizer `settings` in its TRAINING_FILE and its manifest last, then point `latest` at it. Every rank
+    calls it."""
     path = step_dir(ckpt_dir, step)
     if is_complete(path):
         raise CheckpointError(f"checkpoint '{path}' already exists; refusing to overwrite it")
@@ -200,6 +258,10 @@ def save(ckpt_dir, step: int, opt, groups, settings: OptimizerSettings | None = 
     if rank0:
         if settings is not None:
             (partial / TRAINING_FILE).write_text(json.dumps(asdict(settings), indent=2) + "\n")
+        try:
+            manifest.write(partial, step, plan_hash)
+        except OSError as exc:
+            raise CheckpointError(f"could not write the manifest of checkpoint '{path}' ({exc.strerror})") from None
         partial.rename(path)  # dcp.save returns on every rank only after rank 0 wrote the metadata
         tmp = Path(ckpt_dir) / "latest.tmp"
         tmp.write_text(f"{step}\n")
@@ -230,15 +292,9 @@ def _state_to_save(step: int, opt, groups) -> dict:
 
 def load(ckpt_dir, opt, groups, step: int | None = None) -> int:
     """Load into the optimizer (master, Adam state) and the model parameters; returns the step. Without `step`,
-    the newest complete checkpoint."""
-    if step is None:
-        steps = complete_steps(ckpt_dir)
-        if not steps:
-            raise CheckpointError(f"no complete checkpoint in '{ckpt_dir}' to resume from")
-        step = steps[-1]
-    path = step_dir(ckpt_dir, step)
-    if not is_complete(path):
-        raise CheckpointError(f"checkpoint '{path}' does not exist or is incomplete")
+    the newest complete checkpoint that matches its manifest (rank 0 checks every file's sha256 and tells the
+    others; each rank checks `.metadata` again itself right before DCP reads it)."""
+    path = _verified_path(ckpt_dir, step)
     mesh = groups.cpu_tp_mesh
     t = group_size(groups.tp)
     state, views = {}, {}
@@ -258,8 +314,10 @@ def load(ckpt_dir, opt, groups, step: int | None = None) -> int:
             views[name][key] = pieces
     state["step"] = torch.tensor(0)
     state["adam_step"] = torch.tensor(0)
+    reader = _VerifiedReader(path)
+    reader.check_metadata()  # this rank's own check, before DCP unpickles anything
     try:
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, storage_reader=reader, planner=_WeightsOnlyLoadPlanner())
     except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
         raise CheckpointError(f"checkpoint '{path}' does not fit this model ({_first_failure(exc)})") from None
     dev = opt.named_params()[0][1].device
@@ -271,3 +329,67 @@ def load(ckpt_dir, opt, groups, step: int | None = None) -> int:
         states[name] = {k: torch.cat(v, dim=dim).to(dev) if len(v) > 1 else v[0].to(dev) for k, v in per_key.items()}
     opt.load_full_local_state(states, int(state["adam_step"]))
     return int(state["step"])
+
+
+def _verified_path(ckpt_dir, step: int | None) -> Path:
+    """The step folder to load: rank 0 verifies every file against the manifest (falling back past failures when
+    no `step` was asked for) and every rank takes its answer, so all raise the same sentence or load the same."""
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    answer = [None, None, None]  # step, note, error
+    if rank0:
+        try:
+            if step is None:
+                answer[0], answer[1] = resume_step(ckpt_dir)
+            else:
+                path = step_dir(ckpt_dir, step)
+                reason = manifest.verify(path) if is_complete(path) else "it is incomplete or missing"
+                if reason:
+                    raise CheckpointError(_failure(path.name, reason))
+                answer[0] = step
+        except CheckpointError as exc:
+            answer[2] = str(exc)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(answer, src=0)  # between this run's own ranks
+    if answer[2]:
+        raise CheckpointError(answer[2])
+    if answer[1] and rank0:
+        print(f"note: {answer[1]}", flush=True)
+    return step_dir(ckpt_dir, answer[0])
+
+
+class _VerifiedReader(dcp.FileSystemReader):
+    """DCP's file reader with `.metadata` unpickled only after its sha256 matched the manifest, and only through
+    runtime/manifest.py's restricted unpickler. DCP falls back to per-rank metadata files when the global one
+    fails to read if read_metadata takes keyword arguments; this one takes none, so it never does."""
+
+    def check_metadata(self) -> None:
+        folder = Path(self.path)
+        reason = manifest.verify_file(folder, ".metadata")
+        if reason:
+            raise CheckpointError(_failure(folder.name, reason))
+        try:
+            self._metadata = manifest.load_metadata((folder / ".metadata").read_bytes())
+        except Exception as exc:  # a pickle that names a global we do not allow, or malformed bytes
+            raise CheckpointError(f"checkpoint {folder.name}'s .metadata is not DCP metadata ({exc}); "
+                                  "nothing in it was run") from None
+
+    def read_metadata(self):
+        if getattr(self, "_metadata", None) is None:
+            self.check_metadata()
+        metadata = self._metadata
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner, but byte items (we save none) load with weights_only=True rather than as pickles."""
+
+    def load_bytes(self, read_item, value):
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj

@@ -9,23 +9,30 @@ Then runs `python -m torch.distributed.run ... -m runtime.train ...` (single nod
 nodes with --nnodes, --node-rank and --rdzv-endpoint) and returns its exit code. A worker that stops on bad
 input reports its sentence through a file (WORKER_ERROR_FILE_ENV), printed here once in place of torchrun's
 traceback; SIGTERM / SIGINT to this process go on to torchrun, whose workers stop after the current step and
-save (`run_torchrun`).
+save (`run_torchrun`). torchrun and its workers die with this process, and a dead or hung rank ends the job
+within --timeout, in one sentence naming the rank, the step and the checkpoint to resume from
+(runtime/supervise.py).
 """
 from __future__ import annotations
 
 import contextlib
+import csv
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections import deque
 from pathlib import Path
 
 from planner.errors import PlanError
 from planner.launch_command import WORKER_ERROR_FILE_ENV, build_parser, torchrun_command  # noqa: F401 (re-exported)
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.plan import Plan
+from runtime import supervise
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -33,6 +40,8 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def check(args) -> tuple[Plan, int, Path]:
     if args.steps < 1:
         raise PlanError(f"--steps must be at least 1, got {args.steps}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise PlanError(f"--timeout must be a number of seconds above 0, got {args.timeout}")
     if args.save_every < 0:
         raise PlanError(f"--save-every must be 0 (only at exit) or more, got {args.save_every}")
     settings = optimizer_settings(args)  # the learning-rate schedule and optimizer options, one sentence if bad
@@ -47,19 +56,40 @@ def check(args) -> tuple[Plan, int, Path]:
         raise PlanError("--save-every needs --ckpt-dir")
     if args.ckpt_dir:
         from runtime.checkpoint import check_dir
-        check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule)
+        check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule,
+                  report=lambda note: print(f"plan: {note}", file=sys.stderr, flush=True))
     check_memory_trace(args, nproc)
     return plan, nproc, results
 
 
 def check_results_file(results: Path, resume: bool) -> None:
-    """The step CSV can be written where asked, and a fresh run does not append to an earlier run's."""
+    """The step CSV can be written where asked, a fresh run does not append to an earlier run's, and a resumed
+    one appends only to a step CSV of ours (an empty file counts as new)."""
     if results.is_dir():
         raise PlanError(f"results file '{results}' is a folder")
     if not results.parent.is_dir():
         raise PlanError(f"the folder of results file '{results}' does not exist")
     if results.exists() and not resume:
         raise PlanError(f"results file '{results}' already exists; move it away or pass --results")
+    if results.exists():
+        if not os.access(results, os.W_OK):
+            raise PlanError(f"results file '{results}' is not writable")
+        if results.stat().st_size and not _is_step_csv(results):
+            raise PlanError(f"results file '{results}' is not a step CSV of plan launch (its first line is not "
+                            "our header); give another --results")
+    elif not os.access(results.parent, os.W_OK | os.X_OK):
+        raise PlanError(f"results file '{results}' cannot be made: its folder is not writable")
+
+
+def _is_step_csv(path: Path) -> bool:
+    """A header of ours: 'step' and 'loss' and only columns the worker writes (an older run's subset too)."""
+    from runtime.train import CSV_FIELDS
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return {"step", "loss"} <= set(header) and set(header) <= set(CSV_FIELDS) and len(set(header)) == len(header)
 
 
 def check_nodes(args, plan: Plan, nproc: int) -> None:
@@ -129,22 +159,30 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0
-    return run_torchrun(cmd, worker_env(args.device), args.ckpt_dir)
+    ranks = range(args.node_rank * nproc, (args.node_rank + 1) * nproc)
+    return run_torchrun(cmd, worker_env(args.device), args.ckpt_dir, ranks, args.timeout)
 
 
-def run_torchrun(cmd: list[str], env: dict, ckpt_dir=None) -> int:
+def run_torchrun(cmd: list[str], env: dict, ckpt_dir=None, ranks: range = range(0),
+                 timeout_s: float = supervise.DEFAULT_TIMEOUT_S) -> int:
     """Run torchrun; returns the launch's exit code. A sentence a worker reported is printed once (the worker's
     exit code), and torchrun's traceback of that failed child is dropped. SIGTERM / SIGINT here are forwarded,
-    and the stop is reported in one sentence (128 + the signal). Any other failure keeps torchrun's output."""
+    and the stop is reported in one sentence (128 + the signal). The heartbeats of this node's `ranks` are
+    watched (supervise.Monitor): a dead or hung rank, or torchrun killed, ends in one sentence (exit 1). Any
+    other failure keeps torchrun's output."""
     with tempfile.TemporaryDirectory(prefix="plan-launch-") as tmp:
         error_file = Path(tmp) / "worker-error"
-        env = {**env, WORKER_ERROR_FILE_ENV: str(error_file)}
+        beats = Path(tmp) / "heartbeat"
+        beats.mkdir()
+        env = {**env, WORKER_ERROR_FILE_ENV: str(error_file), supervise.HEARTBEAT_DIR_ENV: str(beats)}
         # torchrun in a session of its own: a terminal's Ctrl-C then reaches it once, through forward_signals,
-        # not twice (a second signal cuts short torchrun's wait for its workers to save)
+        # not twice (a second signal cuts short torchrun's wait for its workers to save); killed when this
+        # process dies (its workers then die with it)
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
-                                start_new_session=True)
-        with forward_signals(proc) as received:
-            held = relay_stderr(proc.stderr, lambda: error_file.exists() or bool(received))
+                                start_new_session=True, preexec_fn=supervise.child_preexec)
+        with forward_signals(proc) as received, supervise.Monitor(beats, ranks, timeout_s, proc) as monitor:
+            held = relay_stderr(proc.stderr, lambda: error_file.exists() or bool(received) or bool(monitor.verdict),
+                                delay_s=1.0 if ranks else 0.0)
             rc = proc.wait()
         reported = _worker_error(error_file)
     if reported:
@@ -153,7 +191,24 @@ def run_torchrun(cmd: list[str], env: dict, ckpt_dir=None) -> int:
         return code
     if received:
         return _report_stop(received[0], held, ckpt_dir)
-    sys.stderr.writelines(held)
+    text = "".join(held)
+    verdict = monitor.verdict
+    if verdict is not None and verdict.kind != "died" or rc < 0:
+        sentence = (supervise.verdict_sentence(verdict, timeout_s, text, supervise.resume_from(ckpt_dir))
+                    if verdict is not None and verdict.kind != "died"
+                    else supervise.exited_sentence(rc, supervise.resume_from(ckpt_dir)))
+        print(f"plan: {sentence}", file=sys.stderr)
+        return 1
+    if verdict is not None and rc != 0:
+        rank, code = supervise.root_cause(text)
+        if rank is not None:
+            verdict.rank, verdict.step = rank, monitor.steps.get(rank, verdict.step)
+        if code is None or code >= 0:  # a worker's own failure: its traceback matters
+            sys.stderr.write(text)
+        print(f"plan: {supervise.verdict_sentence(verdict, timeout_s, text, supervise.resume_from(ckpt_dir))}",
+              file=sys.stderr)
+        return 1
+    sys.stderr.write(text)
     return rc
 
 
@@ -178,18 +233,28 @@ def forward_signals(proc: subprocess.Popen):
             signal.signal(sig, handler)
 
 
-def relay_stderr(stream, hold) -> list[str]:
-    """Copy torchrun's stderr (its own and its workers') to ours as it comes, until `hold()` is true: from then on
-    lines are kept back, since what follows a reported error or a forwarded signal is torchrun's account of it.
-    Returns the lines kept back."""
+def relay_stderr(stream, hold, delay_s: float = 0.0) -> list[str]:
+    """Copy torchrun's stderr (its own and its workers') to ours, each line `delay_s` after it came, until
+    `hold()` is true: from then on lines are kept back, since what follows a reported error, a forwarded signal
+    or a rank's death is torchrun's (and the other ranks') account of it; the delay gives the heartbeat monitor
+    time to notice a death before the other ranks' tracebacks about it are shown. Returns the lines kept back."""
     held: list[str] = []
-    for line in stream:
-        if held or hold():
-            held.append(line)
-        else:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-    return held
+    lines: deque = deque()
+    reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), ln)) for ln in stream], daemon=True)
+    reader.start()
+    while True:
+        alive = reader.is_alive()
+        now = time.monotonic()
+        while lines and (not alive or lines[0][0] <= now - delay_s):
+            line = lines.popleft()[1]
+            if held or hold():
+                held.append(line)
+            else:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+        if not alive and not lines:
+            return held
+        reader.join(0.05)
 
 
 def _worker_error(path: Path) -> tuple[int, str] | None:

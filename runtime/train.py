@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import hashlib
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ from planner.lr_schedule import add_options as add_optimizer_options
 from planner.lr_schedule import add_resume_option
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.plan import Plan
-from runtime import checkpoint
+from runtime import checkpoint, supervise
 from runtime.data import Prefetcher, open_source, step_micro_batches
 from runtime.mesh import build_groups
 from runtime.model import build_stage
@@ -178,7 +179,7 @@ def _bubble_fraction(groups) -> float:
 def _traced(args, cuda: bool, fn):
     """One step under torch.profiler; rank 0 writes the ops by device time and (one process, or CPU) by host
     time. With several GPU processes only the device is traced: the host profiler's per-op cost slowed a
-    host-paced TP2 step from 0.2 s to 3.9 s (session 3), and its NCCL kernels then waited on the slow peer,
+    host-paced TP2 step from 0.2 s to 3.9 s, and its NCCL kernels then waited on the slow peer,
     which made the exposed-communication figure meaningless."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -264,9 +265,11 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     adam = AdamConfig(lr=settings.schedule.peak_lr, weight_decay=settings.weight_decay, grad_clip=settings.clip_grad)
     opt = build_optimizer(stages, groups, lay.sharding, adam, compute, lay.overlap_dp,
                           grad_dtype=GRAD_DTYPES[lay.grad_dtype])
+    plan_hash = hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
     start = 0
     if args.resume:
         start = checkpoint.load(args.ckpt_dir, opt, groups)
+        supervise.progress(start)
         if rank0:
             print(f"resumed from {checkpoint.step_dir(args.ckpt_dir, start)}", flush=True)
             for leftover in checkpoint.incomplete_leftovers(args.ckpt_dir):
@@ -292,6 +295,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         if not new:  # a resumed run appends under the file's own header (one written before a column was added)
             with open(results_path, newline="") as fh:
                 fields = next(csv.reader(fh), None) or CSV_FIELDS
+        _end_with_newline(Path(results_path))  # a row glued onto an unterminated last line would be lost
         results = open(results_path, "a", newline="")
         writer = csv.DictWriter(results, fieldnames=fields, extrasaction="ignore")
         if new:
@@ -333,6 +337,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             if writer:
                 writer.writerow(row)
                 results.flush()
+        supervise.progress(rec.step)  # the launcher's monitor: this rank is not stuck
         return stop.agreed()  # SIGTERM / SIGINT on any rank: every rank stops after the same step
 
     pending: _LaunchedStep | None = None
@@ -400,7 +405,8 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
             if save_due:
                 if graphed is not None:
                     graphed.sync_params()
-                checkpoint.save(args.ckpt_dir, done, opt, groups, settings)
+                checkpoint.save(args.ckpt_dir, done, opt, groups, settings, plan_hash)
+                supervise.progress()
                 last_saved = done
             if stopped:
                 if rank0:
@@ -415,7 +421,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         if graphed is not None:
             graphed.sync_params()
         if args.ckpt_dir and last_saved != done:
-            checkpoint.save(args.ckpt_dir, done, opt, groups, settings)  # at exit
+            checkpoint.save(args.ckpt_dir, done, opt, groups, settings, plan_hash)  # at exit
         if components_path and not stopped:
             # after the exit checkpoint, which holds step `done`: the extra step's update is never saved or
             # logged, so neither a resumed run nor the step statistics see it
@@ -429,6 +435,14 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
         if results:
             results.close()
         opt.close()
+
+
+def _end_with_newline(path: Path) -> None:
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb+") as fh:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) not in (b"\n", b"\r"):
+                fh.write(b"\n")
 
 
 def set_aside_rows_after(path: Path, step: int) -> Path | None:
@@ -482,7 +496,8 @@ def check_args(args, many: bool) -> None:
     if args.override_lr_schedule and not args.resume:
         raise PlanError("--override-lr-schedule needs --resume")
     if args.ckpt_dir:
-        checkpoint.check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule)
+        # sizes and small files here, on every rank; rank 0 hashes every file in checkpoint.load
+        checkpoint.check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule, full=False)
     for name, value in (("results", args.results), ("components", args.components_out)):
         if value:
             folder = Path(value) if many else Path(value).parent
@@ -561,12 +576,16 @@ def main(argv=None) -> int:
                 _release(cuda)
                 if rank0:
                     (Path(args.results) / f"{path.stem}.done").touch()
+            supervise.progress()
+        supervise.finished()
         return 0
     finally:
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
+    supervise.die_with_parent()  # torchrun gone, for whatever reason: so is this worker
+    supervise.start_heartbeat()
     try:
         sys.exit(main())
     except PlanError as exc:

@@ -37,6 +37,7 @@ import contextlib
 import csv
 import datetime
 import json
+import math
 import os
 import signal
 import statistics
@@ -99,34 +100,47 @@ def _check_results_file(path: Path) -> int:
         return sum(1 for row in reader if row)
 
 
-def _run(cmd: list[str], env: dict, timeout: float) -> int | None:
-    """torchrun in its own process group; on timeout (returns None) or SIGTERM the whole group is stopped
-    (SIGTERM, then SIGKILL after 15 s), so no worker outlives this process and holds the GPUs."""
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+def _run(cmd: list[str], env: dict, timeout: float, ranks: range = range(0)) -> int | None:
+    """torchrun in its own process group, killed if this process dies (its workers die with it:
+    runtime/supervise.py); on timeout (returns None) or SIGTERM the whole group is stopped (SIGTERM, then SIGKILL
+    after 15 s), so no worker outlives this process and holds the GPUs. A dead or hung rank of `ranks` ends the
+    run within supervise.DEFAULT_TIMEOUT_S with one sentence (returns 1)."""
+    from runtime import supervise
 
-    def stop(*_):
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+    with tempfile.TemporaryDirectory(prefix="plan-validate-") as tmp:
+        beats = Path(tmp) / "heartbeat"
+        beats.mkdir()
+        env = {**env, supervise.HEARTBEAT_DIR_ENV: str(beats)}
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=supervise.child_preexec)
 
-    old = signal.signal(signal.SIGTERM, lambda *a: (stop(), sys.exit(143)))
-    try:
-        proc.wait(timeout if timeout > 0 else None)
-    except subprocess.TimeoutExpired:
-        stop()
-        return None
-    except KeyboardInterrupt:
-        stop()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, old)
+        def stop(*_):
+            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    return
+                try:
+                    proc.wait(wait)
+                    return
+                except subprocess.TimeoutExpired:
+                    continue
+
+        old = signal.signal(signal.SIGTERM, lambda *a: (stop(), sys.exit(143)))
+        try:
+            with supervise.Monitor(beats, ranks, supervise.DEFAULT_TIMEOUT_S, proc) as monitor:
+                proc.wait(timeout if timeout > 0 else None)
+        except subprocess.TimeoutExpired:
+            stop()
+            return None
+        except KeyboardInterrupt:
+            stop()
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, old)
+    if monitor.verdict is not None and monitor.killed:
+        sentence = supervise.verdict_sentence(monitor.verdict, supervise.DEFAULT_TIMEOUT_S, "", "nothing was saved")
+        print(f"plan: {sentence}", file=sys.stderr)
+        return 1
     return proc.returncode
 
 
@@ -347,6 +361,11 @@ def append_row(path: Path, row: dict, plan: Plan, gpu_state: dict | None = None,
     new = not path.exists()
     if new:
         path.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        with open(path, "rb+") as fh:  # a last line without its newline: the row goes on a line of its own
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) not in (b"\n", b"\r"):
+                fh.write(b"\n")
     with open(path, "a", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
         if new:
@@ -377,7 +396,8 @@ def _run_plans(args, files: list[Path], out: Path) -> dict[str, str]:
         components = None if args.no_trace else out if many else out / f"{remaining[0].stem}.components.json"
         cmd = launch.torchrun_command(largs, nproc, out if many else out / f"{remaining[0].stem}.csv",
                                       plans=[str(f) for f in remaining] if many else None, components=components)
-        rc = _run(cmd, launch.worker_env(args.device), args.timeout * len(remaining) + (30 if args.timeout else 0))
+        rc = _run(cmd, launch.worker_env(args.device), args.timeout * len(remaining) + (30 if args.timeout else 0),
+                  range(nproc))
         done = [f for f in remaining if not many or (out / f"{f.stem}.done").exists()]
         if rc == 0 and len(done) == len(remaining):
             break
@@ -401,6 +421,8 @@ def validate(args) -> int:
     from planner.cost import evaluate
     from planner.profile import load_profile
 
+    if not (math.isfinite(args.timeout) and args.timeout >= 0):
+        raise PlanError(f"--timeout must be 0 (no limit) or a number of seconds, got {args.timeout}")
     if args.steps < 1 or args.warmup < 0 or args.steps <= args.warmup:
         raise PlanError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) so that some steps are measured")
     plans = [Plan.load(Path(p)) for p in args.plan]

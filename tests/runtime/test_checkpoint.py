@@ -3,7 +3,7 @@ import pytest
 
 from planner.model import tiny_model
 from planner.plan import Layout
-from runtime import checkpoint
+from runtime import checkpoint, manifest
 from runtime.mesh import build_groups
 from runtime.model import build_model
 from runtime.parallel.data import AdamConfig, build_optimizer
@@ -84,6 +84,7 @@ def _step(ckpt, name, complete):
     (ckpt / name).mkdir(parents=True)
     if complete:
         (ckpt / name / ".metadata").write_bytes(b"")
+        manifest.write(ckpt / name, int(name[5:13]))
 
 
 def test_resume_takes_the_newest_complete_checkpoint(tmp_path):

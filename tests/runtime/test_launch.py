@@ -16,6 +16,7 @@ from planner.launch_command import WORKER_ERROR_FILE_ENV
 from planner.lr_schedule import LrSchedule, OptimizerSettings, settings_from_dict
 from planner.model import tiny_model
 from planner.plan import Layout, Plan, TrainingShape, even_stages
+from runtime import manifest
 from runtime.launch import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,6 +122,7 @@ def _fake_checkpoint(ckpt, step):
     """A step directory as a completed save leaves it (DCP's .metadata written last), for checks on the folder."""
     (ckpt / f"step-{step:08d}").mkdir(parents=True)
     (ckpt / f"step-{step:08d}" / ".metadata").write_bytes(b"")
+    manifest.write(ckpt / f"step-{step:08d}", step)
 
 
 def _save_in_process(ckpt, family, step):
@@ -174,6 +176,7 @@ def test_resume_under_another_lr_schedule_is_refused_unless_overridden(tmp_path,
     _fake_checkpoint(ck, 2)
     saved = OptimizerSettings(LrSchedule(peak_lr=1e-3, decay_style="cosine", decay_steps=100))
     (ck / "step-00000002" / "training.json").write_text(json.dumps(asdict(saved)))
+    manifest.write(ck / "step-00000002", 2)
     base = [plan, "--device", "cpu", "--nproc-per-node", "1", "--results", str(tmp_path / "r.csv"), "--ckpt-dir",
             str(ck), "--resume", "--dry-run", "--lr", "1e-3", "--lr-decay-style", "cosine"]
     assert main(base + ["--lr-decay-steps", "100"]) == 0  # the same settings
@@ -187,6 +190,7 @@ def test_resume_under_another_lr_schedule_is_refused_unless_overridden(tmp_path,
     assert main([plan, "--device", "cpu", "--override-lr-schedule", "--results", str(tmp_path / "r.csv")]) == 1
     assert "--override-lr-schedule needs --resume" in _one_sentence(capsys)
     (ck / "step-00000002" / "training.json").write_text("{not json")
+    manifest.write(ck / "step-00000002", 2)  # as a save wrote it: the manifest matches, the JSON does not parse
     assert main(base + ["--lr-decay-steps", "100"]) == 1
     assert "is not readable JSON" in _one_sentence(capsys)
 

@@ -69,7 +69,7 @@ def test_traced_step_is_asked_for_unless_no_trace(tiny_plan, monkeypatch, capsys
     from runtime import validate as V
 
     cmds = []
-    monkeypatch.setattr(V, "_run", lambda cmd, env, timeout: cmds.append(cmd) or 0)
+    monkeypatch.setattr(V, "_run", lambda cmd, env, timeout, ranks=range(0): cmds.append(cmd) or 0)
     for extra in ([], ["--no-trace"]):
         assert V.main([str(tiny_plan), "--steps", "2", "--warmup", "1", "--device", "cpu", *extra]) == 1
         assert "wrote no per-step results" in capsys.readouterr().err
