@@ -127,7 +127,8 @@ def main(argv=None) -> int:
         print(f"plan: {exc}", file=sys.stderr)
         return exc.exit_code
     if args.dry_run:
-        print(" ".join(cmd))
+        from planner.shell_safe import shell_line
+        print(shell_line(cmd))
         return 0
     return run_torchrun(cmd, worker_env(args.device), args.ckpt_dir)
 
