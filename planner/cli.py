@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
 import warnings
@@ -62,6 +63,7 @@ class _VersionAction(argparse.Action):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one sentence, exit 1 (argparse's default is a usage dump and exit 2)
+        message = re.sub(r"^argument (\S+): (?=\1 )", "", message)  # "argument --gpus: --gpus must be ..."
         raise PlanError(f"{message} (see `{self.prog} --help`)")
 
 
@@ -147,6 +149,24 @@ def resolve_inputs(args):
     return model, cluster, shape, profile
 
 
+def check_pins(pins, shape, num_gpus: int) -> None:
+    """Pins that no layout can meet, refused with the reason (not the search's "no layout exists"): degrees whose
+    product does not divide the GPUs, a global batch that is not whole micro-batches on every replica."""
+    given = {k: getattr(pins, k) for k in ("tp", "pp", "cp", "dp") if getattr(pins, k)}
+    product = math.prod(given.values())
+    named = " x ".join(f"{k} {v}" for k, v in given.items())
+    if given and num_gpus % product:
+        raise PlanError(f"the pinned {named} = {product} does not divide the {num_gpus} GPUs")
+    if len(given) == 4 and product != num_gpus:
+        raise PlanError(f"the pinned {named} = {product} GPUs, not the {num_gpus} asked for")
+    dp, mb = pins.dp or 1, pins.micro_batch or 1
+    if shape.global_batch % (dp * mb):
+        what = " x ".join(([f"dp {pins.dp}"] if pins.dp else []) + ([f"micro-batch {pins.micro_batch}"] if pins.micro_batch else []))
+        raise PlanError(f"the global batch {shape.global_batch} is not a multiple of {what}"
+                        + (f" = {dp * mb}" if pins.dp and pins.micro_batch else "")
+                        + " (every data-parallel replica runs whole micro-batches)")
+
+
 def run_plan(argv: list[str]) -> int:
     from planner.report import print_result, result_json
     from planner.search import Pins, search
@@ -167,6 +187,7 @@ def run_plan(argv: list[str]) -> int:
 
         from planner.outputs import check_output_file
         check_output_file(Path(args.output), "-o", overwrite=args.force)
+    check_pins(pins, shape, cluster.num_gpus)
     result = search(model, shape, cluster, profile, pins, top_k=args.top, alternatives=args.why_not)
     elapsed = time.perf_counter() - t0
     if args.output:
