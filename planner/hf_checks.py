@@ -61,11 +61,6 @@ def check_hf_config(cfg: dict, model_type: str, path) -> None:
     if model_type in STATE_SPACE_TYPES:
         raise PlanError(f"{where}: model_type '{model_type}' has state-space (recurrent) layers, which are not "
                         "attention; parallel-plan builds transformer layers only")
-    exact, prefixes = known_types()
-    bert_or_gpt = model_type in ("bert", "gpt2") or "type_vocab_size" in cfg or "n_embd" in cfg
-    if not bert_or_gpt and model_type not in exact and not model_type.startswith(prefixes):
-        raise PlanError(f"{where}: model_type '{model_type}' is not one parallel-plan builds; it reads "
-                        f"{', '.join(t for t in exact if t)} and {', '.join(p + '*' for p in prefixes)}")
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if cfg.get(key) is not None:
             raise PlanError(f"{where}: {key} {cfg[key]!r} soft-caps logits (Gemma 2), which parallel-plan's runtime "
@@ -73,6 +68,11 @@ def check_hf_config(cfg: dict, model_type: str, path) -> None:
     if model_type in EXTRA_NORM_TYPES:
         raise PlanError(f"{where}: model_type '{model_type}' has extra norms before and after each feed-forward block "
                         "and after attention, which parallel-plan's runtime does not build")
+    exact, prefixes = known_types()
+    bert_or_gpt = model_type in ("bert", "gpt2") or "type_vocab_size" in cfg or "n_embd" in cfg
+    if not bert_or_gpt and model_type not in exact and not model_type.startswith(prefixes):
+        raise PlanError(f"{where}: model_type '{model_type}' is not one parallel-plan builds; it reads "
+                        f"{', '.join(t for t in exact if t and t not in EXTRA_NORM_TYPES)} and {', '.join(p + '*' for p in prefixes)}")
     if not bert_or_gpt and model_type not in _plain_mlp_types():
         act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu").lower()
         if act not in SILU:

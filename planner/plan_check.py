@@ -82,6 +82,11 @@ def check_plan_dict(d: dict, source: str) -> None:
     check_model_name(model["name"], source)
     if not isinstance(d["cluster"], dict):
         raise PlanError(f"{source}: cluster is not an object")
+    from planner.cluster import ClusterSpec
+    try:
+        ClusterSpec.from_dict(d["cluster"])  # every number of it finite and in range (cluster.validate_cluster)
+    except PlanError as exc:
+        raise PlanError(f"{source}: {exc}") from None
     check_section(d["training"], TrainingShape, "training", source)
     check_section(d["layout"], Layout, "layout", source, optional=LATER_LAYOUT_KEYS)  # its values: legality.py
     stages = d["stages"]
