@@ -119,8 +119,8 @@ def check_plan_on_machine(args) -> tuple[Plan, int]:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # a bad flag: one sentence (planner.cli._Parser), exit 1
         plan, nproc, results = check(args)
         cmd = torchrun_command(args, nproc, results)
     except PlanError as exc:
