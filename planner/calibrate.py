@@ -415,7 +415,8 @@ def asked_terms(text: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from planner.profile import Profile, check_output_file, resolve_profile_path
+    from planner.outputs import check_output_file
+    from planner.profile import Profile, resolve_profile_path
 
     args = build_parser().parse_args(argv)
     if not args.holdout_models and not 0 < args.holdout_fraction < 1:
@@ -488,7 +489,6 @@ def main(argv=None) -> int:
                       "status": f"calibrated on {len(cal)} measured runs of {results} (rows: provenance.calibrations)"})
     prov["parts"] = parts
     new.provenance = prov
-    out.parent.mkdir(parents=True, exist_ok=True)
     new.save(out)
 
     print(f"calibrated {args.profile} -> {out} from {results} ({len(runs)} runs of {record['plans']} plans: "

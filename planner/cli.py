@@ -7,11 +7,15 @@ fits in memory.
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 import time
 import warnings
 
 from planner.errors import PlanError
+from planner.limits import (MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NETWORK_GB_PER_S, MAX_SEQ_LEN,
+                            MAX_STEPS, float_arg, int_arg)
 
 SUBCOMMANDS = {
     "profile": ("runtime.profiler.cli", "time this machine's kernels and collectives into a profile"),
@@ -23,32 +27,43 @@ SUBCOMMANDS = {
 }
 
 
-def _positive_int(name):
-    def parse(s):
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got '{s}'") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {v}")
-        return v
-    return parse
+def _positive_int(name, hi=MAX_STEPS):
+    return int_arg(name, 1, hi)
 
 
-def _positive_float(name):
-    def parse(s):
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got '{s}'") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be positive, got {v}")
-        return v
-    return parse
+def _positive_float(name, hi=math.inf):
+    return float_arg(name, 0.0, hi)
+
+
+EXIT_CODES = ("exit codes: 0 done; 1 bad input (one sentence on stderr, nothing written); 2 no layout fits in memory "
+              "(the sentence names the binding constraint); 130 interrupted; plan launch / validate: 128+N stopped "
+              "by signal N, and a training run's own exit code where it failed otherwise")
+
+
+def version_text() -> str:
+    """`plan --version`: the package version and the git commit of this tree where there is one."""
+    from importlib import metadata
+
+    from planner.provenance import UNAVAILABLE, git_commit
+
+    try:
+        version = metadata.version("parallel-plan")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    c = git_commit(short=True)
+    commit = "unknown" if c["git_commit"] == UNAVAILABLE else c["git_commit"] + ("+dirty" if c["git_dirty"] else "")
+    return f"parallel-plan {version} (commit {commit})"
+
+
+class _VersionAction(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):  # git runs only when asked
+        print(version_text())
+        parser.exit(0)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one sentence, exit 1 (argparse's default is a usage dump and exit 2)
+        message = re.sub(r"^argument (\S+): (?=\1 )", "", message)  # "argument --gpus: --gpus must be ..."
         raise PlanError(f"{message} (see `{self.prog} --help`)")
 
 
@@ -57,27 +72,30 @@ def add_model_cluster_args(ap: argparse.ArgumentParser, gpus_required: bool = Tr
 
     ap.add_argument("--model", required=True, help="catalogue name (e.g. gpt-70b, llama3-8b) or a Hugging Face config.json")
     if gpus_required:
-        ap.add_argument("--gpus", type=_positive_int("--gpus"), help="number of GPUs")
+        ap.add_argument("--gpus", type=_positive_int("--gpus", MAX_GPUS), help=f"number of GPUs (at most {MAX_GPUS})")
     ap.add_argument("--gpu", default="h200-sxm", choices=sorted(GPU_KINDS), help="GPU kind (default h200-sxm)")
-    ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), default=8, help="default 8")
-    ap.add_argument("--inter-node-gbps", type=_positive_float("--inter-node-gbps"), default=50.0,
+    ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node", MAX_GPUS_PER_NODE), default=8, help="default 8")
+    ap.add_argument("--inter-node-gbps", type=_positive_float("--inter-node-gbps", MAX_NETWORK_GB_PER_S), default=50.0,
                     help="network bandwidth per GPU in GB/s, one direction (default 50 = 400 Gb/s NDR)")
-    ap.add_argument("--headroom-gib", type=float, default=0.0,
+    ap.add_argument("--headroom-gib", type=float_arg("--headroom-gib", 0.0, 1e6, lo_open=False), default=0.0,
                     help="memory per GPU to leave free beyond the planner's allowance (default 0)")
     ap.add_argument("--cluster", help="JSON file with the whole cluster description (overrides the above)")
     ap.add_argument("--profile", help="profile JSON (default: the one shipped for --gpu)")
-    ap.add_argument("--seq-len", type=_positive_int("--seq-len"), help="tokens per sequence (default: the model's)")
-    ap.add_argument("--global-batch", type=_positive_int("--global-batch"),
+    ap.add_argument("--allow-other-gpu-profile", action="store_true",
+                    help="accept a profile measured on another GPU kind than the cluster's (refused otherwise)")
+    ap.add_argument("--seq-len", type=_positive_int("--seq-len", MAX_SEQ_LEN), help="tokens per sequence (default: the model's)")
+    ap.add_argument("--global-batch", type=_positive_int("--global-batch", MAX_GLOBAL_BATCH),
                     help="sequences per step (default: the model's, e.g. 1024 for GPT, 512 for Llama 3)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="plan", description="Recommend how to split a model's training across GPUs. "
-                 "Subcommands: " + ", ".join(f"{k} ({v[1]})" for k, v in SUBCOMMANDS.items()))
+                 "Subcommands: " + ", ".join(f"{k} ({v[1]})" for k, v in SUBCOMMANDS.items()), epilog=EXIT_CODES)
+    ap.add_argument("--version", action=_VersionAction, nargs=0, help="print the version and git commit, and exit")
     add_model_cluster_args(ap)
     pins = ap.add_argument_group("pins (fix a dimension; the search does the rest)")
     for name in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro-batch"):
-        pins.add_argument(f"--{name}", type=_positive_int(f"--{name}"))
+        pins.add_argument(f"--{name}", type=_positive_int(f"--{name}", MAX_GLOBAL_BATCH if name == "micro-batch" else MAX_GPUS))
     pins.add_argument("--recompute", choices=["none", "selective", "full"])
     pins.add_argument("--sharding", choices=["none", "optimizer", "optimizer+grads", "full"])
     pins.add_argument("--fp8", action="store_true",
@@ -90,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     pins.add_argument("--no-overlap", default="", metavar="DIMS",
                       help="comma list of tp, dp, pp, ep whose communication is not overlapped with compute "
                            "(ep: MoE tokens never dispatched in overlapped chunks)")
-    ap.add_argument("--top", type=_positive_int("--top"), default=4, help="plans to show (default 4)")
+    ap.add_argument("--top", type=_positive_int("--top", 1000), default=4, help="plans to show (default 4)")
     ap.add_argument("--why-not", action="store_true",
                     help="also show the best plan of each other kind of layout (other TP degrees, no pipeline, "
                          "other sharding levels, CP, EP) and where it loses time (about half a second more)")
@@ -127,8 +145,26 @@ def resolve_inputs(args):
     if seq > model.max_seq_len:
         raise PlanError(f"--seq-len {seq} exceeds {model.name}'s maximum of {model.max_seq_len} tokens")
     shape = TrainingShape(seq_len=seq, global_batch=gb)
-    profile = load_profile(args.profile, cluster.gpu)
+    profile = load_profile(args.profile, cluster.gpu, other_gpu_ok=getattr(args, "allow_other_gpu_profile", False))
     return model, cluster, shape, profile
+
+
+def check_pins(pins, shape, num_gpus: int) -> None:
+    """Pins that no layout can meet, refused with the reason (not the search's "no layout exists"): degrees whose
+    product does not divide the GPUs, a global batch that is not whole micro-batches on every replica."""
+    given = {k: getattr(pins, k) for k in ("tp", "pp", "cp", "dp") if getattr(pins, k)}
+    product = math.prod(given.values())
+    named = " x ".join(f"{k} {v}" for k, v in given.items())
+    if given and num_gpus % product:
+        raise PlanError(f"the pinned {named} = {product} does not divide the {num_gpus} GPUs")
+    if len(given) == 4 and product != num_gpus:
+        raise PlanError(f"the pinned {named} = {product} GPUs, not the {num_gpus} asked for")
+    dp, mb = pins.dp or 1, pins.micro_batch or 1
+    if shape.global_batch % (dp * mb):
+        what = " x ".join(([f"dp {pins.dp}"] if pins.dp else []) + ([f"micro-batch {pins.micro_batch}"] if pins.micro_batch else []))
+        raise PlanError(f"the global batch {shape.global_batch} is not a multiple of {what}"
+                        + (f" = {dp * mb}" if pins.dp and pins.micro_batch else "")
+                        + " (every data-parallel replica runs whole micro-batches)")
 
 
 def run_plan(argv: list[str]) -> int:
@@ -148,8 +184,10 @@ def run_plan(argv: list[str]) -> int:
                 cuda_graph=not args.no_cuda_graph)
     if args.output:
         from pathlib import Path
-        if Path(args.output).exists() and not args.force:
-            raise PlanError(f"'{args.output}' already exists; pass --force to overwrite it")
+
+        from planner.outputs import check_output_file
+        check_output_file(Path(args.output), "-o", overwrite=args.force)
+    check_pins(pins, shape, cluster.num_gpus)
     result = search(model, shape, cluster, profile, pins, top_k=args.top, alternatives=args.why_not)
     elapsed = time.perf_counter() - t0
     if args.output:

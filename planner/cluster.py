@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from planner.errors import PlanError, read_json
+from planner.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NETWORK_GB_PER_S, is_number
 
 
 @dataclass(frozen=True)
@@ -75,18 +76,23 @@ class ClusterSpec:
 def validate_cluster(c: ClusterSpec) -> None:
     if c.gpu not in GPU_KINDS:
         raise PlanError(f"unknown GPU kind '{c.gpu}'; known: {', '.join(GPU_KINDS)}")
-    if not isinstance(c.num_gpus, int) or c.num_gpus < 1:
-        raise PlanError(f"the GPU count must be a positive integer, got {c.num_gpus!r}")
-    if not isinstance(c.gpus_per_node, int) or c.gpus_per_node < 1:
-        raise PlanError(f"GPUs per node must be a positive integer, got {c.gpus_per_node!r}")
+    if isinstance(c.num_gpus, bool) or not isinstance(c.num_gpus, int) or not 1 <= c.num_gpus <= MAX_GPUS:
+        raise PlanError(f"the GPU count must be a whole number from 1 to {MAX_GPUS}, got {c.num_gpus!r}")
+    if isinstance(c.gpus_per_node, bool) or not isinstance(c.gpus_per_node, int) or not 1 <= c.gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise PlanError(f"GPUs per node must be a whole number from 1 to {MAX_GPUS_PER_NODE}, got {c.gpus_per_node!r}")
+    if not is_number(c.memory_headroom_gib):
+        raise PlanError(f"memory headroom must be a finite number of GiB, got {c.memory_headroom_gib!r}")
     if c.num_gpus > c.gpus_per_node and c.num_gpus % c.gpus_per_node:
         raise PlanError(f"{c.num_gpus} GPUs do not fill whole nodes of {c.gpus_per_node}; "
                         f"use a multiple of {c.gpus_per_node}")
     if not 0 <= c.memory_headroom_gib < c.kind.memory_gib:
         raise PlanError(f"memory headroom {c.memory_headroom_gib} GiB is not within the {c.kind.memory_gib:.0f} GiB "
                         f"of a {c.gpu}")
-    if c.inter_node_gb_per_s <= 0:
-        raise PlanError(f"inter-node bandwidth must be positive, got {c.inter_node_gb_per_s}")
+    if not is_number(c.inter_node_gb_per_s) or not 0 < c.inter_node_gb_per_s <= MAX_NETWORK_GB_PER_S:
+        raise PlanError(f"inter-node bandwidth must be a positive number of GB/s up to {MAX_NETWORK_GB_PER_S:g}, "
+                        f"got {c.inter_node_gb_per_s!r}")
+    if not is_number(c.inter_node_latency_us) or c.inter_node_latency_us < 0:
+        raise PlanError(f"inter-node latency must be a finite number of microseconds >= 0, got {c.inter_node_latency_us!r}")
 
 
 def load_cluster_file(path: str) -> ClusterSpec:

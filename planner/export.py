@@ -40,6 +40,7 @@ from planner.lr_schedule import add_options as add_optimizer_options
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.lr_schedule import to_argv as optimizer_argv
 from planner.plan import Plan
+from planner.shell_safe import check_slurm_time, check_slurm_value, safe_model_name
 
 MEGATRON_SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py (+ core/model_parallel_config.py, "
                    "core/transformer/transformer_config.py) at commit d98e8a64, 2026-08-22")
@@ -47,6 +48,10 @@ MEGATRON_SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py (+ core/mo
 
 def build_parser() -> argparse.ArgumentParser:
     from planner.cli import _Parser, _positive_int
+    from planner.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_STEPS, int_arg
+
+    def _nonneg_int(name):
+        return int_arg(name, 0, MAX_GPUS)
 
     ap = _Parser(prog="plan export", description="Write a plan as Megatron-LM arguments, the torchrun command of "
                  "`plan launch`, or a Slurm batch script.")
@@ -54,13 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--to", required=True, choices=["megatron", "torchrun", "slurm"])
     ap.add_argument("-o", "--output", help="write here instead of standard output")
     ap.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
-    ap.add_argument("--nodes", type=_positive_int("--nodes"),
+    ap.add_argument("--nodes", type=_positive_int("--nodes", MAX_GPUS),
                     help="nodes to run on (default: world size / the plan's GPUs per node)")
-    ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"),
+    ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node", MAX_GPUS_PER_NODE),
                     help="default: the plan's cluster (8 when it does not say)")
-    ap.add_argument("--node-rank", type=int, default=0, help="torchrun: this node's rank (several nodes)")
+    ap.add_argument("--node-rank", type=_nonneg_int("--node-rank"), default=0, help="torchrun: this node's rank (several nodes)")
     ap.add_argument("--rdzv-endpoint", help="torchrun: host:port of the rendezvous (several nodes)")
-    ap.add_argument("--steps", type=_positive_int("--steps"), default=10, help="training steps (torchrun, slurm)")
+    ap.add_argument("--steps", type=_positive_int("--steps", MAX_STEPS), default=10, help="training steps (torchrun, slurm)")
     ap.add_argument("--data", default="synthetic", help="data source passed to `plan launch` (torchrun, slurm)")
     ap.add_argument("--results", help="per-step results CSV (torchrun, slurm; default: beside the plan)")
     ap.add_argument("--time", default="01:00:00", help="slurm: wall-clock limit (default 01:00:00)")
@@ -377,7 +382,17 @@ def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | N
     lines.append(")")
     lines.append(f"# torchrun --nproc-per-node <gpus per node> --nnodes <nodes> ... {ex.script} \"${{MEGATRON_ARGS[@]}}\" "
                  "<data, tokenizer and --train-iters arguments>")
-    return "\n".join(lines) + "\n"
+    return _script(lines)
+
+
+def _script(lines: list[str]) -> str:
+    """The script's text: every comment line (not the #! and #SBATCH ones) cleared of line breaks and control
+    characters, so that no text from a plan or a path can start a line of its own."""
+    def safe(line: str) -> str:
+        if line.startswith("#") and not line.startswith(("#!", "#SBATCH")):
+            return "".join(c if c.isprintable() else " " for c in line)
+        return line
+    return "\n".join(safe(ln) for ln in lines) + "\n"
 
 
 # -- torchrun / slurm -------------------------------------------------------------------------------------
@@ -433,14 +448,19 @@ def render_torchrun(plan: Plan, plan_path: str, args) -> str:
            f"{nodes} node(s) x {plan.layout.world_size // nodes})"
     if nodes > 1:
         head += f"; run it on every node with its own --node-rank (this one: {args.node_rank})"
-    return head + "\n" + " ".join(shlex.quote(c) for c in cmd) + "\n"
+    return _script([head, " ".join(shlex.quote(c) for c in cmd)])
 
 
 def render_slurm(plan: Plan, plan_path: str, args) -> str:
     nodes = _nodes(plan, args)
     world = plan.layout.world_size
     nproc = world // nodes
-    name = args.job_name or f"plan-{plan.model.name}"
+    name = check_slurm_value("--job-name", args.job_name or f"plan-{safe_model_name(plan.model.name)}")
+    check_slurm_time(args.time)
+    if args.partition:
+        check_slurm_value("--partition", args.partition, list_ok=True)
+    if args.account:
+        check_slurm_value("--account", args.account)
     plan_abs = str(Path(plan_path).resolve())
     # every node gets the same arguments but its own --node-rank, which srun's task expands for itself
     largv = launch_argv(plan_abs, args, nodes, nproc, "NODE_RANK", "RDZV")
@@ -480,14 +500,15 @@ def render_slurm(plan: Plan, plan_path: str, args) -> str:
         "    bash -c 'exec plan launch \"$@\"" + (" --node-rank \"$SLURM_NODEID\"" if nodes > 1 else "")
         + "' plan-launch \"${LAUNCH_ARGS[@]}\"",
     ]
-    return "\n".join(lines) + "\n"
+    return _script(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     plan = Plan.load(Path(args.plan))
-    if args.output and Path(args.output).exists() and not args.force:
-        raise PlanError(f"'{args.output}' already exists; pass --force to overwrite it")
+    if args.output:
+        from planner.outputs import check_output_file
+        check_output_file(Path(args.output), "-o", overwrite=args.force)
     if args.to == "megatron":
         text = render_megatron(plan, args.plan, optimizer_settings(args))
     elif args.to == "torchrun":

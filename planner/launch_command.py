@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from planner.errors import PlanError
+from planner.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_STEPS, MAX_TFLOPS, float_arg, int_arg
 from planner.lr_schedule import add_options as add_optimizer_options
 from planner.lr_schedule import add_resume_option
 from planner.lr_schedule import from_args as optimizer_settings
@@ -18,9 +19,11 @@ sentence, for `plan launch` to print once (rather than every rank printing it ab
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="plan launch", description="Train from a plan (torchrun underneath).")
+    from planner.cli import _Parser  # argparse errors as one sentence, exit 1
+
+    ap = _Parser(prog="plan launch", description="Train from a plan (torchrun underneath).")
     ap.add_argument("plan", help="plan.json written by `plan -o`")
-    ap.add_argument("--steps", type=int, default=10, help="training steps to run (after --resume: more steps; default 10)")
+    ap.add_argument("--steps", type=int_arg("--steps", 1, MAX_STEPS), default=10, help="training steps to run (after --resume: more steps; default 10)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda",
                     help="cuda (default; one process per GPU) or cpu (gloo, for trying a plan without GPUs)")
     ap.add_argument("--data", default="synthetic",
@@ -28,28 +31,29 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None,
                     help="token width of a flat token file (default: uint16 when the vocabulary fits, else uint32)")
     ap.add_argument("--ckpt-dir", default=None, help="folder of distributed checkpoints (torch.distributed.checkpoint)")
-    ap.add_argument("--save-every", type=int, default=0,
+    ap.add_argument("--save-every", type=int_arg("--save-every", 0, MAX_STEPS), default=0,
                     help="save a checkpoint every N steps (default 0: only at exit); needs --ckpt-dir")
     ap.add_argument("--resume", action="store_true",
                     help="continue from the newest complete checkpoint in --ckpt-dir (under this or another plan)")
     add_resume_option(ap)
     ap.add_argument("--results", default=None, help="CSV of per-step results (default: beside the plan)")
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak used for MFU")
+    ap.add_argument("--peak-tflops", type=float_arg("--peak-tflops", 0.0, MAX_TFLOPS), default=989.0, help="per-GPU dense bf16 peak used for MFU")
     add_optimizer_options(ap)
     ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
-    ap.add_argument("--memory-step", type=int, default=0,
+    ap.add_argument("--memory-step", type=int_arg("--memory-step", 0, MAX_STEPS), default=0,
                     help="record the CUDA allocator during this step (1-based) and write what is alive at its peak")
     ap.add_argument("--memory-out", default=None, help="prefix of --memory-step's files: PREFIX.rank<r>.json")
-    ap.add_argument("--nproc-per-node", type=int, default=None,
+    ap.add_argument("--nproc-per-node", type=int_arg("--nproc-per-node", 1, MAX_GPUS_PER_NODE), default=None,
                     help="processes on this node (default: the plan's world size / --nnodes)")
-    ap.add_argument("--nnodes", type=int, default=1, help="nodes taking part (default 1)")
-    ap.add_argument("--node-rank", type=int, default=0, help="this node's rank among --nnodes (default 0)")
+    ap.add_argument("--nnodes", type=int_arg("--nnodes", 1, MAX_GPUS), default=1, help="nodes taking part (default 1)")
+    ap.add_argument("--node-rank", type=int_arg("--node-rank", 0, MAX_GPUS), default=0, help="this node's rank among --nnodes (default 0)")
     ap.add_argument("--rdzv-endpoint", default=None, help="host:port of the rendezvous (several nodes)")
-    ap.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    ap.add_argument("--timeout", type=float_arg("--timeout", 1.0, 7 * 24 * 3600.0), default=300.0, metavar="SECONDS",
                     help="end the job when a rank shows no sign of life for half this long, or no rank finishes a "
                          "step (or save) for this long (default 300); one sentence names the rank, the step and "
                          "the checkpoint to resume from")
-    ap.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the torchrun command (quoted for a shell) and exit")
     return ap
 
 

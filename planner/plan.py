@@ -181,6 +181,8 @@ class Plan:
         if d.get("version") != PLAN_VERSION:
             raise PlanError(f"{source} has plan version {d.get('version')!r}, which is not supported (this build reads "
                             f"version {PLAN_VERSION})")
+        from planner.plan_check import check_plan_dict  # late: it reads this module's dataclasses
+        check_plan_dict(d, source)
         try:
             plan = Plan(
                 model=ModelSpec.from_dict(d["model"]),

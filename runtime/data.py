@@ -23,6 +23,7 @@ checked too and an unchanged one is not read once per worker.
 """
 from __future__ import annotations
 
+import math
 import os
 import queue
 import struct
@@ -232,8 +233,13 @@ def open_source(spec_str: str | None, vocab: int, seq_len: int, dtype: str | Non
             src = open_indexed(p, vocab, length)
         elif p.is_file():
             src = open_flat(p, vocab, length, dtype)
+        elif p.is_dir():
+            raise DataError(f"data source '{path}' is a folder; --data takes a flat token file, the prefix of a "
+                            "Megatron .bin/.idx pair (PATH for PATH.bin and PATH.idx), 'synthetic', or W1:SRC1,W2:SRC2")
         else:
             raise DataError(f"data source '{path}' does not exist")
+        if not (math.isfinite(weight) and weight >= 0):
+            raise DataError(f"data source '{item}' has the weight {weight}; a blend weight is a finite number >= 0")
         sources.append(src)
         weights.append(weight)
     return sources[0] if len(sources) == 1 and weights[0] > 0 else Blend(sources, weights, seed)

@@ -149,15 +149,16 @@ def check_plan_on_machine(args) -> tuple[Plan, int]:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # a bad flag: one sentence (planner.cli._Parser), exit 1
         plan, nproc, results = check(args)
         cmd = torchrun_command(args, nproc, results)
     except PlanError as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return exc.exit_code
     if args.dry_run:
-        print(" ".join(cmd))
+        from planner.shell_safe import shell_line
+        print(shell_line(cmd))
         return 0
     ranks = range(args.node_rank * nproc, (args.node_rank + 1) * nproc)
     return run_torchrun(cmd, worker_env(args.device), args.ckpt_dir, ranks, args.timeout)

@@ -57,15 +57,20 @@ from runtime.trace_analysis import RankComponents
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="plan validate", description="Run a plan for a few steps; predicted vs measured.")
+    from planner.cli import _Parser  # argparse errors as one sentence, exit 1
+    from planner.limits import MAX_SECONDS, MAX_STEPS, float_arg, int_arg
+
+    ap = _Parser(prog="plan validate", description="Run a plan for a few steps; predicted vs measured.")
     ap.add_argument("plan", nargs="+", help="plan.json written by `plan -o` (several: run one after another)")
-    ap.add_argument("--steps", type=int, default=10, help="training steps to run (default 10)")
-    ap.add_argument("--warmup", type=int, default=3, help="first steps left out of the steady state (default 3)")
+    ap.add_argument("--steps", type=int_arg("--steps", 1, MAX_STEPS), default=10, help="training steps to run (default 10)")
+    ap.add_argument("--warmup", type=int_arg("--warmup", 0, MAX_STEPS), default=3, help="first steps left out of the steady state (default 3)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--append", metavar="FILE", help="add one row to this results CSV (created with its header if new)")
     ap.add_argument("--profile", help="profile for the prediction (default: the one shipped for the plan's GPU)")
+    ap.add_argument("--allow-other-gpu-profile", action="store_true",
+                    help="accept a --profile measured on another GPU kind than the plan's (refused otherwise)")
     ap.add_argument("--data", default="synthetic")
-    ap.add_argument("--timeout", type=float, default=0,
+    ap.add_argument("--timeout", type=float_arg("--timeout", 0.0, MAX_SECONDS, lo_open=False), default=0,
                     help="stop a run after this many seconds per plan (0: no limit)")
     ap.add_argument("--keep-steps", metavar="CSV", help="keep the per-step CSV at this path (must not exist)")
     ap.add_argument("--no-trace", action="store_true",
@@ -84,9 +89,9 @@ def _gpu_name(device: str) -> str:
 def _check_results_file(path: Path) -> int:
     """Data rows already in the results CSV (0 when it does not exist); refuses a file with other columns, a
     folder, or a place it could not be written (checked before the run, not after it)."""
-    from planner.profile import check_output_file
+    from planner.outputs import check_output_file
 
-    check_output_file(path, "--append", append=True)
+    check_output_file(path, "--append", overwrite=True)  # an existing file is appended to, never rewritten
     if not path.exists():
         return 0
     with open(path, newline="") as fh:
@@ -431,7 +436,7 @@ def validate(args) -> int:
     for plan in plans:
         cluster = ClusterSpec.from_dict(plan.cluster)
         if cluster.gpu not in profiles:
-            profiles[cluster.gpu] = load_profile(args.profile, cluster.gpu)
+            profiles[cluster.gpu] = load_profile(args.profile, cluster.gpu, args.allow_other_gpu_profile)
         preds.append(evaluate(plan, cluster, profiles[cluster.gpu]))
     append = Path(args.append) if args.append else None
     if append:
@@ -440,7 +445,7 @@ def validate(args) -> int:
         raise PlanError(f"'{args.keep_steps}' already exists; pick another --keep-steps path" if len(plans) == 1
                         else "--keep-steps takes a single plan")
     if args.keep_steps:
-        from planner.profile import check_output_file
+        from planner.outputs import check_output_file
         check_output_file(Path(args.keep_steps), "--keep-steps")
     failures = 0
     with tempfile.TemporaryDirectory(prefix="plan-validate-") as tmp:
@@ -510,8 +515,8 @@ def validate(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return validate(args)
     except PlanError as exc:
         print(f"plan: {exc}", file=sys.stderr)

@@ -115,8 +115,9 @@ def from_hf_config(path: Path) -> ModelSpec:
     cfg = read_json(path, "model config")
     if not isinstance(cfg, dict):
         raise PlanError(f"model config '{path}' is not a JSON object")
-    name = Path(path).parent.name or Path(path).stem
-    model_type = str(cfg.get("model_type", "")).lower()
+    from planner.hf_checks import check_hf_config, hf_model_name  # model types and features the runtime builds
+    name, model_type = hf_model_name(path), str(cfg.get("model_type", "")).lower()
+    check_hf_config(cfg, model_type, path)
     try:
         if model_type == "bert" or "type_vocab_size" in cfg:
             hidden = int(cfg["hidden_size"])

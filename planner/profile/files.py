@@ -83,9 +83,9 @@ def gpu_kind_of_device(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "unknown-gpu"
 
 
-def load_profile(path: str | None, gpu: str) -> Profile:
-    """The profile at `path`, or the default for `gpu` (default_profile_path); warns when it was measured on
-    another GPU."""
+def load_profile(path: str | None, gpu: str, other_gpu_ok: bool = False) -> Profile:
+    """The profile at `path`, or the default for `gpu` (default_profile_path); one measured on another GPU is
+    refused (PlanError), or only warned about with `other_gpu_ok` (--allow-other-gpu-profile)."""
     if path is None:
         p = default_profile_path(gpu)
         if not p.exists():
@@ -93,6 +93,9 @@ def load_profile(path: str | None, gpu: str) -> Profile:
         prof = Profile.load(p)
     else:
         prof = Profile.load(resolve_profile_path(path))
-    if prof.gpu != gpu:  # a shipped default is checked too: its file name is no guarantee of its contents
+    if prof.gpu != gpu and not other_gpu_ok:  # a shipped default is checked too: its file name proves nothing
+        raise PlanError(f"profile '{path or p}' was measured on {prof.gpu}, but the plan is for {gpu}; measure "
+                        f"one with `plan profile` on a {gpu}, or pass --allow-other-gpu-profile to price it with {prof.gpu}'s timings")
+    if prof.gpu != gpu:
         warnings.warn(f"profile '{path or p}' was measured on {prof.gpu}, but the plan is for {gpu}", stacklevel=2)
     return prof

@@ -79,10 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_profile and not args.compare_gpu:
         raise PlanError("--compare-profile needs --compare-gpu")
     out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise PlanError(f"'{out}' exists and is not a folder")
-    if (out / "scaling.csv").exists() and not args.force:
-        raise PlanError(f"'{out / 'scaling.csv'}' already exists; pass --force to overwrite it")
+    from planner.outputs import check_output_folder
+    check_output_folder(out, "-o", ("scaling.csv", "report.md", "throughput.png", "efficiency.png", "breakdown.png",
+                                    "memory.png"), overwrite=args.force)
     from planner.model import resolve_model
 
     model = resolve_model(args.model)

@@ -211,12 +211,12 @@ def make_series(args, model) -> list[Series]:
         args.gpu, args.inter_node_gbps, args.gpus_per_node = c.gpu, c.inter_node_gb_per_s, c.gpus_per_node
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        base_prof = load_profile(args.profile, gpu)
+        base_prof = load_profile(args.profile, gpu, other_gpu_ok=args.allow_other_gpu_profile)
     out = [Series(f"{gpu}, {inter:g} GB/s network", gpu, None, base_prof)]
     if args.compare_gpu:
         k = args.compare_gpu
         if args.compare_profile:
-            prof, note = load_profile(args.compare_profile, k), f"profile {args.compare_profile}"
+            prof, note = load_profile(args.compare_profile, k, args.allow_other_gpu_profile), f"profile {args.compare_profile}"
         elif shipped_profile_path(k).exists():
             prof, note = load_profile(None, k), f"the shipped {k} profile"
         else:

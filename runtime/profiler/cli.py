@@ -16,21 +16,24 @@ from planner.errors import PlanError
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="plan profile", description="Time this machine's kernels and collectives "
+    from planner.cli import _Parser  # argparse errors as one sentence, exit 1
+    from planner.limits import MAX_GPUS_PER_NODE, MAX_NETWORK_GB_PER_S, MAX_SECONDS, float_arg, int_arg
+
+    p = _Parser(prog="plan profile", description="Time this machine's kernels and collectives "
                                 "(the ones the runtime runs) and write a profile the planner reads.")
     p.add_argument("--out", "-o", help="profile file to write (default: profile-<gpu kind>.json)")
     p.add_argument("--quick", action="store_true", help="coarser grids: under a minute on one GPU node")
-    p.add_argument("--gpus", type=int, default=None,
+    p.add_argument("--gpus", type=int_arg("--gpus", 1, MAX_GPUS_PER_NODE), default=None,
                    help="GPUs (processes on CPU) for the collectives; default all visible (2 on CPU)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="cuda (default when a GPU is visible) or cpu (gloo, tiny sizes, for tests)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--gpu-kind", help="GPU kind to record (default: from the device name; another known kind than "
                    "the device's is refused)")
-    p.add_argument("--budget", type=float, default=None, help="wall-clock budget in seconds (default 270, quick 50)")
-    p.add_argument("--nic-gbps", type=float, default=None,
+    p.add_argument("--budget", type=float_arg("--budget", 0.0, MAX_SECONDS), default=None, help="wall-clock budget in seconds (default 270, quick 50)")
+    p.add_argument("--nic-gbps", type=float_arg("--nic-gbps", 0.0, MAX_NETWORK_GB_PER_S), default=None,
                    help="modelled network bandwidth per GPU in GB/s (default 50: 400 Gb/s NDR InfiniBand)")
-    p.add_argument("--nic-latency-us", type=float, default=None, help="modelled network latency per hop (default 10)")
+    p.add_argument("--nic-latency-us", type=float_arg("--nic-latency-us", 0.0, MAX_SECONDS * 1e6, lo_open=False), default=None, help="modelled network latency per hop (default 10)")
     p.add_argument("--model", action="append", default=[], metavar="NAME",
                    help="also time every GEMM this model's plans can run, before the catalogue grid (a catalogue "
                         "name or a Hugging Face config.json; repeat or comma-separate for several)")
@@ -67,7 +70,7 @@ class _RichReporter:
 
 def run(args: argparse.Namespace) -> Path:
     """Measures and writes the profile; raises PlanError for bad input."""
-    from planner.profile import check_output_file
+    from planner.outputs import check_output_file
     from runtime.profiler.build import Options, build_profile, resolve_device
 
     device = args.device
@@ -115,7 +118,6 @@ def run(args: argparse.Namespace) -> Path:
             prof = measure(_RichReporter(progress))
 
     # write atomically, then check that what was written loads
-    out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".profile-", suffix=".json", dir=str(out.parent))
     os.close(fd)
     try:
@@ -174,8 +176,8 @@ def _summary(prof, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
     try:
+        args = parser().parse_args(argv)
         run(args)
     except PlanError as exc:
         print(f"plan: {exc}", file=sys.stderr)

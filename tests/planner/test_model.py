@@ -417,9 +417,12 @@ def test_import_bert(tmp_path):
     ({k: v for k, v in GPT2.items() if k != "n_layer"}, "lacks the key 'n_layer'"),
     ({k: v for k, v in LLAMA3_8B.items() if k != "hidden_size"}, "lacks the key 'hidden_size'"),
     ({k: v for k, v in BERT_BASE.items() if k != "vocab_size"}, "lacks the key 'vocab_size'"),
-    (dict(LLAMA3_8B, num_hidden_layers="many"), "wrong type"),
-    (dict(LLAMA3_8B, num_attention_heads=0), "gives 0 attention heads"),
-    (dict(LLAMA3_8B, num_hidden_layers=0), "num_layers must be a positive integer"),
+    (dict(LLAMA3_8B, num_hidden_layers="many"), "num_hidden_layers must be a whole number, got 'many'"),
+    (dict(LLAMA3_8B, num_attention_heads=0), "num_attention_heads 0 is outside 1..16384"),
+    (dict(LLAMA3_8B, num_hidden_layers=0), "num_hidden_layers 0 is outside 1..4096"),
+    (dict(LLAMA3_8B, num_hidden_layers=1e12), "num_hidden_layers 1000000000000.0 is outside 1..4096"),
+    (dict(LLAMA3_8B, num_hidden_layers=12.5), "num_hidden_layers must be a whole number, got 12.5"),
+    (dict(LLAMA3_8B, rope_theta=float("nan")), "rope_theta must be a finite number"),
     (dict(LLAMA3_8B, num_key_value_heads=5), "not divisible by 5 KV heads"),
     ("{not json", "is not readable JSON"),
     ("[1, 2]", "is not a JSON object"),
@@ -459,11 +462,10 @@ def test_import_plain_mlp_types_as_gpt_with_a_warning(tmp_path):
     assert (f.num_kv_heads, f.ffn_hidden, f.tie_embeddings) == (1, 4 * 4544, True)
 
 
-def test_unknown_model_type_is_read_as_llama_with_a_warning(tmp_path, recwarn):
-    with pytest.warns(UserWarning, match="model_type 'newarch' is not one parallel-plan knows"):
-        m = from_hf_config(_write(tmp_path, dict(MISTRAL_7B, model_type="newarch")))
-    assert m.family == "llama" and m.gated_mlp
-    recwarn.clear()
+def test_unknown_model_type_is_refused_by_name(tmp_path, recwarn):
+    """Only the model types the runtime builds are read: another is named and refused, never planned as Llama."""
+    with pytest.raises(PlanError, match="model_type 'newarch' is not one parallel-plan builds; it reads bert, gpt2"):
+        from_hf_config(_write(tmp_path, dict(MISTRAL_7B, model_type="newarch")))
     from_hf_config(_write(tmp_path, QWEN2_05B, "qwen.json"))
     from_hf_config(_write(tmp_path, MISTRAL_7B, "mistral.json"))
     assert not [w for w in recwarn if "parallel-plan" in str(w.message) or "model_type" in str(w.message)]

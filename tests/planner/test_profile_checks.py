@@ -85,19 +85,26 @@ def test_plan_with_a_bad_profile_is_one_sentence_not_a_nan_plan(tmp_path, break_
     assert "bad.json" in line and "is corrupted" in line
 
 
-def test_other_gpu_profile_warns_when_planning(tmp_path):
-    with pytest.warns(UserWarning, match="measured on h100-sxm, but the plan is for h200-sxm"):
+def test_other_gpu_profile_is_refused_unless_allowed(tmp_path):
+    """README: a profile of another GPU is bad input (exit 1); --allow-other-gpu-profile turns it into a warning."""
+    with pytest.raises(PlanError, match="measured on h100-sxm, but the plan is for h200-sxm.*--allow-other-gpu-profile"):
         load_profile("h100-sxm", "h200-sxm")
+    with pytest.warns(UserWarning, match="measured on h100-sxm, but the plan is for h200-sxm"):
+        load_profile("h100-sxm", "h200-sxm", other_gpu_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_profile("h200-sxm", "h200-sxm")   # the same GPU: silent
         load_profile(None, "h200-sxm")
-    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--gpu", "h200-sxm", "--profile", "h100-sxm")
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "8", "--gpu", "h200-sxm",
+                                              "--profile", "h100-sxm"))
+    assert "profile 'h100-sxm' was measured on h100-sxm, but the plan is for h200-sxm" in line
+    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--gpu", "h200-sxm", "--profile", "h100-sxm",
+                           "--allow-other-gpu-profile")
     assert rc == 0, err
     assert "warning: profile 'h100-sxm' was measured on h100-sxm, but the plan is for h200-sxm" in err
 
 
-def test_default_profile_of_another_gpu_warns(tmp_path, monkeypatch):
+def test_default_profile_of_another_gpu_is_refused(tmp_path, monkeypatch):
     """The default file is checked too: a shipped file's name is no guarantee of the GPU inside it."""
     import planner.profile.files as prof_mod
 
@@ -106,7 +113,7 @@ def test_default_profile_of_another_gpu_warns(tmp_path, monkeypatch):
     path = tmp_path / "h200-sxm.json"
     path.write_text(json.dumps(d))
     monkeypatch.setattr(prof_mod, "default_profile_path", lambda gpu: path)
-    with pytest.warns(UserWarning, match="measured on h100-sxm"):
+    with pytest.raises(PlanError, match="measured on h100-sxm"):
         load_profile(None, "h200-sxm")
 
 

@@ -67,7 +67,7 @@ def test_overwrite_refused_then_forced(cpu_profile, tmp_path, capsys):
 
 def test_bad_input_is_one_sentence(tmp_path, capsys):
     assert cli.main(["--device", "cpu", "--gpus", "0", "--out", str(tmp_path / "x.json")]) == 1
-    assert "--gpus 0" in capsys.readouterr().err
+    assert "--gpus must be at least 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
 
 

@@ -50,10 +50,11 @@ def test_unwritable_output_refused_before_measuring(tmp_path, capsys, no_measuri
     assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_missing_output_folder_is_made(tmp_path, monkeypatch, capsys):
+def test_missing_output_folder_is_refused(tmp_path, monkeypatch, capsys):
+    """No folder is made silently: --out in a folder that does not exist is refused before any measuring."""
     from planner.profile import load_profile
 
     monkeypatch.setattr(build, "build_profile", lambda opts, reporter=None: load_profile("h200-sxm", "h200-sxm"))
     out = tmp_path / "new" / "deeper" / "p.json"
-    assert cli.main(["--device", "cpu", "--gpus", "1", "--out", str(out), "--no-progress"]) == 0
-    assert out.exists() and "wrote" in capsys.readouterr().out
+    assert cli.main(["--device", "cpu", "--gpus", "1", "--out", str(out), "--no-progress"]) == 1
+    assert "does not exist (create it first)" in capsys.readouterr().err and not (tmp_path / "new").exists()

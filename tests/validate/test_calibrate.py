@@ -303,11 +303,12 @@ def test_bad_output_refused_before_fitting(tmp_path, monkeypatch, where, says):
         calibrate_main([str(path), "--profile", "h200-sxm", "-o", where.format(tmp=tmp_path), "--force"])
 
 
-def test_output_in_a_missing_folder_is_written(tmp_path):
+def test_output_in_a_missing_folder_is_refused(tmp_path):
+    """No folder is made silently: -o in a folder that does not exist is one sentence, before the fit."""
     path, _ = _synthetic_results(tmp_path, {"compute": 1.3})
     out = tmp_path / "new" / "cal.json"
-    assert calibrate_main([str(path), "--profile", "h200-sxm", "-o", str(out), "--no-efficiency"]) == 0
-    assert json.loads(out.read_text())["format"] == "parallel-plan/profile"
+    rc, so, err = _cli(path, "--profile", "h200-sxm", "-o", out, "--no-efficiency")
+    assert "does not exist (create it first)" in _one_sentence(rc, so, err) and not out.parent.exists()
     rc, so, err = _cli(path, "--profile", "h200-sxm", "-o", tmp_path)   # a folder, through the CLI: one sentence
     assert "is a folder" in _one_sentence(rc, so, err)
 

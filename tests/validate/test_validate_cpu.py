@@ -39,6 +39,7 @@ def tiny_plan(tmp_path_factory) -> Path:
 
 def test_validate_cpu_appends_row(tiny_plan, tmp_path):
     out = tmp_path / "sub" / "results.csv"
+    out.parent.mkdir()  # an --append file's folder must exist (none is made silently)
     rc, so, se = _cli("validate", tiny_plan, "--steps", "4", "--warmup", "1", "--device", "cpu", "--append", out)
     assert rc == 0, se
     assert "step time (s)" in so and "appended row 1" in so

@@ -1,0 +1,104 @@
+"""What a Hugging Face config.json must be before planner/model.py reads it: a model type the runtime builds, no
+feature that changes cost or numerics and that the runtime does not build, numbers finite and in range.
+
+Refused by name, in one sentence each: encoder-decoder models (T5, BART, ...), state-space and recurrent models
+(Mamba, RWKV: their layers are not attention), a model type parallel-plan does not know, attention or final logit
+soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's feed-forward blocks, a gated MLP whose activation is
+not SiLU (Gemma's GeGLU, which an export would otherwise give Megatron-LM as --swiglu). Nothing is dropped
+silently; what is read is what the runtime trains and the cost model prices."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.errors import PlanError
+from planner.limits import (MAX_EXPERTS, MAX_FFN, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, is_number,
+                            is_whole)
+from planner.shell_safe import safe_model_name
+
+ENCODER_DECODER_TYPES = ("t5", "mt5", "umt5", "longt5", "switch_transformers", "bart", "mbart", "pegasus", "pegasus_x",
+                         "marian", "blenderbot", "blenderbot-small", "led", "prophetnet", "fsmt", "whisper", "m2m_100",
+                         "nllb-moe", "encoder-decoder", "plbart", "bigbird_pegasus", "seamless_m4t")
+STATE_SPACE_TYPES = ("mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "recurrent_gemma", "xlstm")
+EXTRA_NORM_TYPES = ("gemma2", "gemma3", "gemma3_text")
+"""Gemma 2 / 3: RMSNorm before and after the feed-forward block and after attention (four norms per layer where
+the runtime builds two), besides their soft-capping and sliding windows."""
+SILU = ("silu", "swish")
+
+INT_KEYS = {  # key: (lower bound, upper bound)
+    "num_hidden_layers": (1, MAX_LAYERS), "n_layer": (1, MAX_LAYERS),
+    "hidden_size": (1, MAX_HIDDEN), "n_embd": (1, MAX_HIDDEN),
+    "num_attention_heads": (1, MAX_HEADS), "n_head": (1, MAX_HEADS), "num_key_value_heads": (1, MAX_HEADS),
+    "num_kv_heads": (1, MAX_HEADS), "head_dim": (1, MAX_HIDDEN),
+    "intermediate_size": (1, MAX_FFN), "n_inner": (1, MAX_FFN), "ffn_dim": (1, MAX_FFN),
+    "moe_intermediate_size": (1, MAX_FFN), "shared_expert_intermediate_size": (0, MAX_FFN),
+    "vocab_size": (1, MAX_VOCAB), "max_position_embeddings": (1, MAX_SEQ_LEN), "n_positions": (1, MAX_SEQ_LEN),
+    "n_ctx": (1, MAX_SEQ_LEN), "num_local_experts": (1, MAX_EXPERTS), "num_experts": (1, MAX_EXPERTS),
+    "n_routed_experts": (1, MAX_EXPERTS), "num_experts_per_tok": (1, MAX_EXPERTS), "n_shared_experts": (0, MAX_EXPERTS),
+}
+FLOAT_KEYS = ("rope_theta", "rotary_emb_base", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon",
+              "router_aux_loss_coef", "capacity_factor")
+
+
+def hf_model_name(path) -> str:
+    """The model's name from its config's path (the folder, else the file's stem), made safe for any export."""
+    return safe_model_name(Path(path).parent.name or Path(path).stem)
+
+
+def known_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(exact model types, prefixes) that planner/model.py reads."""
+    from planner import model
+
+    return (("bert", "gpt2") + tuple(model.PLAIN_MLP_TYPES) + tuple(model.LLAMA_STYLE_TYPES),
+            tuple(model.LLAMA_STYLE_PREFIXES))
+
+
+def check_hf_config(cfg: dict, model_type: str, path) -> None:
+    """Refuses, in one sentence naming the config, what the runtime does not build (see the module's docstring)."""
+    where = f"model config '{path}'"
+    if model_type in ENCODER_DECODER_TYPES or cfg.get("is_encoder_decoder") is True:
+        raise PlanError(f"{where}: model_type '{model_type}' is an encoder-decoder model; parallel-plan builds "
+                        "decoder-only models (GPT, Llama-style) and BERT encoders")
+    if model_type in STATE_SPACE_TYPES:
+        raise PlanError(f"{where}: model_type '{model_type}' has state-space (recurrent) layers, which are not "
+                        "attention; parallel-plan builds transformer layers only")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None:
+            raise PlanError(f"{where}: {key} {cfg[key]!r} soft-caps logits (Gemma 2), which parallel-plan's runtime "
+                            "does not build; planning it as uncapped would train another model")
+    if model_type in EXTRA_NORM_TYPES:
+        raise PlanError(f"{where}: model_type '{model_type}' has extra norms before and after each feed-forward block "
+                        "and after attention, which parallel-plan's runtime does not build")
+    exact, prefixes = known_types()
+    bert_or_gpt = model_type in ("bert", "gpt2") or "type_vocab_size" in cfg or "n_embd" in cfg
+    if not bert_or_gpt and model_type not in exact and not model_type.startswith(prefixes):
+        raise PlanError(f"{where}: model_type '{model_type}' is not one parallel-plan builds; it reads "
+                        f"{', '.join(t for t in exact if t and t not in EXTRA_NORM_TYPES)} and {', '.join(p + '*' for p in prefixes)}")
+    if not bert_or_gpt and model_type not in _plain_mlp_types():
+        act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu").lower()
+        if act not in SILU:
+            raise PlanError(f"{where}: its gated MLP uses the activation '{act}' (GeGLU and the like); the runtime's "
+                            "gated MLP is SwiGLU (SiLU), so it is refused rather than planned or exported as --swiglu")
+    check_hf_numbers(cfg, where)
+
+
+def _plain_mlp_types() -> tuple[str, ...]:
+    from planner import model
+
+    return tuple(model.PLAIN_MLP_TYPES)
+
+
+def check_hf_numbers(cfg: dict, where: str) -> None:
+    """Whole-number keys within their bounds (a layer count of 1e12 would keep the search busy for minutes), float
+    keys finite."""
+    for key, (lo, hi) in INT_KEYS.items():
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if not is_whole(v):
+            raise PlanError(f"{where}: {key} must be a whole number, got {v!r}")
+        if not lo <= v <= hi:
+            raise PlanError(f"{where}: {key} {v!r} is outside {lo}..{hi}, the range parallel-plan plans for")
+    for key in FLOAT_KEYS:
+        v = cfg.get(key)
+        if v is not None and not is_number(v):
+            raise PlanError(f"{where}: {key} must be a finite number, got {v!r}")
