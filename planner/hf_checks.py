@@ -3,7 +3,7 @@ feature that changes cost or numerics and that the runtime does not build, numbe
 
 Refused by name, in one sentence each: encoder-decoder models (T5, BART, ...), state-space and recurrent models
 (Mamba, RWKV: their layers are not attention), a model type parallel-plan does not know, attention or final logit
-soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's feed-forward blocks, a gated MLP whose activation is
+soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's and OLMo 2's blocks, Granite's multipliers, a gated MLP whose activation is
 not SiLU (Gemma's GeGLU, which an export would otherwise give Megatron-LM as --swiglu). Nothing is dropped
 silently; what is read is what the runtime trains and the cost model prices."""
 from __future__ import annotations
@@ -19,10 +19,25 @@ ENCODER_DECODER_TYPES = ("t5", "mt5", "umt5", "longt5", "switch_transformers", "
                          "marian", "blenderbot", "blenderbot-small", "led", "prophetnet", "fsmt", "whisper", "m2m_100",
                          "nllb-moe", "encoder-decoder", "plbart", "bigbird_pegasus", "seamless_m4t")
 STATE_SPACE_TYPES = ("mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "recurrent_gemma", "xlstm")
-EXTRA_NORM_TYPES = ("gemma2", "gemma3", "gemma3_text")
+EXTRA_NORM_TYPES = ("gemma2", "gemma3", "gemma3_text", "olmo2")
 """Gemma 2 / 3: RMSNorm before and after the feed-forward block and after attention (four norms per layer where
-the runtime builds two), besides their soft-capping and sliding windows."""
+the runtime builds two), besides their soft-capping and sliding windows; OLMo 2: norms after attention and after the
+feed-forward block instead of before, and q/k norms over the whole projection."""
 SILU = ("silu", "swish")
+
+PLAIN_MLP_TYPES = ("phi", "gpt_neox", "falcon", "starcoder2", "opt")
+"""Hugging Face model types with hidden_size keys whose MLP is plain (up, GELU, down: two matrices), not gated: read
+as GPT-style models, with a warning. As Llama-style ones their MLPs would count a third matrix (phi-2: 3.6B
+parameters against its 2.7B). Their rotary / ALiBi positions and parallel residuals are not modelled."""
+
+LLAMA_STYLE_TYPES = ("mistral", "mixtral", "gemma", "gemma2", "phi3", "olmo", "internlm2", "yi", "")
+LLAMA_STYLE_PREFIXES = ("llama", "qwen", "deepseek")
+"""Model types (and prefixes) read as Llama-style (gated MLP, rotary, RMSNorm) without a warning; another unknown
+type with hidden_size keys is read so too, with a warning. (Gemma's gated GELU costs what SwiGLU does.)"""
+
+MULTIPLIER_KEYS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
+"""Granite's scalings of the embedding, residual branches, attention scores and logits: numerics the runtime does not
+build."""
 
 INT_KEYS = {  # key: (lower bound, upper bound)
     "num_hidden_layers": (1, MAX_LAYERS), "n_layer": (1, MAX_LAYERS),
@@ -46,10 +61,7 @@ def hf_model_name(path) -> str:
 
 def known_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(exact model types, prefixes) that planner/model.py reads."""
-    from planner import model
-
-    return (("bert", "gpt2") + tuple(model.PLAIN_MLP_TYPES) + tuple(model.LLAMA_STYLE_TYPES),
-            tuple(model.LLAMA_STYLE_PREFIXES))
+    return ("bert", "gpt2") + PLAIN_MLP_TYPES + LLAMA_STYLE_TYPES, LLAMA_STYLE_PREFIXES
 
 
 def check_hf_config(cfg: dict, model_type: str, path) -> None:
@@ -68,6 +80,10 @@ def check_hf_config(cfg: dict, model_type: str, path) -> None:
     if model_type in EXTRA_NORM_TYPES:
         raise PlanError(f"{where}: model_type '{model_type}' has extra norms before and after each feed-forward block "
                         "and after attention, which parallel-plan's runtime does not build")
+    multipliers = [k for k in MULTIPLIER_KEYS if cfg.get(k) not in (None, 1, 1.0)]
+    if multipliers:
+        raise PlanError(f"{where}: {', '.join(multipliers)} scale the model's activations (Granite), which "
+                        "parallel-plan's runtime does not build; planning it without them would train another model")
     exact, prefixes = known_types()
     bert_or_gpt = model_type in ("bert", "gpt2") or "type_vocab_size" in cfg or "n_embd" in cfg
     if not bert_or_gpt and model_type not in exact and not model_type.startswith(prefixes):
@@ -82,9 +98,7 @@ def check_hf_config(cfg: dict, model_type: str, path) -> None:
 
 
 def _plain_mlp_types() -> tuple[str, ...]:
-    from planner import model
-
-    return tuple(model.PLAIN_MLP_TYPES)
+    return PLAIN_MLP_TYPES
 
 
 def check_hf_numbers(cfg: dict, where: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from planner.errors import PlanError, read_json
 from planner.legality import check_plan
 from planner.model import ModelSpec
+from planner.plan_check import check_plan_dict
 
 PLAN_FORMAT = "parallel-plan/plan"
 PLAN_VERSION = 1
@@ -181,8 +182,8 @@ class Plan:
         if d.get("version") != PLAN_VERSION:
             raise PlanError(f"{source} has plan version {d.get('version')!r}, which is not supported (this build reads "
                             f"version {PLAN_VERSION})")
-        from planner.plan_check import check_plan_dict  # late: it reads this module's dataclasses
-        check_plan_dict(d, source)
+        check_plan_dict(d, source, {"training": TrainingShape, "layout": Layout, "stages": StagePlan,
+                                    "prediction": Prediction})
         try:
             plan = Plan(
                 model=ModelSpec.from_dict(d["model"]),

@@ -69,10 +69,12 @@ def check_value(v, type_name: str, key: str, source: str) -> None:
             raise PlanError(f"{source}: {key} must be a string, got {v!r}")
 
 
-def check_plan_dict(d: dict, source: str) -> None:
-    """Every section of a plan dictionary (after its format and version are known good)."""
+def check_plan_dict(d: dict, source: str, schema: dict) -> None:
+    """Every section of a plan dictionary (after its format and version are known good). `schema` maps
+    "training", "layout", "stages" and "prediction" to planner/plan.py's dataclasses, which it passes in (this module
+    never imports planner.plan, which imports it)."""
     from planner.model import ModelSpec
-    from planner.plan import Layout, Prediction, StagePlan, TrainingShape
+    TrainingShape, Layout, StagePlan, Prediction = (schema[k] for k in ("training", "layout", "stages", "prediction"))
 
     for section in SECTIONS:
         if section not in d:

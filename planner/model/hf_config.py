@@ -16,15 +16,7 @@ def _first(cfg: dict, *keys, default=None):
     return default
 
 
-PLAIN_MLP_TYPES = ("phi", "gpt_neox", "falcon", "starcoder2", "opt")
-"""Hugging Face model types with hidden_size keys whose MLP is plain (up, GELU, down: two matrices), not gated: read
-as GPT-style models, with a warning. As Llama-style ones their MLPs would count a third matrix (phi-2: 3.6B
-parameters against its 2.7B). Their rotary / ALiBi positions and parallel residuals are not modelled."""
-
-LLAMA_STYLE_TYPES = ("mistral", "mixtral", "gemma", "gemma2", "phi3", "olmo", "olmo2", "granite", "internlm2", "yi", "")
-LLAMA_STYLE_PREFIXES = ("llama", "qwen", "deepseek")
-"""Model types (and prefixes) read as Llama-style (gated MLP, rotary, RMSNorm) without a warning; another unknown
-type with hidden_size keys is read so too, with a warning. (Gemma's gated GELU costs what SwiGLU does.)"""
+from planner.hf_checks import LLAMA_STYLE_PREFIXES, LLAMA_STYLE_TYPES, PLAIN_MLP_TYPES  # noqa: E402  (the types read)
 
 
 QKV_BIAS_PREFIXES = ("qwen2",)

@@ -281,7 +281,11 @@ def test_import_qwen3_dense(tmp_path):
     # Qwen2 and Llama types have no q/k norms; Qwen3 has no q/k/v biases (it is no qwen2 type)
     assert not from_hf_config(_write(tmp_path, QWEN2_05B, "qwen2.json")).qk_norm
     assert not from_hf_config(_write(tmp_path, LLAMA3_8B, "llama.json")).qk_norm
-    assert not from_hf_config(_write(tmp_path, dict(QWEN3_06B, model_type="olmo2"), "olmo2.json")).qk_norm
+    # OLMo 2's q/k norms span the whole projection and its norms sit after the blocks: refused, not read as Qwen3
+    with pytest.raises(PlanError, match="olmo2"):
+        from_hf_config(_write(tmp_path, dict(QWEN3_06B, model_type="olmo2"), "olmo2.json"))
+    with pytest.raises(PlanError, match="residual_multiplier"):
+        from_hf_config(_write(tmp_path, dict(LLAMA3_8B, model_type="granite", residual_multiplier=0.22), "granite.json"))
 
 
 def test_import_qwen3_moe(tmp_path):
