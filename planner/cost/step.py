@@ -21,12 +21,15 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
 
     def __init__(self, model: ModelSpec, shape: TrainingShape, layout: Layout, cluster: ClusterSpec,
                  profile: Profile, shared: dict | None = None):
-        self.m, self.shape, self.lay, self.cluster, self.prof = model, shape, layout, cluster, profile
+        # a step replayed as a CUDA graph pays each kernel's GPU start, not the host's launch (Profile.graph_kernel_s)
+        self.prof = profile.for_graph_replay() if layout.cuda_graph and profile is not None else profile
+        self.m, self.shape, self.lay, self.cluster = model, shape, layout, cluster
         # layer and end costs depend only on (tp, cp, ep, micro-batch, overlap, fp8, gradient precision): a
         # search shares them
         self._shared = shared if shared is not None else {}
         self.layer_key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8,
-                          layout.grad_dtype, self.dispatch_chunks, self.stacks_expert_weights)
+                          layout.grad_dtype, self.dispatch_chunks, self.stacks_expert_weights,
+                          layout.cuda_graph and getattr(profile, "graph_kernel_s", None) is not None)
         """What a layer's price depends on: the key of its memo in `shared`."""
 
     @property

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.errors import PlanError, read_json
 from planner.profile.records import (FP8_GEMM_SPEEDUP, PROFILE_FORMAT, PROFILE_VERSION, CollectiveFit,
                                      HostOverheads)
-from planner.profile.table import _collective_lookup, _gemm_s_cached, _GemmTable
+from planner.profile.table import GEMM_LAUNCH_S, _collective_lookup, _gemm_s_cached, _GemmTable
 from planner.profile.validate import _collective_points, _gemm_points, _number, _validate, _whole
 
 
@@ -31,6 +31,15 @@ class Profile:
     """Per dimension ('tp', 'dp', 'pp', 'cp', 'ep'): fraction of the communication that an overlapped
     implementation hides behind the compute beside it (at most that compute's time)."""
     kernel_launch_s: float = 5e-6
+    """Fixed time per kernel beside its bytes or FLOPs (attention, elementwise, memory-bound), as the profiler measured
+    it for eager issue (host time per small op)."""
+    graph_kernel_s: float | None = None
+    """Fixed GPU time per kernel (GEMMs included) when the step is replayed as a CUDA graph (Layout.cuda_graph): no
+    host launch, only the kernels' own start and drain. Fitted on measured graphed steps by
+    benchmarks/fit_graph_kernel.py (provenance.calibrations says on which); None: graphed steps are priced with
+    the eager terms, kernel_launch_s and GEMM_LAUNCH_S."""
+    gemm_launch_s: float = field(default=GEMM_LAUNCH_S, repr=False)
+    """Fixed time per GEMM beside its table time (not stored: GEMM_LAUNCH_S, or graph_kernel_s in for_graph_replay)."""
     efficiency: dict = field(default_factory=dict)
     """Calibrated multipliers (`plan calibrate`) on the cost model's terms, 1.0 when absent: 'compute'
     (dense layer and end kernels), 'expert' (MoE expert compute), 'tp', 'cp', 'ep', 'pp', 'dp'
@@ -62,7 +71,21 @@ class Profile:
     def gemm_s(self, m: int, n: int, k: int) -> float:
         if m <= 0 or n <= 0 or k <= 0:
             return 0.0
-        return _gemm_s_cached(self._gemm_key(), m, n, k)
+        return _gemm_s_cached(self._gemm_key(), m, n, k) + self.gemm_launch_s
+
+    def for_graph_replay(self) -> "Profile":
+        """This profile as a step replayed from a CUDA graph sees it: every kernel's fixed term is graph_kernel_s
+        (unchanged where the profile has none)."""
+        if self.graph_kernel_s is None:
+            return self
+        cached = self.__dict__.get("_graph_view")
+        if cached is None:
+            cached = replace(self, kernel_launch_s=self.graph_kernel_s, gemm_launch_s=self.graph_kernel_s)
+            for k, v in self.__dict__.items():  # the GEMM tables and kernel rates are the same: share them
+                if k.startswith(("_gk_", "_kernel_rates")):
+                    cached.__dict__[k] = v
+            self.__dict__["_graph_view"] = cached
+        return cached
 
     @property
     def fp8_measured(self) -> bool:
@@ -78,11 +101,11 @@ class Profile:
         if m <= 0 or n <= 0 or k <= 0:
             return 0.0
         if self.fp8_points:
-            return _gemm_s_cached(self._gemm_key("fp8"), m, n, k)
-        bf16 = self.gemm_s(m, n, k) - 5e-6
+            return _gemm_s_cached(self._gemm_key("fp8"), m, n, k) + self.gemm_launch_s
+        bf16 = self.gemm_s(m, n, k) - self.gemm_launch_s
         t_mem = (m * k + k * n + 2 * m * n) / self.copy_bandwidth_bytes_per_s
         scaling = 5.0 * (m * k + n * k) / self.copy_bandwidth_bytes_per_s + 4 * self.kernel_launch_s
-        return max(bf16 / FP8_GEMM_SPEEDUP, t_mem) + scaling + 5e-6
+        return max(bf16 / FP8_GEMM_SPEEDUP, t_mem) + scaling + self.gemm_launch_s
 
     @property
     def kernels_timed_at_power_cap(self) -> bool:
@@ -110,7 +133,7 @@ class Profile:
             return self.gemm_s(m, n, k)
         if m <= 0 or n <= 0 or k <= 0:
             return 0.0
-        return _gemm_s_cached(self._gemm_key("wgrad"), m, n, k)
+        return _gemm_s_cached(self._gemm_key("wgrad"), m, n, k) + self.gemm_launch_s
 
     def _gemm_key(self, kind: str = "mm"):
         key = self.__dict__.get(f"_gk_{kind}")
@@ -219,6 +242,7 @@ class Profile:
             "elementwise_efficiency": self.elementwise_efficiency,
             "optimizer_s_per_param": self.optimizer_s_per_param,
             "kernel_launch_s": self.kernel_launch_s,
+            **({"graph_kernel_s": self.graph_kernel_s} if self.graph_kernel_s is not None else {}),
             "collectives": [{"op": c.op, "link": c.link, "group_size": c.group_size, "latency_s": c.latency_s,
                              "bus_bandwidth_bytes_per_s": c.bus_bandwidth_bytes_per_s, "measured": c.measured,
                              "points": [list(p) for p in c.points]} for c in self.collectives],
@@ -250,6 +274,7 @@ class Profile:
                 elementwise_efficiency=_number(d["elementwise_efficiency"]),
                 optimizer_s_per_param=_number(d["optimizer_s_per_param"]),
                 kernel_launch_s=_number(d.get("kernel_launch_s", 5e-6)),
+                graph_kernel_s=_number(d["graph_kernel_s"]) if d.get("graph_kernel_s") is not None else None,
                 collectives=[CollectiveFit(op=str(c["op"]), link=str(c["link"]), group_size=_whole(c["group_size"]),
                                            latency_s=_number(c["latency_s"]),
                                            bus_bandwidth_bytes_per_s=_number(c["bus_bandwidth_bytes_per_s"]),

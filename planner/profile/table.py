@@ -83,17 +83,22 @@ class _GemmTable:
         return float(min(max(intercept, rates.min()), rates.max()))
 
 
+GEMM_LAUNCH_S = 5e-6
+"""Fixed time per GEMM beside its interpolated device time, for steps issued eagerly (Profile.gemm_launch_s)."""
+
+
 @lru_cache(maxsize=200_000)
 def _gemm_s_cached(table: _GemmTable, m: int, n: int, k: int) -> float:
+    """A GEMM's device time from the table (its measured point, else interpolated); Profile adds the fixed term."""
     flops = 2.0 * m * n * k
     t_mem = 2.0 * (m * k + k * n + m * n) / table.copy_bw  # a GEMM cannot beat moving its operands once
     exact = table.exact.get((m, n, k))
     if exact is not None:
-        return exact + 5e-6
+        return exact
     log_rate = table.along_line(m, n, k)
     if log_rate is None:
         log_rate = table.plane_log_rate(m, n, k)
-    return max(flops / math.exp(log_rate), t_mem) + 5e-6
+    return max(flops / math.exp(log_rate), t_mem)
 
 
 @lru_cache(maxsize=4096)
