@@ -26,11 +26,13 @@ class GPUKind:
     """Per-GPU unidirectional NVLink bandwidth (datasheet)."""
 
 
-# Datasheet figures (NVIDIA H200 / H100 SXM5 / A100 80GB SXM4); memory as nvidia-smi reports it.
+# Datasheet figures (NVIDIA H200 / H100 SXM5 / A100 80GB SXM4 / H800 SXM5); memory as nvidia-smi reports it.
 GPU_KINDS: dict[str, GPUKind] = {
     "h200-sxm": GPUKind("h200-sxm", 143771 / 1024, 989.0, 4.8, 450.0),
     "h100-sxm": GPUKind("h100-sxm", 81559 / 1024, 989.0, 3.35, 450.0),
-    "a100-80gb": GPUKind("a100-80gb", 81920 / 1024, 312.0, 2.04, 300.0),
+    "a100-80gb": GPUKind("a100-80gb", 81920 / 1024, 312.0, 2.04, 300.0),   # NVLink 3: 12 links x 25 GB/s
+    # H800 SXM: the H100 SXM die and HBM with NVLink cut to 400 GB/s bidirectional (DeepSeek-V3 report's cluster)
+    "h800": GPUKind("h800", 81559 / 1024, 989.0, 3.35, 200.0),
     # the runtime's CPU/gloo mode: numbers only matter relative to each other in tests
     "cpu": GPUKind("cpu", 16.0, 1.0, 0.02, 5.0),
 }

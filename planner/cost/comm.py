@@ -2,7 +2,10 @@
 network across nodes), and the pipeline's hop between stages."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.cluster import place_group
+from planner.profile.physics import NOMINAL_NIC_GB_PER_S, network_fit, spanning_s
 from planner.cost.terms import BF16, cached_property
 
 
@@ -21,28 +24,33 @@ class CommTerms:
         return v
 
     def _group_collective_s(self, op: str, size_bytes: float, size: int, stride: int) -> float:
-        if place_group(self.cluster, size, stride).link == "nvlink":
-            # inside a node: the profile's measured points (log-log between them; its fitted line outside
-            # them). The line alone ran 10-27% under the points at 1-16 MiB, where NCCL changes protocol.
-            return self.prof.collective_s(op, size_bytes, size, "nvlink")
-        key = ("link", op, size, stride)
-        link = self._shared.get(key)
-        if link is None:
-            link = self._shared[key] = self._link_model(op, size, stride)
-        latency_s, bus_bw = link
-        from planner.profile import bus_factor
-        return latency_s + size_bytes * bus_factor(op, size) / bus_bw
-
-    def _link_model(self, op: str, size: int, stride: int) -> tuple[float, float]:
-        """(latency, bus bandwidth) of a collective over a group that spans nodes (inside a node the measured
-        points price it: _group_collective_s)."""
         place = place_group(self.cluster, size, stride)
-        fit = self.prof.collective(op, size, "nvlink")
-        # across nodes (modelled): NCCL's ring is limited by the slowest link on it, the per-GPU NIC; the
-        # latency is NVLink's for the intra-node hops plus the network's per inter-node step
-        bw = min(fit.bus_bandwidth_bytes_per_s, place.bottleneck_gb_per_s * 1e9)
-        steps = max(size // max(place.ranks_per_node, 1) - 1, 1)
-        return fit.latency_s + steps * self.cluster.inter_node_latency_us * 1e-6, bw
+        if place.link == "nvlink":
+            # inside a node: the profile's entry at this group size; measured points at 2 GPUs (log-log between
+            # them; the fitted line outside them), the physics model's at 4 and 8 (planner/profile/physics.py)
+            return self.prof.collective_s(op, size_bytes, size, "nvlink")
+        # across nodes: hierarchical, the node's part from the NVLink entry, the network part from the profile's
+        # network entry at the cluster's NIC rate (planner/profile/physics.py spanning_s)
+        per_node = max(place.ranks_per_node, 1)
+        nodes = max(size // per_node, 2)
+        intra = self.prof.collective(op, per_node, "nvlink") if per_node > 1 else None
+        return spanning_s(op, size_bytes, per_node, nodes, intra, self._network_fit(op, nodes))
+
+    def _network_fit(self, op: str, nodes: int):
+        """The profile's network entry for `op` over `nodes` ranks one per node, its bus bandwidth carried from the
+        NIC rate it was written at (extras.network_model) to the cluster's inter_node_gb_per_s."""
+        key = ("net", op, nodes)
+        fit = self._shared.get(key)
+        if fit is None:
+            if any(c.op == op and c.link == "network" for c in self.prof.collectives):
+                base = self.prof.collective(op, nodes, "network")
+            else:  # a profile without network entries: the physics model's
+                base = network_fit(op, nodes)
+            nominal = float((self.prof.extras.get("network_model") or {}).get("nic_gb_per_s", NOMINAL_NIC_GB_PER_S))
+            fit = self._shared[key] = replace(
+                base, bus_bandwidth_bytes_per_s=base.bus_bandwidth_bytes_per_s * self.cluster.inter_node_gb_per_s
+                / nominal)
+        return fit
 
     @cached_property
     def strides(self) -> dict:

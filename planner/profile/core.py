@@ -245,7 +245,9 @@ class Profile:
             **({"graph_kernel_s": self.graph_kernel_s} if self.graph_kernel_s is not None else {}),
             "collectives": [{"op": c.op, "link": c.link, "group_size": c.group_size, "latency_s": c.latency_s,
                              "bus_bandwidth_bytes_per_s": c.bus_bandwidth_bytes_per_s, "measured": c.measured,
-                             "points": [list(p) for p in c.points]} for c in self.collectives],
+                             "points": [list(p) for p in c.points],
+                             **({"fill_ratio": c.fill_ratio, "fill_s": c.fill_s} if c.fill_s or c.fill_ratio else {})}
+                            for c in self.collectives],
             "overlap_hidden_fraction": self.overlap_hidden_fraction,
             "efficiency": self.efficiency,
             "extras": self.extras,
@@ -279,7 +281,9 @@ class Profile:
                                            latency_s=_number(c["latency_s"]),
                                            bus_bandwidth_bytes_per_s=_number(c["bus_bandwidth_bytes_per_s"]),
                                            measured=bool(c["measured"]),
-                                           points=_collective_points(c.get("points", ())))
+                                           points=_collective_points(c.get("points", ())),
+                                           fill_ratio=_number(c.get("fill_ratio", 0.0)),
+                                           fill_s=_number(c.get("fill_s", 0.0)))
                              for c in d["collectives"]],
                 overlap_hidden_fraction={str(k): _number(v) for k, v in d["overlap_hidden_fraction"].items()},
                 efficiency={str(k): _number(v) for k, v in (d.get("efficiency") or {}).items()},

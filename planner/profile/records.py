@@ -42,6 +42,10 @@ class CollectiveFit:
     """True when fitted to points measured at this group size; False when modelled from another."""
     points: tuple = ()
     """(bytes, seconds) pairs the fit came from; bytes = the full buffer (all-gather output, reduce-scatter input)."""
+    fill_ratio: float = 0.0
+    fill_s: float = 0.0
+    """A modelled ring's pipeline fill (planner/profile/physics.py): below it a message runs at 1/(1 + fill_ratio) of
+    the bus bandwidth, above it the fill costs fill_s; 0 for a plain line (measured fits)."""
 
     def time_s(self, size_bytes: float) -> float:
         """Between measured sizes: log-log interpolation of the measured points (NCCL switches protocol
@@ -56,7 +60,15 @@ class CollectiveFit:
                         return t0
                     w = math.log(size_bytes / b0) / math.log(b1 / b0)
                     return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
-        return self.latency_s + size_bytes * bus_factor(self.op, self.group_size) / self.bus_bandwidth_bytes_per_s
+        return self.overhead_s(size_bytes) + self.bandwidth_s(size_bytes)
+
+    def bandwidth_s(self, size_bytes: float) -> float:
+        """The line's bandwidth term: bytes x bus factor / bus bandwidth."""
+        return size_bytes * bus_factor(self.op, self.group_size) / self.bus_bandwidth_bytes_per_s
+
+    def overhead_s(self, size_bytes: float) -> float:
+        """The line's latency plus the pipeline fill: min(fill_ratio x bandwidth term, fill_s)."""
+        return self.latency_s + min(self.fill_ratio * self.bandwidth_s(size_bytes), self.fill_s)
 
 
 FP8_GEMM_SPEEDUP = 2.0

@@ -116,7 +116,8 @@ def _collective_lookup(pid: int, fits: tuple, op: str, group_size: int, link: st
     base = min(same, key=lambda c: abs(math.log2(c.group_size / group_size)))
     steps = max(group_size - 1, 1) / max(base.group_size - 1, 1)
     return CollectiveFit(op=op, link=link, group_size=group_size, latency_s=base.latency_s * steps,
-                         bus_bandwidth_bytes_per_s=base.bus_bandwidth_bytes_per_s, measured=False)
+                         bus_bandwidth_bytes_per_s=base.bus_bandwidth_bytes_per_s, measured=False,
+                         fill_ratio=base.fill_ratio, fill_s=base.fill_s * steps)
 
 
 def fit_collective(points: list[tuple[float, float]], op: str, group_size: int, link: str,

@@ -120,6 +120,8 @@ def _check_collectives(p: Profile, check: _Checker) -> None:
         check.size(f"{name}.group_size", c.group_size)
         check.non_negative(f"{name}.latency_s", c.latency_s)
         check.positive(f"{name}.bus_bandwidth_bytes_per_s", c.bus_bandwidth_bytes_per_s)
+        check.non_negative(f"{name}.fill_ratio", c.fill_ratio)
+        check.non_negative(f"{name}.fill_s", c.fill_s)
         for j, (nbytes, t) in enumerate(c.points):
             check.positive(f"{name}.points[{j}] bytes", nbytes)
             check.positive(f"{name}.points[{j}] seconds", t)

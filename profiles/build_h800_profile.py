@@ -1,0 +1,48 @@
+"""Derive the H800 SXM profile (`h800.json`) from the H100 one: the same die, clocks and HBM, so every kernel figure
+is kept; NVLink is cut to 400 GB/s bidirectional (200 per direction), so every NVLink collective comes from the
+physics model (planner/profile/physics.py, H100's achieved fractions over 200 GB/s), none from the 2-GPU H200 points.
+
+    python profiles/build_h800_profile.py [--force]
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from planner.errors import PlanError
+from planner.profile import Profile
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from build_modelled_collectives import remodel  # noqa: E402
+
+
+def derive(src: Profile) -> Profile:
+    if src.gpu != "h100-sxm":
+        raise PlanError(f"the H800 profile is derived from the h100-sxm profile; this one is for '{src.gpu}'")
+    prov = {"kind": "modelled (derived)", "tool": "profiles/build_h800_profile.py", "gpu_name": "h800 (modelled)",
+            "derived_from_file": src.source_path, "derived_from": src.provenance,
+            "parts": [{"part": "kernels", "status": "modelled", "how": "h100-sxm figures kept (same GH100 die, HBM3)"},
+                      {"part": "collectives/nvlink", "status": "modelled",
+                       "how": "physics model over 200 GB/s per direction at every group size"}]}
+    return remodel(replace(src, gpu="h800", provenance=prov, collectives=[]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out = HERE / "h800.json"
+    try:
+        if out.exists() and "--force" not in argv:
+            raise PlanError(f"'{out}' exists; pass --force to overwrite it")
+        derive(Profile.load(HERE / "h100-sxm.json")).save(out)
+        Profile.load(out)
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
