@@ -11,32 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from planner.errors import PlanError
 from planner.profile import Profile
-from planner.profile import physics
-
-REPLACED_PARTS = ("collectives/nvlink groups", "collectives/network")
-
-
-def remodel(prof: Profile) -> Profile:
-    if prof.gpu not in physics.NODES:
-        raise PlanError(f"the physics model has no figures for GPU '{prof.gpu}'; known: {', '.join(physics.NODES)}")
-    forced = (prof.provenance.get("environment_forced") or prof.provenance.get("derived_from", {})
-              .get("environment_forced") or {})
-    nvls = forced.get("NCCL_NVLS_ENABLE", "1") != "0" and prof.gpu != "a100-80gb"
-    kept = [c for c in prof.collectives if c.points]
-    colls = kept + physics.modelled_entries(prof.gpu, kept, nvls=nvls)
-    prov = dict(prof.provenance)
-    prov["parts"] = [p for p in prov.get("parts", []) if not str(p.get("part", "")).startswith(REPLACED_PARTS)] \
-        + physics.provenance(prof.gpu, nvls)
-    extras = dict(prof.extras)
-    extras["network_model"] = {"nic_gb_per_s": physics.NOMINAL_NIC_GB_PER_S,
-                               "latency_us_per_step": physics.NET_STEP_S * 1e6, "model": "planner/profile/physics.py"}
-    return replace(prof, collectives=colls, provenance=prov, extras=extras)
-
+from planner.profile.physics import remodel_collectives as remodel
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python profiles/build_modelled_collectives.py", description=__doc__.split("\n")[0])

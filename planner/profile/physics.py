@@ -235,3 +235,28 @@ def predict_busbw_gb_per_s(op: str, size_bytes: float, n: int, gpus_per_node: in
     else:
         t = spanning_s(op, size_bytes, per_node, nodes, intra, network_fit(op, nodes, nic_gb_per_s))
     return size_bytes * bus_factor(op, n) / t / 1e9
+
+
+REPLACED_PARTS = ("collectives/nvlink groups", "collectives/network")
+
+
+def remodel_collectives(prof: "Profile") -> "Profile":
+    """The profile with every collective entry it has no points for (NVLink groups larger than those measured, the
+    network) written from this model, labelled modelled in provenance; measured entries kept."""
+    from dataclasses import replace
+
+    from planner.errors import PlanError
+    if prof.gpu not in NODES:
+        raise PlanError(f"the physics model has no figures for GPU '{prof.gpu}'; known: {', '.join(NODES)}")
+    forced = (prof.provenance.get("environment_forced") or prof.provenance.get("derived_from", {})
+              .get("environment_forced") or {})
+    nvls = forced.get("NCCL_NVLS_ENABLE", "1") != "0" and prof.gpu != "a100-80gb"
+    kept = [c for c in prof.collectives if c.points]
+    colls = kept + modelled_entries(prof.gpu, kept, nvls=nvls)
+    prov = dict(prof.provenance)
+    prov["parts"] = [p for p in prov.get("parts", []) if not str(p.get("part", "")).startswith(REPLACED_PARTS)] \
+        + provenance(prof.gpu, nvls)
+    extras = dict(prof.extras)
+    extras["network_model"] = {"nic_gb_per_s": NOMINAL_NIC_GB_PER_S,
+                               "latency_us_per_step": NET_STEP_S * 1e6, "model": "planner/profile/physics.py"}
+    return replace(prof, collectives=colls, provenance=prov, extras=extras)

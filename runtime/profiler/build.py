@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from planner.errors import PlanError
+from planner.profile import physics
 from planner.profile import ATTENTION_POINT_KEYS, Profile, gpu_kind_of_device
 from runtime.profiler import collectives as coll
 from runtime.profiler import environment, kernels, modelled, shapes
@@ -349,4 +350,6 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                    copy_bandwidth_bytes_per_s=copy_bw, elementwise_efficiency=eff, optimizer_s_per_param=opt_s,
                    collectives=fits, overlap_hidden_fraction=overlap, kernel_launch_s=launch, extras=extras,
                    host=host)
+    if kind in physics.NODES:  # NVLink groups larger than measured and the network: from the physics model
+        prof = physics.remodel_collectives(prof)
     return prof
