@@ -335,41 +335,78 @@ def rotary_table_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> float
 
 
 def in_flight_micro_batches(rank: int, chunk: int, lay: Layout, num_micro_batches: int) -> int:
-    """Micro-batches whose activations a virtual stage (`chunk` of pipeline `rank`) holds at the peak.
-
-    1F1B: rank r runs pp - r forwards before its first backward. Interleaved (Megatron-Core's order, as
-    planner.schedule.rank_schedule, which the runtime runs): the k-th forward runs chunk (k mod pp*v) // pp, the
-    k-th backward chunk v - 1 - (k mod pp*v) // pp; rank r runs W = 2 (pp - r - 1) + (v - 1) pp warm-up
-    forwards (all m*v of them when m == pp), then one forward and one backward at a time. The count is the
-    most that chunk holds at any moment of the step (an upper bound on its share of the rank's peak; the
-    chunks' maxima need not coincide, so their sum can exceed the rank's true peak by about one chunk)."""
+    """The most micro-batches a virtual stage (`chunk` of pipeline `rank`) holds at any moment of the step. The
+    chunks of one rank reach their maxima at different moments, so their sum over-counts the rank's peak (rank 0
+    of PP4 with 5 virtual stages: 31 against 23 held at once); memory uses in_flight_peaks. This per-chunk figure
+    only orders chunks in the greedy split (planner/search.py)."""
     return in_flight_by_chunk(rank, lay, num_micro_batches)[chunk]
 
 
 def in_flight_by_chunk(rank: int, lay: Layout, num_micro_batches: int) -> tuple[int, ...]:
     """in_flight_micro_batches of each of the rank's chunks, at once."""
+    peaks = in_flight_peaks(rank, lay, num_micro_batches)
+    return tuple(max(h[c] for h in peaks) for c in range(lay.vpp))
+
+
+def in_flight_peaks(rank: int, lay: Layout, num_micro_batches: int) -> tuple[tuple[int, ...], ...]:
+    """The micro-batches each of the rank's chunks holds at once, at every moment that can be the rank's memory peak.
+
+    From the rank's action order (planner.schedule.rank_schedule, which the runtime plays; counted in closed form by
+    _in_flight_peaks): a forward of chunk c adds one micro-batch's saved tensors to c, its backward frees them. A peak follows a forward, so the vectors
+    after each forward are the candidates; of those only the ones no other vector is at least as large as in every
+    chunk can be the peak for some bytes per chunk (chunks differ: uneven layer splits, per-stage recompute, the
+    embedding and the head). The peak of a rank whose chunks keep w_c bytes per micro-batch is
+    max over these vectors h of sum_c h_c w_c (peak_in_flight_bytes)."""
     p, v, mb = lay.pp, lay.vpp, num_micro_batches
+    return _in_flight_peaks(p, v, rank, min(mb, _micro_batch_cap(p, v)))
+
+
+def peak_in_flight_bytes(peaks: tuple[tuple[int, ...], ...], per_micro_batch_bytes) -> float:
+    """The largest sum over a rank's chunks of micro-batches held at once times each chunk's bytes per micro-batch."""
+    best = float("-inf")
+    for h in peaks:
+        t = 0.0
+        for k, w in zip(h, per_micro_batch_bytes):
+            t += k * w
+        if t > best:
+            best = t
+    return best
+
+
+def _micro_batch_cap(p: int, v: int) -> int:
+    """Micro-batches beyond which a rank's held vectors repeat: rank r's k-th forward and backward run chunks
+    periodic in k (period p*v, p micro-batches per chunk each period), so after the warm-up (at most
+    2 (p - 1) + (v - 1) p forwards) the vectors after each steady-state forward repeat every p*v of them, and the
+    cool-down runs no forward. A multiple of p (the interleaved schedule needs one)."""
     if v == 1:
-        return (min(p - rank, mb),)
-    # beyond this many micro-batches the warm-up and one steady-state period no longer depend on m
-    m_cap = -(-(2 * (p - 1) + (2 * v - 1) * p) // v) + 1
-    return _interleaved_in_flight(p, v, rank, min(mb, m_cap))
+        return p
+    need = -(-(2 * (p - 1) + (2 * v - 1) * p) // v)
+    return -(-need // p) * p
 
 
 @lru_cache(maxsize=65536)
-def _interleaved_in_flight(p: int, v: int, rank: int, m: int) -> tuple[int, ...]:
-    total = m * v
-    warm = total if m == p else min(2 * (p - rank - 1) + (v - 1) * p, total)
-    if warm >= total:
-        return (m,) * v
+def _in_flight_peaks(p: int, v: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """The walk of rank_schedule(p, v, m, rank) in closed form (tests/planner/test_interleaved_memory.py walks the
+    order itself): the k-th forward runs chunk (k mod p*v) // p, the k-th backward chunk v - 1 - (k mod p*v) // p,
+    so among the first n forwards (backwards) chunk c has run p (n // (p*v)) + clip(n mod p*v - c p (resp.
+    (v-1-c) p), 0, p). The warm-up only adds, so of its vectors only its last can be a peak; then the vector after
+    the (W+b+1)-th forward and the b-th backward, for every steady-state step b; the cool-down only frees."""
+    total, group = m * v, p * v
+    if v == 1:
+        warm = min(p - rank - 1, m)
+    elif m == p:
+        warm = total
+    else:
+        warm = min(2 * (p - rank - 1) + (v - 1) * p, total)
 
-    def fwd(c, n):  # forwards of chunk c among the first n
-        return p * (n // (p * v)) + min(max(n % (p * v) - c * p, 0), p)
+    def ran(n: int, c: int) -> int:  # the first n actions of one kind that ran on chunk slot c
+        return p * (n // group) + min(max(n % group - c * p, 0), p)
 
-    def bwd(c, n):  # backwards of chunk c among the first n
-        return p * (n // (p * v)) + min(max(n % (p * v) - (v - 1 - c) * p, 0), p)
-
-    # the steady state repeats every p*v steps: after the b-th backward's forward, chunk c holds
-    # fwd(c, warm + b + 1) - bwd(c, b); the warm-up and cool-down hold no more than that
-    steps = min(total - warm, p * v)
-    return tuple(max(fwd(c, warm + b + 1) - bwd(c, b) for b in range(steps)) for c in range(v))
+    vecs = {tuple(ran(warm, c) for c in range(v))} if warm else set()
+    for b in range(min(total - warm, group)):  # the steady state repeats every p*v steps
+        vecs.add(tuple(ran(warm + b + 1, c) - ran(b, v - 1 - c) for c in range(v)))
+    keep: list[tuple[int, ...]] = []
+    for h in sorted(vecs, key=sum, reverse=True):  # dropped when a kept one is at least as large in every chunk
+        if not any(all(x >= y for x, y in zip(g, h)) for g in keep):
+            keep.append(h)
+    return tuple(keep)

@@ -34,12 +34,19 @@ class MemoryTermsOfRanks:
         return dense, layers * expert_l
 
     def rank_memory_bytes(self, rank: int, rank_stages: list[tuple[int, StagePlan]], num_micro: int) -> float:
-        """Peak bytes of one pipeline rank: states + every in-flight micro-batch's activations + the largest
-        transient (a layer's backward working set, the output layer's logits, a fully recomputed layer's
-        rematerialised activations). Under 'optimizer+grads' the in-flight full-size gradient buckets sit beside
-        the activations during every backward, so they add to this peak. (Before commit 467bdc0, 2026-12-01, ZeRO-1
-        had a second, end-of-backward peak: its reduce-scatter outputs, one per bucket, held until the step; it now
-        reduces in place, memory.dp_reduction_transient_bytes.)"""
+        """Peak bytes of one pipeline rank: states + the activations of the micro-batches its chunks hold at once
+        at the schedule's peak (memory.in_flight_peaks) + the largest transient (a layer's backward working set,
+        the output layer's logits, a fully recomputed layer's rematerialised activations). Under
+        'optimizer+grads' the in-flight full-size gradient buckets sit beside the activations during every
+        backward, so they add to this peak. (Before commit 467bdc0, 2026-12-01, ZeRO-1 had a second,
+        end-of-backward peak: its reduce-scatter outputs, one per bucket, held until the step; it now reduces in
+        place, memory.dp_reduction_transient_bytes.)"""
+        static, per_mb = self.rank_memory_parts(rank_stages)
+        return static + mem.peak_in_flight_bytes(mem.in_flight_peaks(rank, self.lay, num_micro), per_mb)
+
+    def rank_memory_parts(self, rank_stages: list[tuple[int, StagePlan]]) -> tuple[float, list[float]]:
+        """rank_memory_bytes in two parts: (bytes held whatever the schedule's moment (states, workspaces, the
+        largest transient), bytes each of the rank's chunks keeps per micro-batch in flight)."""
         m, lay, shape = self.m, self.lay, self.shape
         dense, expert = self.rank_params(rank_stages)
         first = any(j == 0 for j, _ in rank_stages)
@@ -54,9 +61,8 @@ class MemoryTermsOfRanks:
                                                 mem.largest_param_local(m, lay.tp))
         beside = dp_t  # ZeRO-2's buckets alive beside the activations (nothing under the other levels)
         transient = acts.working_bytes + beside
-        total = base
-        for chunk, (j, st) in enumerate(rank_stages):
-            inflight = mem.in_flight_micro_batches(rank, chunk, lay, num_micro)
+        per_chunk = []
+        for j, st in rank_stages:
             n_none = st.layers - st.full_recompute_layers - st.selective_recompute_layers
             per_mb = n_none * acts.none_bytes + st.selective_recompute_layers * acts.selective_bytes \
                 + st.full_recompute_layers * acts.full_bytes
@@ -71,15 +77,15 @@ class MemoryTermsOfRanks:
                 transient = max(transient, trans)
             if st.full_recompute_layers:
                 transient = max(transient, acts.working_bytes + acts.none_bytes + beside)
-            total += inflight * per_mb
-        return total + transient
+            per_chunk.append(per_mb)
+        return base + transient, per_chunk
 
     def memory_lower_bound_bytes(self, per_layer_act_bytes: float, extra_transient_bytes: float = 0.0) -> float:
         """A lower bound of the busiest rank's rank_memory_bytes over every layer split, with each layer keeping at
         least per_layer_act_bytes per micro-batch in flight (the least its recompute choices allow). Each rank r
         holds fixed bytes F_r that no split moves (workspace, the smallest transient, its chunks' per-micro-batch
         tensors, the embedding or head where it sits), and per layer w_r = state + activations times the fewest
-        micro-batches any of its chunks holds in flight. The continuous relaxation spreads the L layers so that
+        micro-batches any of its chunks holds at one moment of the schedule (rank_fixed_bytes). The continuous relaxation spreads the L layers so that
         every rank holding any reaches the same M: sum_r max(0, M - F_r) / w_r = L. extra_transient_bytes: a
         transient every rank has for the recompute assumed (a fully recomputed layer's rematerialised activations)."""
         state_l, ranks = self.rank_fixed_bytes
@@ -100,8 +106,8 @@ class MemoryTermsOfRanks:
     @cached_property
     def rank_fixed_bytes(self) -> tuple[float, list[tuple[float, float, float, int]]]:
         """(state bytes per layer, per rank (bytes no split moves, the transient every rank has, this rank's own
-        transient (the logits, on the last stage's rank), the fewest micro-batches any of its chunks holds in
-        flight)) for memory_lower_bound_bytes; worked out once per layout."""
+        transient (the logits, on the last stage's rank), the fewest micro-batches any of its chunks holds at one
+        moment of the schedule)) for memory_lower_bound_bytes; worked out once per layout."""
         m, lay, shape = self.m, self.lay, self.shape
         num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
         S = lay.pp * lay.vpp
@@ -114,7 +120,9 @@ class MemoryTermsOfRanks:
         workspace = mem.cublas_workspace_bytes(lay, self.cluster.gpu)
         ranks = []
         for r in range(lay.pp):
-            inflight = mem.in_flight_by_chunk(r, lay, num_micro)
+            # the rank holds at least what it holds at one moment of the schedule: the one whose scarcest chunk
+            # holds the most micro-batches (every layer of the rank is then counted at least that often)
+            inflight = max(mem.in_flight_peaks(r, lay, num_micro), key=lambda h: (min(h), sum(h)))
             first, last = r == 0, r == lay.pp - 1  # stage 0 is rank 0's chunk 0; the last stage rank pp-1's last
             dense, expert = self.params_of(0, first, last)
             f = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, dense) + workspace
@@ -128,18 +136,18 @@ class MemoryTermsOfRanks:
         return state_l, ranks
 
     def memory_terms(self, rank: int, num_micro: int) -> "MemoryTerms":
-        """Rank memory as linear functions of its stages' layer and recompute counts (what CP-SAT and the
-        greedy split use): the activation peak, base + sum_c (state + k_c * a_none) * n_c
-        - k_c * (d_full * f_c + d_sel * s_c) + a_none if any layer is fully recomputed (its rematerialised
-        activations during backward) (see rank_memory_bytes)."""
+        """Rank memory as the largest of linear functions of its stages' layer and recompute counts, one per
+        moment that can be the schedule's peak (what CP-SAT and the greedy split use; MemoryTerms), with a_none
+        more if any layer is fully recomputed (its rematerialised activations during backward) (see
+        rank_memory_bytes)."""
         lay = self.lay
         js = list(range(rank, lay.pp * lay.vpp, lay.pp))
         acts = self.activations
         dense_l, expert_l = self.per_layer_params
-        act_base = self.rank_memory_bytes(rank, [(j, StagePlan(0)) for j in js], num_micro)
+        static, fixed = self.rank_memory_parts([(j, StagePlan(0)) for j in js])
         state_l = mem.state_bytes(dense_l, expert_l, lay)
         return MemoryTerms(
-            base_bytes=act_base, state_per_layer_bytes=state_l,
-            in_flight=list(mem.in_flight_by_chunk(rank, lay, num_micro)),
+            base_bytes=static, state_per_layer_bytes=state_l, peaks=mem.in_flight_peaks(rank, lay, num_micro),
+            fixed_per_mb_bytes=fixed,
             none_bytes=acts.none_bytes, sel_saving_bytes=acts.none_bytes - acts.selective_bytes,
             full_saving_bytes=acts.none_bytes - acts.full_bytes)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner import memory as mem
+
 
 
 BF16 = 2
@@ -79,15 +81,32 @@ class EndCosts:
 
 @dataclass(frozen=True)
 class MemoryTerms:
+    """One rank's memory as a function of its chunks' layer counts n_c, fully f_c and selectively s_c recomputed:
+    base + state * sum_c n_c + a_none if any f_c + the largest over the peak vectors h (memory.in_flight_peaks) of
+    sum_c h_c (fixed_c + a_none n_c - d_full f_c - d_sel s_c): linear for each h, so CP-SAT takes one constraint
+    per h."""
     base_bytes: float
+    """Bytes no layer count moves and no moment of the schedule changes (states of the ends, workspaces, transient)."""
     state_per_layer_bytes: float
-    in_flight: list
+    peaks: tuple
+    """The micro-batches each chunk holds at once at each moment that can be the rank's peak."""
+    fixed_per_mb_bytes: list
+    """Per chunk, bytes per micro-batch in flight that no layer count moves (hand-over, rotary table, head, embedding)."""
     none_bytes: float
     sel_saving_bytes: float
     full_saving_bytes: float
 
+    @property
+    def in_flight(self) -> list:
+        """The most micro-batches each chunk holds at any moment (orders chunks in the greedy split)."""
+        return [max(h[c] for h in self.peaks) for c in range(len(self.fixed_per_mb_bytes))]
+
+    def peak_base_bytes(self, h) -> float:
+        """base_bytes and the fixed per-micro-batch bytes held at the moment of peak vector h."""
+        return self.base_bytes + sum(k * w for k, w in zip(h, self.fixed_per_mb_bytes))
+
     def bytes(self, counts, full, sel) -> float:
-        total = self.base_bytes + (self.none_bytes if any(full) else 0.0)
-        for k, n, f, s in zip(self.in_flight, counts, full, sel):
-            total += (self.state_per_layer_bytes + k * self.none_bytes) * n - k * (self.full_saving_bytes * f + self.sel_saving_bytes * s)
-        return total
+        per_mb = [w + self.none_bytes * n - self.full_saving_bytes * f - self.sel_saving_bytes * s
+                  for w, n, f, s in zip(self.fixed_per_mb_bytes, counts, full, sel)]
+        return self.base_bytes + (self.none_bytes if any(full) else 0.0) + self.state_per_layer_bytes * sum(counts) \
+            + mem.peak_in_flight_bytes(self.peaks, per_mb)

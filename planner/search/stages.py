@@ -62,20 +62,17 @@ def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
         sel = counts[:] if recompute_pin == "selective" else [0] * V
         if recompute_pin is None:
             # selective first on the chunks holding the most micro-batches, then full where that is not enough
+            # (inflight[c] is chunk c's most at any moment: at the rank's peak it can hold fewer, so a chunk is
+            # topped up until the rank fits or the chunk is all recomputed)
             for c in sorted(range(V), key=lambda c: -inflight[c]):
-                over = terms.bytes(counts, full, sel) - limit_bytes
-                if over <= 0:
-                    break
-                sel[c] = min(counts[c], math.ceil(over / (inflight[c] * terms.sel_saving_bytes)))
+                while sel[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
+                    sel[c] = min(counts[c], sel[c] + math.ceil(over / (inflight[c] * max(terms.sel_saving_bytes, 1.0))))
             for c in sorted(range(V), key=lambda c: -inflight[c]):
-                over = terms.bytes(counts, full, sel) - limit_bytes
-                if over <= 0:
-                    break
-                extra = terms.full_saving_bytes - terms.sel_saving_bytes  # selective -> full
-                add = min(counts[c] - full[c], math.ceil((over + (0 if any(full) else terms.none_bytes))
-                                                         / (inflight[c] * max(extra, 1.0))))
-                full[c] += add
-                sel[c] = min(sel[c], counts[c] - full[c])
+                while full[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
+                    extra = terms.full_saving_bytes - terms.sel_saving_bytes  # selective -> full
+                    full[c] += min(counts[c] - full[c], math.ceil((over + (0 if any(full) else terms.none_bytes))
+                                                                  / (inflight[c] * max(extra, 1.0))))
+                    sel[c] = min(sel[c], counts[c] - full[c])
         if terms.bytes(counts, full, sel) > limit_bytes:
             return None
         for c, j in enumerate(js):
@@ -165,12 +162,12 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
         terms = cm.memory_terms(r, num_micro)
         st_kib, none_kib = kib(terms.state_per_layer_bytes), kib(terms.none_bytes)
         dsel, dfull = int(terms.sel_saving_bytes // 1024), int(terms.full_saving_bytes // 1024)
-        expr = [(st_kib + k * none_kib) * n[j] - k * dfull * f[j] - k * dsel * s[j]
-                for k, j in zip(terms.in_flight, js)]
         any_full = mdl.NewBoolVar(f"anyfull{r}")
         for j in js:
             mdl.Add(f[j] <= m.num_layers * any_full)
-        mdl.Add(sum(expr) + kib(terms.base_bytes) + none_kib * any_full <= limit)
+        for h in terms.peaks:  # one constraint per moment that can be the rank's peak (MemoryTerms)
+            expr = [(st_kib + k * none_kib) * n[j] - k * dfull * f[j] - k * dsel * s[j] for k, j in zip(h, js)]
+            mdl.Add(sum(expr) + kib(terms.peak_base_bytes(h)) + none_kib * any_full <= limit)
     tmax = mdl.NewIntVar(0, horizon, "tmax")
     mdl.AddMaxEquality(tmax, T)
     mdl.Minimize((num_micro * V - 1) * tmax + sum(T))
