@@ -77,8 +77,9 @@ def add_model_cluster_args(ap: argparse.ArgumentParser, gpus_required: bool = Tr
     ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node", MAX_GPUS_PER_NODE), default=8, help="default 8")
     ap.add_argument("--inter-node-gbps", type=_positive_float("--inter-node-gbps", MAX_NETWORK_GB_PER_S), default=50.0,
                     help="network bandwidth per GPU in GB/s, one direction (default 50 = 400 Gb/s NDR)")
-    ap.add_argument("--headroom-gib", type=float_arg("--headroom-gib", 0.0, 1e6, lo_open=False), default=0.0,
-                    help="memory per GPU to leave free beyond the planner's allowance (default 0)")
+    ap.add_argument("--headroom-gib", type=float_arg("--headroom-gib", 0.0, 1e6, lo_open=False), default=None,
+                    help="memory per GPU to leave free below the planner's allowance (default 5%% of the GPU's "
+                         "memory; 0 plans to the allowance's edge)")
     ap.add_argument("--cluster", help="JSON file with the whole cluster description (overrides the above)")
     ap.add_argument("--profile", help="profile JSON (default: the one shipped for --gpu)")
     ap.add_argument("--allow-other-gpu-profile", action="store_true",

@@ -38,6 +38,11 @@ GPU_KINDS: dict[str, GPUKind] = {
 }
 
 
+DEFAULT_HEADROOM_SHARE = 0.05
+"""Share of a GPU's memory a plan leaves free unless told otherwise (`plan --headroom-gib`): a plan at the edge of a
+prediction is one that may run out of memory under a slightly different driver, allocator or data."""
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     gpu: str = "h200-sxm"
@@ -46,13 +51,16 @@ class ClusterSpec:
     inter_node_gb_per_s: float = 50.0
     """Network bandwidth per GPU, unidirectional (default one 400 Gb/s NDR InfiniBand NIC per GPU)."""
     inter_node_latency_us: float = 10.0
-    memory_headroom_gib: float = 0.0
-    """Memory per GPU the plan must leave free beyond the planner's own allowance (other processes,
-    a safety margin the user wants)."""
+    memory_headroom_gib: float | None = None
+    """Memory per GPU the plan leaves free below the planner's own allowance (a margin for another driver,
+    allocator or data than the prediction's; other processes); None: DEFAULT_HEADROOM_SHARE of the GPU's memory."""
 
     @property
-    def usable_memory_gib(self) -> float:
-        return self.kind.memory_gib - self.memory_headroom_gib
+    def headroom_gib(self) -> float:
+        """memory_headroom_gib, the default resolved."""
+        if self.memory_headroom_gib is None:
+            return DEFAULT_HEADROOM_SHARE * self.kind.memory_gib
+        return self.memory_headroom_gib
 
     @property
     def kind(self) -> GPUKind:
@@ -63,7 +71,8 @@ class ClusterSpec:
         return (self.num_gpus + self.gpus_per_node - 1) // self.gpus_per_node
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The cluster as plan files save it: the headroom as the GiB it came to."""
+        return {**asdict(self), "memory_headroom_gib": self.headroom_gib}
 
     @staticmethod
     def from_dict(d: dict) -> "ClusterSpec":
@@ -87,7 +96,7 @@ def validate_cluster(c: ClusterSpec) -> None:
     if c.num_gpus > c.gpus_per_node and c.num_gpus % c.gpus_per_node:
         raise PlanError(f"{c.num_gpus} GPUs do not fill whole nodes of {c.gpus_per_node}; "
                         f"use a multiple of {c.gpus_per_node}")
-    if not 0 <= c.memory_headroom_gib < c.kind.memory_gib:
+    if not isinstance(c.memory_headroom_gib, (int, float, type(None))) or not 0 <= c.headroom_gib < c.kind.memory_gib:
         raise PlanError(f"memory headroom {c.memory_headroom_gib} GiB is not within the {c.kind.memory_gib:.0f} GiB "
                         f"of a {c.gpu}")
     if not is_number(c.inter_node_gb_per_s) or not 0 < c.inter_node_gb_per_s <= MAX_NETWORK_GB_PER_S:

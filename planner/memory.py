@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from planner.cluster import ClusterSpec
 from planner.model import ModelSpec
 from planner.plan import Layout, TrainingShape
 
@@ -50,7 +51,13 @@ def cublas_workspace_bytes(lay: Layout, gpu: str) -> float:
 
 
 def memory_limit_bytes(capacity_gib: float) -> float:
+    """The allowance: what the planner lets a rank's predicted peak allocation reach on a GPU of this capacity."""
     return (capacity_gib - RESERVED_GIB) * (1 - FRAGMENTATION) * GIB
+
+
+def plan_memory_limit_bytes(cluster: ClusterSpec) -> float:
+    """The allowance less the cluster's headroom (ClusterSpec.headroom_gib): the most a plan's busiest rank may hold."""
+    return memory_limit_bytes(cluster.kind.memory_gib) - cluster.headroom_gib * GIB
 
 
 # -- parameters per rank (elements) --------------------------------------------------------------------

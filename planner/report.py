@@ -93,6 +93,7 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
     if 1 < len(mems) <= 16:
         t.add_row("memory per pipeline rank", " ".join(f"{x:.0f}" for x in mems) + " GiB")
     con.print(t)
+    con.print(memory_limit_line(best))
 
     b = Table(title="Where the step goes (slowest pipeline rank)", title_justify="left")
     b.add_column("part")
@@ -115,6 +116,15 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
                   _recompute_summary(plan), f"{q.step_s:.3f}", f"{q.tokens_per_s:,.0f}", f"{q.tflops_per_gpu:.0f}",
                   f"{q.mfu:.1%}", f"{max(q.memory_gib_per_rank):.1f}", f"+{q.step_s / p.step_s - 1:.1%}" if i else "")
     con.print(r)
+    roomier = next_best_with_more_free(result)
+    if roomier is not None:
+        q = roomier.prediction
+        con.print(f"Next best with more free memory: {roomier.layout.short()} mb {roomier.layout.micro_batch}, "
+                  f"recompute {_recompute_summary(roomier)}, max {max(q.memory_gib_per_rank):.1f} GiB, "
+                  f"{q.step_s / p.step_s - 1:+.1%} step time")
+    elif len(result.plans) > 1:
+        con.print(f"no other plan of the {len(result.plans)} shown leaves {MORE_FREE_GIB:.0f} GiB or more free beyond "
+                  "the best's (--top shows more)", style="dim")
     if result.alternatives:
         w = Table(title="Why not another kind of layout (the best found of each)", title_justify="left")
         for col in ("instead", "its best layout", "mb", "sharding", "step s", "vs best", "where it loses"):
@@ -146,10 +156,36 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
         con.print(f"profile warning: {w}", style="yellow")
 
 
+MORE_FREE_GIB = 1.0
+"""How much less memory the busiest rank of a runner-up must hold to be named as the next best with more free."""
+
+
+def next_best_with_more_free(result: SearchResult) -> Plan | None:
+    """The fastest runner-up whose busiest rank holds at least MORE_FREE_GIB less than the best plan's."""
+    most = max(result.plans[0].prediction.memory_gib_per_rank)
+    for plan in result.plans[1:]:
+        if max(plan.prediction.memory_gib_per_rank) <= most - MORE_FREE_GIB:
+            return plan
+    return None
+
+
+def memory_limit_line(plan: Plan) -> str:
+    """How the plan's memory limit came about: the planner's allowance less the headroom (planner/cluster.py)."""
+    from planner.cluster import DEFAULT_HEADROOM_SHARE, GPU_KINDS
+
+    limit, headroom = plan.prediction.memory_limit_gib, plan.cluster.get("memory_headroom_gib") or 0.0
+    hbm = GPU_KINDS[plan.cluster["gpu"]].memory_gib
+    why = f"{DEFAULT_HEADROOM_SHARE:.0%} of HBM, --headroom-gib to change" \
+        if abs(headroom - DEFAULT_HEADROOM_SHARE * hbm) < 1e-9 else "--headroom-gib"
+    return f"memory limit {limit:.1f} GiB = {limit + headroom:.1f} GiB allowance - {headroom:.1f} GiB headroom ({why})"
+
+
 def result_json(result: SearchResult, elapsed_s: float) -> str:
     st = result.stats
+    roomier = next_best_with_more_free(result)
     return json.dumps({
         "plans": [p.to_dict() for p in result.plans],
+        "next_best_with_more_free_memory": result.plans.index(roomier) if roomier is not None else None,
         "search": {"layouts_enumerated": st.layouts_enumerated, "layouts_legal": st.layouts_legal,
                    "layouts_bounded": st.layouts_bounded, "layouts_within_memory_bound": st.layouts_fit_bound, "layouts_greedy": st.layouts_greedy,
                    "layouts_cpsat": st.layouts_solved, "cpsat_proven_optimal": st.proven_optimal,

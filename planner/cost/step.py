@@ -149,7 +149,7 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
         return Prediction(step_s=step, tokens_per_s=tokens / step, tflops_per_gpu=flops / step / n / 1e12,
                           mfu=flops / step / n / (kind.peak_bf16_tflops * 1e12),
                           memory_gib_per_rank=[b / mem.GIB for b in mems],
-                          memory_limit_gib=mem.memory_limit_bytes(self.cluster.usable_memory_gib) / mem.GIB,
+                          memory_limit_gib=mem.plan_memory_limit_bytes(self.cluster) / mem.GIB,
                           breakdown_s=breakdown)
 
 

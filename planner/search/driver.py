@@ -62,7 +62,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     plan of each kind of layout the first plan is not (planner/search/alternatives.py), from the same candidates."""
     stats = SearchStats()
     t0 = time.perf_counter()
-    limit = mem.memory_limit_bytes(cluster.usable_memory_gib)
+    limit = mem.plan_memory_limit_bytes(cluster)
     candidates: list[_Candidate] = []
     shared: dict = {}
     first_violation = None

@@ -123,12 +123,31 @@ def test_no_overlap_rejects_unknown_dimension():
 
 
 def test_headroom_lowers_the_memory_limit():
-    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--json", "--headroom-gib", "20")
+    """The allowance of an H200 (143771 MiB: (140.4 - 2.5) x 0.95 = 131.0 GiB) less the headroom: by default 5% of
+    its memory (7.0 GiB), --headroom-gib otherwise (0: the allowance's edge); the plan file keeps the GiB it used."""
+    hbm = 143771 / 1024
+    allowance = (hbm - 2.5) * 0.95
+    for extra, headroom in (((), 0.05 * hbm), (("--headroom-gib", "20"), 20.0), (("--headroom-gib", "0"), 0.0)):
+        rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--json", *extra)
+        assert rc == 0, err
+        plan = json.loads(out)["plans"][0]
+        pred = plan["prediction"]
+        assert pred["memory_limit_gib"] == pytest.approx(allowance - headroom)
+        assert plan["cluster"]["memory_headroom_gib"] == pytest.approx(headroom)
+        assert max(pred["memory_gib_per_rank"]) <= pred["memory_limit_gib"]
+
+
+def test_report_states_the_headroom():
+    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8")
     assert rc == 0, err
-    base = json.loads(run_cli("--model", "gpt-13b", "--gpus", "8", "--json")[1])["plans"][0]["prediction"]
-    pred = json.loads(out)["plans"][0]["prediction"]
-    assert pred["memory_limit_gib"] == pytest.approx(base["memory_limit_gib"] - 20 * 0.95)
-    assert max(pred["memory_gib_per_rank"]) <= pred["memory_limit_gib"]
+    assert "memory limit 124.0 GiB = 131.0 GiB allowance - 7.0 GiB headroom (5% of HBM, --headroom-gib to change)" \
+        in " ".join(out.split())
+    rc, out, err = run_cli("--model", "gpt-13b", "--gpus", "8", "--headroom-gib", "3")
+    assert "memory limit 128.0 GiB = 131.0 GiB allowance - 3.0 GiB headroom (--headroom-gib)" in " ".join(out.split())
+
+
+def test_negative_headroom_is_refused():
+    assert_one_sentence_error(*run_cli("--model", "gpt-13b", "--gpus", "8", "--headroom-gib", "-1"))
 
 
 def test_host_paced_plan_is_flagged_and_a_gpu_paced_one_is_not():

@@ -111,7 +111,7 @@ def test_cpsat_reports_infeasible(profile):
 
 
 def _even_split_best(model, shape, cluster, profile, pins=Pins()):
-    limit = mem.memory_limit_bytes(cluster.kind.memory_gib)
+    limit = mem.plan_memory_limit_bytes(cluster)  # the allowance less the default headroom, as the search's
     best = (float("inf"), None)
     for lay in enumerate_layouts(model, shape, cluster, pins):
         if layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node):
@@ -139,7 +139,7 @@ def test_search_no_worse_than_any_even_split(profile, gpu, model, shape):
     assert res.plans
     got = res.plans[0].prediction.step_s
     assert got <= best_even * (1 + 1e-9), (res.plans[0].layout, res.plans[0].stages, which, got, best_even)
-    limit = mem.memory_limit_bytes(cluster.kind.memory_gib) / mem.GIB
+    limit = mem.plan_memory_limit_bytes(cluster) / mem.GIB
     for p in res.plans:
         assert max(p.prediction.memory_gib_per_rank) <= limit + 1e-9
     steps = [p.prediction.step_s for p in res.plans]
@@ -179,7 +179,7 @@ def test_bounds_are_below_every_split_they_bound(profile, name, cuda_graph):
     shape = TrainingShape(4096, 64)
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=16, gpus_per_node=8)
     pins = Pins(cuda_graph=cuda_graph)
-    limit = mem.memory_limit_bytes(cluster.usable_memory_gib)
+    limit = mem.plan_memory_limit_bytes(cluster)
     checked = host_bound = need_recompute = fitting = 0
     for lay in enumerate_layouts(model, shape, cluster, pins):
         if layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node):
