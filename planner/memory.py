@@ -26,6 +26,7 @@ from functools import lru_cache
 from planner.cluster import ClusterSpec
 from planner.model import ModelSpec
 from planner.plan import Layout, TrainingShape
+from planner.schedule import warmup_forwards
 
 GIB = 2**30
 BF16_BYTES = 2
@@ -355,6 +356,11 @@ def in_flight_by_chunk(rank: int, lay: Layout, num_micro_batches: int) -> tuple[
     return tuple(max(h[c] for h in peaks) for c in range(lay.vpp))
 
 
+@lru_cache(maxsize=65536)
+def _capped_peaks(p: int, v: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
+    return _in_flight_peaks(p, v, rank, min(m, _micro_batch_cap(p, v)))
+
+
 def in_flight_peaks(rank: int, lay: Layout, num_micro_batches: int) -> tuple[tuple[int, ...], ...]:
     """The micro-batches each of the rank's chunks holds at once, at every moment that can be the rank's memory peak.
 
@@ -364,8 +370,7 @@ def in_flight_peaks(rank: int, lay: Layout, num_micro_batches: int) -> tuple[tup
     chunk can be the peak for some bytes per chunk (chunks differ: uneven layer splits, per-stage recompute, the
     embedding and the head). The peak of a rank whose chunks keep w_c bytes per micro-batch is
     max over these vectors h of sum_c h_c w_c (peak_in_flight_bytes)."""
-    p, v, mb = lay.pp, lay.vpp, num_micro_batches
-    return _in_flight_peaks(p, v, rank, min(mb, _micro_batch_cap(p, v)))
+    return _capped_peaks(lay.pp, lay.vpp, rank, num_micro_batches)
 
 
 def peak_in_flight_bytes(peaks: tuple[tuple[int, ...], ...], per_micro_batch_bytes) -> float:
@@ -393,25 +398,20 @@ def _micro_batch_cap(p: int, v: int) -> int:
 
 @lru_cache(maxsize=65536)
 def _in_flight_peaks(p: int, v: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
-    """The walk of rank_schedule(p, v, m, rank) in closed form (tests/planner/test_interleaved_memory.py walks the
-    order itself): the k-th forward runs chunk (k mod p*v) // p, the k-th backward chunk v - 1 - (k mod p*v) // p,
-    so among the first n forwards (backwards) chunk c has run p (n // (p*v)) + clip(n mod p*v - c p (resp.
-    (v-1-c) p), 0, p). The warm-up only adds, so of its vectors only its last can be a peak; then the vector after
-    the (W+b+1)-th forward and the b-th backward, for every steady-state step b; the cool-down only frees."""
+    """The walk of rank_schedule(p, v, m, rank), cut short (tests/planner/test_interleaved_memory.py walks the whole
+    order itself): the k-th forward runs chunk (k mod p*v) // p, the k-th backward chunk v - 1 - (k mod p*v) // p.
+    The warm-up only adds, so of its vectors only its last can be a peak (among the first W forwards chunk c ran
+    p (W // (p*v)) + clip(W mod p*v - c p, 0, p)); then the vector after each steady-state forward, which repeat
+    every p*v steps; the cool-down only frees."""
     total, group = m * v, p * v
-    if v == 1:
-        warm = min(p - rank - 1, m)
-    elif m == p:
-        warm = total
-    else:
-        warm = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    warm = warmup_forwards(p, v, m, rank)
 
-    def ran(n: int, c: int) -> int:  # the first n actions of one kind that ran on chunk slot c
-        return p * (n // group) + min(max(n % group - c * p, 0), p)
-
-    vecs = {tuple(ran(warm, c) for c in range(v))} if warm else set()
+    held = [p * (warm // group) + min(max(warm % group - c * p, 0), p) for c in range(v)]
+    vecs = {tuple(held)} if warm else set()
     for b in range(min(total - warm, group)):  # the steady state repeats every p*v steps
-        vecs.add(tuple(ran(warm + b + 1, c) - ran(b, v - 1 - c) for c in range(v)))
+        held[((warm + b) % group) // p] += 1            # forward W + b
+        vecs.add(tuple(held))
+        held[v - 1 - (b % group) // p] -= 1             # backward b
     keep: list[tuple[int, ...]] = []
     for h in sorted(vecs, key=sum, reverse=True):  # dropped when a kept one is at least as large in every chunk
         if not any(all(x >= y for x, y in zip(g, h)) for g in keep):

@@ -54,18 +54,22 @@ def _rank_order(pp: int, v: int, m: int, rank: int) -> list[tuple[int, int, int]
     def b(k):
         return 1, v - 1 - (k % group) // pp, (k // group) * pp + k % pp
 
-    if v == 1:
-        warm = min(pp - rank - 1, m)
-    elif m == pp:
-        warm = total
-    else:
-        warm = min(2 * (pp - rank - 1) + (v - 1) * pp, total)
+    warm = warmup_forwards(pp, v, m, rank)
     acts = [f(k) for k in range(warm)]
     for i in range(total - warm):
         acts.append(f(warm + i))
         acts.append(b(i))
     acts.extend(b(k) for k in range(total - warm, total))
     return acts
+
+
+def warmup_forwards(pp: int, v: int, m: int, rank: int) -> int:
+    """Forwards rank runs before its first backward (the rule of rank_schedule; planner/memory.py counts from it)."""
+    if v == 1:
+        return min(pp - rank - 1, m)
+    if m == pp:
+        return m * v
+    return min(2 * (pp - rank - 1) + (v - 1) * pp, m * v)
 
 
 @lru_cache(maxsize=256)
