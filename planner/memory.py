@@ -16,7 +16,8 @@ norms' tensors; full recompute keeps only the layer input.
 The allowance: the CUDA context, cuDNN and NCCL buffers live outside PyTorch's allocator (RESERVED_GIB;
 cuBLAS workspaces are inside it and counted per rank, cublas_workspace_bytes), and the allocator fragments
 (FRAGMENTATION): the planner only allows (capacity - RESERVED_GIB) * (1 - FRAGMENTATION) of predicted peak
-allocated memory per GPU.
+allocated memory per GPU, and a plan keeps the cluster's headroom (5% of the GPU's memory by default) free below
+that (plan_memory_limit_bytes).
 """
 from __future__ import annotations
 
