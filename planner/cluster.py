@@ -91,7 +91,7 @@ def validate_cluster(c: ClusterSpec) -> None:
         raise PlanError(f"the GPU count must be a whole number from 1 to {MAX_GPUS}, got {c.num_gpus!r}")
     if isinstance(c.gpus_per_node, bool) or not isinstance(c.gpus_per_node, int) or not 1 <= c.gpus_per_node <= MAX_GPUS_PER_NODE:
         raise PlanError(f"GPUs per node must be a whole number from 1 to {MAX_GPUS_PER_NODE}, got {c.gpus_per_node!r}")
-    if not is_number(c.memory_headroom_gib):
+    if c.memory_headroom_gib is not None and not is_number(c.memory_headroom_gib):  # None: 5% of the GPU's memory
         raise PlanError(f"memory headroom must be a finite number of GiB, got {c.memory_headroom_gib!r}")
     if c.num_gpus > c.gpus_per_node and c.num_gpus % c.gpus_per_node:
         raise PlanError(f"{c.num_gpus} GPUs do not fill whole nodes of {c.gpus_per_node}; "
