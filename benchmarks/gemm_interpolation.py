@@ -1,7 +1,7 @@
 """Leave-one-out accuracy of the planner's GEMM interpolation on a profile's measured GEMM grid.
 
 For a sample of the measured shapes, each is removed from the table, predicted from the rest with the
-planner's own lookup (planner.profile._GemmTable / _gemm_s_cached, minus its fixed 5 us launch term, so
+planner's own lookup (planner.profile._GemmTable / _gemm_s_cached, the table time without the profile's fixed per-kernel term, so
 device time is compared with device time), and compared with its measured time. No GPU is needed: the
 measurements are the profile's.
 
@@ -24,7 +24,6 @@ if str(ROOT) not in sys.path:
 from planner.profile import _GemmTable, _gemm_s_cached  # noqa: E402
 from planner.provenance import git_commit  # noqa: E402
 
-LAUNCH_S = 5e-6  # the fixed term _gemm_s_cached adds to every GEMM
 
 
 def leave_one_out(points: list, copy_bw: float, sample: list[int]) -> list[dict]:
@@ -32,7 +31,7 @@ def leave_one_out(points: list, copy_bw: float, sample: list[int]) -> list[dict]
     for i in sample:
         rest = tuple(p for j, p in enumerate(points) if j != i)
         m, n, k, t = points[i]
-        pred = _gemm_s_cached(_GemmTable(rest, copy_bw), int(m), int(n), int(k)) - LAUNCH_S
+        pred = _gemm_s_cached(_GemmTable(rest, copy_bw), int(m), int(n), int(k))
         rows.append({"m": int(m), "n": int(n), "k": int(k), "measured_s": t, "predicted_s": pred,
                      "error": pred / t - 1})
     return rows
@@ -47,15 +46,16 @@ def summary(rows: list[dict], min_s: float) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="profiles/h200-sxm.json")
-    ap.add_argument("--out", required=True, help="folder for loo.csv and summary.txt (must not hold them)")
+    ap.add_argument("--out", required=True, help="folder for loo.csv and provenance.json")
+    ap.add_argument("--force", action="store_true", help="replace the result already in --out (git keeps the old one)")
     ap.add_argument("--sample", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--table", choices=("points", "wgrad_points"), default="points",
                     help="the profile's bf16-output GEMMs, or its weight-gradient GEMMs (fp32 accumulation)")
     args = ap.parse_args()
     out = Path(args.out)
-    if (out / "loo.csv").exists() or (out / "summary.txt").exists():
-        print(f"error: {out} already holds results; choose another --out", file=sys.stderr)
+    if (out / "loo.csv").exists() and not args.force:
+        print(f"error: {out} already holds a result; pass --force to replace it", file=sys.stderr)
         return 1
     prof = json.loads(Path(args.profile).read_text())
     points = [tuple(p) for p in prof["gemm"].get(args.table, [])]
@@ -72,7 +72,15 @@ def main() -> int:
     lines = [f"leave-one-out over {len(rows)} of {len(points)} measured GEMMs ({args.table}) of {args.profile} "
              f"(seed {args.seed}), interpolation at commit {git_commit(short=True)['git_commit']}"]
     lines += [summary(rows, s) for s in (0.0, 20e-6, 100e-6)]
-    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    import datetime
+    import os
+    (out / "provenance.json").write_text(json.dumps({
+        "benchmark": "leave-one-out of the planner's GEMM interpolation over a profile's measured GEMMs (no GPU)",
+        "command": "python benchmarks/gemm_interpolation.py " + " ".join(sys.argv[1:]),
+        "commit": git_commit(short=True)["git_commit"],
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{os.cpu_count()} CPUs, no GPU (the measurements are the profile's)", "gpu": None,
+        "result": lines}, indent=2) + "\n")
     print("\n".join(lines))
     return 0
 
