@@ -5,8 +5,8 @@ planner times the schedule that runs, not an idealised one. `pipeline_time_s` pl
 in order: an action starts when its rank is free and its inputs exist, an input made on another rank
 arriving `hop_s` after its producer finished (the point-to-point transfer and the synchronisation around
 it). Why not the closed form m * max_r t_r + (sum_r t_r - max_r t_r) / v that the planner used before
-session 9: it takes transfers as free and every chunk as the rank's average, and a replayed interleaved
-step measured 10-17% slower than it (benchmarks/results/README.md, session 9). The closed form stays as the
+2026-11-30: it takes transfers as free and every chunk as the rank's average, and a replayed interleaved
+step measured 10-17% slower than it (2x H200, 2026-11-30). The closed form stays as the
 search's lower bound (planner/search.py).
 
 Cost: a step of m micro-batches is played for m_sim = 6 pp micro-batches and for m_sim + pp, and extended
