@@ -53,6 +53,28 @@ class LayerTerms:
         queries = [q for shape in self.layer_gemms() for q in self._gemm_queries(*shape, self.lay.fp8)]
         return sum(not self.prof.gemm_measured(*q) for q in queries), len(queries)
 
+    @property
+    def expert_gemm_rows(self) -> int:
+        """Rows each local expert's GEMM takes per dispatch chunk, on average: this rank's routed token copies
+        (tokens x top_k) times the EP degree (the EP group's tokens reach this rank's experts) over the experts,
+        e.g. Qwen3-30B-A3B (128 experts, top 8) at 4096 tokens: 256 at EP 1, 512 at EP 2, 2048 at EP 8. At least
+        one row (fewer copies than experts: priced as if each expert had one)."""
+        m, lay = self.m, self.lay
+        routed = self.tokens / lay.tp * m.top_k
+        return max(1, round(routed * lay.ep / m.num_experts / self.dispatch_chunks))
+
+    def _grouped_gemm_fwd_bwd_s(self, experts: int, rows: int, n: int, k: int) -> tuple[float, float]:
+        """(forward, backward) seconds of one grouped GEMM of `experts` experts of `rows` rows each, [rows,k]x[k,n]
+        per expert, as runtime/parallel/expert_mlp.py runs it (torch._grouped_mm: one kernel per projection and
+        direction, forward, dgrad and wgrad, over all the local experts): each expert's GEMM at its own small M from
+        the profile's tables (_gemm_fwd_bwd_s), times the experts, with one kernel's launch per call rather than
+        one per expert. Small-M GEMMs run far below a large GEMM's rate; that is what makes few rows per expert
+        slow. The grouped kernel may fill the GPU with several experts' tiles at once, which a lone small GEMM
+        cannot: not credited (not measured; benchmarks/grouped_gemm_rows.py measures it)."""
+        launch = self.prof.gemm_launch_s
+        f1, b1 = self._gemm_fwd_bwd_s(rows, n, k)
+        return experts * (f1 - launch) + launch, experts * (b1 - 2 * launch) + 2 * launch
+
     def _qk_norm_s(self, tokens: int) -> tuple[float, float]:
         """(forward, backward) seconds of Qwen3's q/k norms on one rank (ModelSpec.qk_norm; 0 without them), as
         runtime/qk_norm.py runs them on the GPU: one kernel over the qkv GEMM output in its own layout each way.
@@ -130,12 +152,11 @@ class LayerTerms:
             routed = tok_t * m.top_k  # token copies per rank after dispatch (on average, whatever the EP degree)
             chunks = self.dispatch_chunks  # the experts run once per chunk, on its share of the rows
             rf, rb = self._gemm_fwd_bwd_s(int(tok_t), m.num_experts, h)
-            # the local experts run as grouped GEMMs (runtime/parallel/expert.py: one torch._grouped_mm per
-            # projection for all of them), priced as one GEMM over all the routed rows: the kernel tiles every
-            # expert's rows in one launch, so it runs close to a dense GEMM of that many rows (the partial last
-            # tile of each expert is not counted)
-            e1f, e1b = (chunks * t for t in self._gemm_fwd_bwd_s(int(routed / chunks), (2 if m.gated_mlp else 1) * f, h))
-            e2f, e2b = (chunks * t for t in self._gemm_fwd_bwd_s(int(routed / chunks), h, f))
+            # the local experts run as grouped GEMMs, each at the rows its experts receive (expert_gemm_rows)
+            local = m.num_experts // lay.ep
+            rows = self.expert_gemm_rows
+            e1f, e1b = (chunks * t for t in self._grouped_gemm_fwd_bwd_s(local, rows, (2 if m.gated_mlp else 1) * f, h))
+            e2f, e2b = (chunks * t for t in self._grouped_gemm_fwd_bwd_s(local, rows, h, f))
             # the grouped GEMMs take the local experts' weights as one [experts, out, in] tensor: a view of the
             # flat parameter buffer, where runtime/parallel/data.py lays each projection's expert weights out back
             # to back (sharding 'none' and 'optimizer'); else (ZeRO-2 may cut them, FSDP owns its own storage)
@@ -144,13 +165,8 @@ class LayerTerms:
             stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) \
                 if self.stacks_expert_weights else 0.0
             rows_f_s, rows_b_s = self._moe_row_passes_s(tok_t, routed, h, lay.ep > 1)
-            # the weight-gradient GEMMs priced above as one dense GEMM write one [out, in] gradient; the grouped one
-            # writes one per local expert, each read and written back in fp32 where it accumulates into main_grad
-            # (runtime/grouped_wgrad.py), after its tile's main loop
-            grads_out = (m.num_experts // lay.ep - 1) * mem.layer_expert_params_local(m, lay.ep) / (m.num_experts // lay.ep)
-            wgrad_out_s = prof.memory_bound_s(2 * mem.grad_bytes(lay) * grads_out)
             moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * prof.eff("expert")
-            moe_b = (rb + e1b + e2b + stack_s + rows_b_s + wgrad_out_s) * prof.eff("expert")
+            moe_b = (rb + e1b + e2b + stack_s + rows_b_s) * prof.eff("expert")
             # dispatch and combine all-to-alls, each way in forward and again in backward
             a2a = self.group_collective_s("all_to_all", BF16 * routed * h / chunks, lay.ep,
                                           self.strides["ep"]) * prof.eff("ep")

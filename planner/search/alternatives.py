@@ -60,14 +60,20 @@ def alternative_kinds(best: Layout, layouts: list[Layout], model: ModelSpec) -> 
 
 def why_it_loses(best, alternative) -> str:
     """The breakdown terms (planner.cost.Prediction.breakdown_s) that grow the most from the recommended plan's
-    prediction to the alternative's, e.g. '+1.20 s exposed TP comm, +0.41 s pipeline bubble'."""
+    prediction to the alternative's, and the one that shrinks the most (what the alternative buys, e.g. expert
+    parallelism's faster expert GEMMs against its all-to-alls), e.g.
+    '+1.20 s exposed TP comm, +0.41 s pipeline bubble; -0.30 s compute'."""
     step = best.step_s
     grown = sorted(((alternative.breakdown_s.get(k, 0.0) - best.breakdown_s.get(k, 0.0), k) for k in TERM_LABEL),
                    reverse=True)
     named = [f"+{d:.3g} s {TERM_LABEL[k]}" for d, k in grown[:SHOWN_TERMS] if d > SMALLEST_SHOWN_SHARE * step]
     if alternative.step_s < step:
         return "predicted faster when its schedule is played; the search ranks layouts by the schedule's closed form"
-    return ", ".join(named) if named else "about the same in every term"
+    if not named:
+        return "about the same in every term"
+    shrunk, k = grown[-1]
+    saved = f"; {shrunk:.3g} s {TERM_LABEL[k]}" if -shrunk > SMALLEST_SHOWN_SHARE * step else ""
+    return ", ".join(named) + saved
 
 
 def _alternatives(plans: list[Plan], candidates: list[_Candidate], model, shape, cluster, profile, pins,

@@ -51,7 +51,7 @@ def test_two_chunk_exposure_by_hand():
 
 
 def test_chunked_dispatch_prices_half_the_rows_twice_and_its_timeline():
-    """overlap_ep: the expert GEMMs at half the routed rows, twice; the all-to-alls of half the bytes exposed as
+    """overlap_ep: the expert GEMMs at half the rows per expert, twice; the all-to-alls of half the bytes exposed as
     two_chunk_exposed_s says, each direction; the rest of the layer as without it."""
     from planner.cost import two_chunk_exposed_s
     spec = resolve_model("mixtral-8x7b")
@@ -60,9 +60,11 @@ def test_chunked_dispatch_prices_half_the_rows_twice_and_its_timeline():
     two = CostModel(spec, TrainingShape(2048, 8), Layout(dp=2, ep=2, micro_batch=1, overlap_ep=True), cl, PROF)
     assert (one.dispatch_chunks, two.dispatch_chunks) == (1, 2)
     routed, h, f = 2048 * spec.top_k, spec.hidden, spec.ffn_hidden
+    local = spec.num_experts // 2
+    assert (one.expert_gemm_rows, two.expert_gemm_rows) == (routed * 2 // 8, routed * 2 // 8 // 2)
     gemms = [(2 * f, h), (h, f)]
-    full = [one._gemm_fwd_bwd_s(routed, n, k) for n, k in gemms]
-    half = [two._gemm_fwd_bwd_s(routed // 2, n, k) for n, k in gemms]
+    full = [one._grouped_gemm_fwd_bwd_s(local, routed * 2 // 8, n, k) for n, k in gemms]
+    half = [two._grouped_gemm_fwd_bwd_s(local, routed * 2 // 8 // 2, n, k) for n, k in gemms]
     eff = PROF.eff("expert")
     d_fwd = sum(2 * hf - ff for (hf, _), (ff, _) in zip(half, full)) * eff
     assert two.layer.fwd_compute_s - one.layer.fwd_compute_s == pytest.approx(d_fwd, rel=1e-9, abs=1e-12)
@@ -117,3 +119,61 @@ def test_layer_memo_tells_stacking_sharding_levels_apart():
     fresh = CostModel(spec, TrainingShape(2048, 8), Layout(dp=2, ep=2, micro_batch=1, sharding="optimizer+grads"),
                       cl, PROF).layer.fwd_s
     assert layers["optimizer+grads"] == [fresh] and layers["optimizer"][0] == layers["optimizer"][1] < fresh
+
+
+QWEN3_MOE = "benchmarks/models/qwen3-30b-a3b/config.json"
+
+
+@pytest.mark.parametrize("ep, rows", [(1, 256), (2, 512), (8, 2048)])
+def test_rows_per_expert_by_hand(ep, rows):
+    """Qwen3-30B-A3B (128 experts, top 8), one micro-batch of 4096 tokens on a rank: 4096 x 8 = 32768 routed copies
+    a rank, spread over 128 experts at EP 1 (256 each); at EP e a rank holds 128 / e experts and receives the EP
+    group's copies for them, 32768 x e / 128 rows each."""
+    spec = resolve_model(QWEN3_MOE)
+    lay = Layout(dp=8, ep=ep, micro_batch=1)
+    cm = CostModel(spec, TrainingShape(4096, 64), lay, ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=8), PROF)
+    assert (spec.num_experts, spec.top_k) == (128, 8)
+    assert cm.expert_gemm_rows == rows
+    assert cm.expert_gemm_rows * spec.num_experts // ep == 4096 * 8   # every routed copy lands on one local expert
+
+
+@pytest.mark.parametrize("ep", [1, 2, 8])
+def test_grouped_gemm_is_local_experts_times_the_small_gemm(ep):
+    """The local experts' fc1 and fc2 each cost (local experts) x the table time of one expert's GEMM at its rows
+    (forward; dgrad + wgrad backward), plus one launch per grouped kernel, not one per expert; the layer's MoE compute
+    is the router's GEMM, those grouped GEMMs and the row passes, times the expert efficiency."""
+    spec = resolve_model(QWEN3_MOE)
+    lay = Layout(dp=8, ep=ep, micro_batch=1)
+    cm = CostModel(spec, TrainingShape(4096, 64), lay, ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=8), PROF)
+    local, rows, h, f = 128 // ep, 4096 * 8 * ep // 128, spec.hidden, spec.ffn_hidden
+    assert f == 768
+    launch = PROF.gemm_launch_s
+    want_f = want_b = 0.0
+    for n, k in ((2 * f, h), (h, f)):
+        fwd = PROF.gemm_s(rows, n, k) - launch
+        bwd = PROF.gemm_s(rows, k, n) - launch + PROF.wgrad_s(n, k, rows) - launch
+        got_f, got_b = cm._grouped_gemm_fwd_bwd_s(local, rows, n, k)
+        assert got_f == pytest.approx(local * fwd + launch, rel=1e-12)
+        assert got_b == pytest.approx(local * bwd + 2 * launch, rel=1e-12)
+        want_f, want_b = want_f + got_f, want_b + got_b
+    # the layer's compute holds exactly those grouped GEMMs, times the expert efficiency: the same layer with them
+    # priced at nothing differs by that much
+    without = CostModel(spec, TrainingShape(4096, 64), lay, ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=8),
+                        PROF)
+    without._grouped_gemm_fwd_bwd_s = lambda *shape: (0.0, 0.0)
+    eff = PROF.eff("expert")
+    assert cm.layer.fwd_compute_s - without.layer.fwd_compute_s == pytest.approx(want_f * eff, rel=1e-9)
+    assert cm.layer.bwd_compute_s - without.layer.bwd_compute_s == pytest.approx(want_b * eff, rel=1e-9)
+
+
+def test_few_rows_per_expert_cost_more_than_one_dense_gemm():
+    """At 256 rows an expert, 128 small GEMMs take longer than one GEMM over all 32768 rows (the optimistic price
+    this replaces), and EP 8's 16 experts of 2048 rows take less than EP 1's 128 of 256."""
+    spec = resolve_model(QWEN3_MOE)
+    cl = ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=8)
+    cms = {ep: CostModel(spec, TrainingShape(4096, 64), Layout(dp=8, ep=ep, micro_batch=1), cl, PROF) for ep in (1, 8)}
+    h, f = spec.hidden, spec.ffn_hidden
+    one_dense = PROF.gemm_s(4096 * 8, 2 * f, h)
+    ep1 = cms[1]._grouped_gemm_fwd_bwd_s(128, 256, 2 * f, h)[0]
+    ep8 = cms[8]._grouped_gemm_fwd_bwd_s(16, 2048, 2 * f, h)[0]
+    assert ep1 > one_dense and ep8 < ep1

@@ -40,7 +40,10 @@ def _pred(step, **terms):
 def test_why_it_loses_names_the_terms_that_grow_most():
     best = _pred(10.0, compute=9.0, tp_comm=0.5, bubble=0.5)
     alt = _pred(12.0, compute=8.0, tp_comm=3.0, bubble=0.6, dp_comm=0.4)
-    assert why_it_loses(best, alt) == "+2.5 s exposed TP comm, +0.4 s exposed DP comm"
+    assert why_it_loses(best, alt) == "+2.5 s exposed TP comm, +0.4 s exposed DP comm; -1 s compute"
+    # nothing shrinks: no saving named
+    alt = _pred(12.0, compute=9.0, tp_comm=2.0, bubble=1.0)
+    assert why_it_loses(best, alt) == "+1.5 s exposed TP comm, +0.5 s pipeline bubble"
     # a term that grows by less than half a percent of the step is not named
     assert why_it_loses(best, _pred(10.03, compute=9.0, tp_comm=0.5, bubble=0.53)) == "about the same in every term"
 
@@ -80,3 +83,17 @@ def test_cli_says_when_no_other_kind_of_layout_exists():
     rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "1", "--why-not")
     assert rc == 0, err
     assert "no other kind of layout" in out and "--why-not shows" not in out
+
+
+def test_moe_alternatives_have_expert_parallel_rows(profile):
+    """An MoE model's --why-not table has a row for each expert-parallel degree the plan does not use, each with
+    a plan of that degree and the terms it loses time in."""
+    model = resolve_model("benchmarks/models/qwen3-30b-a3b/config.json")
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=64, gpus_per_node=8)
+    res = search(model, TrainingShape(4096, 512), cluster, profile, alternatives=True)
+    best = res.plans[0]
+    ep_rows = [a for a in res.alternatives if a.label.startswith("EP ")]
+    assert {int(a.label.split()[1]) for a in ep_rows} == {1, 2, 4, 8, 16, 32, 64} - {best.layout.ep}
+    for a in ep_rows:
+        assert a.plan is not None and a.plan.layout.ep == int(a.label.split()[1])
+        assert a.why.startswith("+") or a.why.startswith("predicted faster")
