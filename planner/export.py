@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                  "`plan launch`, or a Slurm batch script.")
     ap.add_argument("plan", help="plan.json written by `plan -o`")
     ap.add_argument("--to", required=True, choices=["megatron", "torchrun", "slurm"])
+    from planner.cli import add_runtime_arg
+
+    add_runtime_arg(ap)
+    ap.add_argument("--profile", help="profile JSON for the predictions (default: the one shipped for the plan's GPU)")
     ap.add_argument("-o", "--output", help="write here instead of standard output")
     ap.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
     ap.add_argument("--nodes", type=_positive_int("--nodes"),
@@ -353,7 +357,35 @@ def _recompute(plan: Plan, add, notes: list[str]) -> None:
                      "which Megatron offers only for MoE experts (moe_act), so memory is somewhat above the plan's")
 
 
-def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | None = None) -> str:
+def prediction_line(p, runtime_line: str) -> str:
+    """One line of a prediction: step time, tokens/s (and per GPU), MFU, peak memory."""
+    return (f"prediction for {runtime_line}: step {p.step_s:.3f} s, {p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, "
+            f"peak memory {max(p.memory_gib_per_rank):.1f} GiB of {p.memory_limit_gib:.1f}")
+
+
+def runtime_predictions(plan: Plan, runtimes: list[str], profile_path: str | None) -> list[str]:
+    """The plan's predicted step, throughput, MFU and memory for each runtime (planner/cost/targets.py), its layout
+    and stages held; the plan's own stored prediction where it is for that runtime."""
+    from planner.cluster import ClusterSpec
+    from planner.cost import evaluate
+    from planner.cost.targets import load_target
+    from planner.profile import load_profile
+
+    lines, profile, cluster = [], None, None
+    for runtime in runtimes:
+        if plan.prediction is not None and plan.runtime == runtime and profile_path is None:
+            p = plan.prediction
+        else:
+            if profile is None:
+                cluster = ClusterSpec.from_dict(plan.cluster)
+                profile = load_profile(profile_path, cluster.gpu)
+            p = evaluate(plan, cluster, profile, runtime)
+        lines.append(prediction_line(p, load_target(runtime).describe()))
+    return lines
+
+
+def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | None = None,
+                    predictions: list[str] | None = None) -> str:
     ex = megatron_args(plan, optimizer)
     lay = plan.layout
     lines = [
@@ -363,10 +395,8 @@ def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | N
         f"# (data parallel size {lay.dp} follows from the world size; launch {lay.world_size} processes)",
         f"# argument names checked against {MEGATRON_SOURCE}",
     ]
-    if plan.prediction:
-        p = plan.prediction
-        lines.append(f"# planner's prediction for its own runtime: step {p.step_s:.3f} s, {p.tokens_per_s:,.0f} tokens/s, "
-                     f"MFU {p.mfu:.1%}, peak memory {max(p.memory_gib_per_rank):.1f} GiB")
+    for text in predictions or []:
+        lines.append("# " + text)
     lines.append("#")
     lines.append("# Not expressible in Megatron-LM, or only approximately:")
     for n in ex.notes:
@@ -488,8 +518,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.load(Path(args.plan))
     if args.output and Path(args.output).exists() and not args.force:
         raise PlanError(f"'{args.output}' already exists; pass --force to overwrite it")
+    # Megatron's arguments come with the Megatron-target prediction (and the --runtime one beside it when it differs)
+    runtimes = (["megatron"] + ([args.runtime] if args.runtime != "megatron" else [])) if args.to == "megatron" \
+        else [args.runtime]
+    predictions = runtime_predictions(plan, runtimes, args.profile)
+    for text in predictions:
+        print(text, file=sys.stderr)
     if args.to == "megatron":
-        text = render_megatron(plan, args.plan, optimizer_settings(args))
+        text = render_megatron(plan, args.plan, optimizer_settings(args), predictions)
     elif args.to == "torchrun":
         text = render_torchrun(plan, args.plan, args)
     else:
