@@ -70,6 +70,9 @@ vpp is left to the search there; elsewhere it is 1."""
 UNSHARDED_BETWEEN_PASSES = ("llama3",)
 """Sources whose FSDP keeps parameters unsharded between forward and backward (runs.csv caveats, Llama 3)."""
 
+RECOMPUTE_FREE_SOURCES = ("dsv3",)
+"""Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
+
 
 def _int(s: str, default: int | None = None) -> int | None:
     return int(s) if s.strip() else default
@@ -127,6 +130,12 @@ def pins_of(r: dict, notes: list[str]) -> Pins:
         sharding = "optimizer+grads"
         notes.append("FSDP without re-sharding after forward planned as sharding 'optimizer+grads' (parameters whole "
                      "between forward and backward, gradients and optimizer state sharded)")
+    recompute = r["recompute"].strip() or None
+    if recompute and r["row_id"].startswith(RECOMPUTE_FREE_SOURCES):
+        notes.append(f"recompute '{recompute}' is the source's own set (DeepSeek-V3: RMSNorm, MLA up-projections and "
+                     "SwiGLU outputs recomputed, MoE inputs cached in FP8), not the planner's selective recompute: "
+                     "left to the search")
+        recompute = None
     tp, dp, cp, ep = int(r["tp"]), int(r["dp"]), int(r["cp"]), int(r["ep"])
     if ep > 1 and (dp * cp) % ep:
         fit_ep = max(e for e in range(1, dp * cp + 1) if (dp * cp) % e == 0 and ep % e == 0)
@@ -139,7 +148,7 @@ def pins_of(r: dict, notes: list[str]) -> Pins:
     if _flag(r["dp_overlap"]) is False:
         no_overlap.add("dp")
     return Pins(tp=tp, pp=int(r["pp"]), vpp=vpp, dp=dp, cp=cp, ep=ep,
-                micro_batch=_int(r["micro_batch"]), sharding=sharding, recompute=r["recompute"].strip() or None,
+                micro_batch=_int(r["micro_batch"]), sharding=sharding, recompute=recompute,
                 fp8=r["precision"] == "fp8", no_overlap=frozenset(no_overlap), cuda_graph=False,
                 grad_dtype="bf16" if r["row_id"].startswith(MEGATRON_CORE_SOURCES) else "fp32")
 
@@ -178,11 +187,18 @@ DECIDING_TERMS = {"tp_comm": "exposed TP comm", "dp_comm": "exposed DP comm", "p
 """The breakdown's parts beyond compute, as a miss names the one that decided it."""
 
 
-def deciding_term(prediction) -> str:
-    """The largest part of a predicted step beyond its compute (planner.breakdown's names), as a label."""
+def deciding_term(prediction, over: bool = False) -> str:
+    """The part of a predicted step that decided a miss, as a label: the largest part beyond compute (planner.breakdown's
+    names) where the prediction is too slow (or the free search below the published figure); where it is too fast
+    (`over`), the run spent time the model does not price, and the label gives the compute share the miss sits in and
+    the largest other part."""
     parts = {k: prediction.breakdown_s.get(k, 0.0) for k in DECIDING_TERMS}
     k = max(parts, key=parts.get)
-    return f"{DECIDING_TERMS[k]} ({parts[k] / prediction.step_s:.0%} of the step)"
+    largest = f"{DECIDING_TERMS[k]} ({parts[k] / prediction.step_s:.0%} of the step)"
+    if over:
+        compute = prediction.breakdown_s.get("compute", 0.0) / prediction.step_s
+        return f"unpriced time: compute {compute:.0%} of the predicted step; largest other part {largest}"
+    return largest
 
 
 def plan_row(row: PublishedRow, target, free: bool = False, profile: Profile | None = None):

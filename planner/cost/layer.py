@@ -26,7 +26,10 @@ class LayerTerms:
         wgrad table) unless the gradients are bf16, where it writes bf16 like any GEMM (the bf16-output table,
         whose layouts are forward's and dgrad's: modelled)."""
         (tf, *f), (td, *d), (tw, *w) = self._gemm_queries(m, n, k, fp8)
-        return self.prof.gemm_table_s(tf, *f), self.prof.gemm_table_s(td, *d) + self.prof.gemm_table_s(tw, *w)
+
+        def g(table, *mnk):  # the profile's GEMM, as the target's runtime runs it
+            return self.target.gemm_s(table, self.prof.gemm_table_s(table, *mnk))
+        return g(tf, *f), g(td, *d) + g(tw, *w)
 
     def _gemm_queries(self, m: int, n: int, k: int, fp8: bool = False) -> list[tuple[str, int, int, int]]:
         """(profile table, m, n, k) of the forward, dgrad and wgrad GEMMs of a linear layer [m,k]x[k,n]."""
@@ -157,7 +160,8 @@ class LayerTerms:
             a2a = self.group_collective_s("all_to_all", BF16 * routed * h / chunks, lay.ep,
                                           self.strides["ep"]) * prof.eff("ep")
             if chunks == 1:
-                comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
+                comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4,
+                                           self.target.ep_fraction(prof.overlap_hidden_fraction.get("ep", 0.0)), True)
             else:  # each chunk's transfers beside the other chunk's experts: the schedule's own timeline
                 experts_f, experts_b = (e1f + e2f) / chunks * xe, (e1b + e2b) / chunks * xe
                 comm["ep"] = two_chunk_exposed_s(a2a, experts_f) + two_chunk_exposed_s(a2a, experts_b)

@@ -41,7 +41,7 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
     @property
     def dispatch_chunks(self) -> int:
         """Chunks an MoE layer dispatches its tokens in (runtime/parallel/expert.py, MoEMLP.dispatch_chunks)."""
-        return 2 if self.lay.overlap_ep and self.lay.ep > 1 and self.m.is_moe else 1
+        return 2 if self.lay.overlap_ep and self.lay.ep > 1 and self.m.is_moe and self.target.two_chunk_dispatch else 1
 
     def _memo(self, name, fn):
         k = (name, self.layer_key)

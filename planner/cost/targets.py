@@ -7,13 +7,15 @@ RuntimeTarget is the identity and changes nothing.
 - its kernels (TE's fused GEMMs, attention and elementwise kernels) at `compute_factor` times our kernels' GPU time
   (fitted: what TE gains or loses against the profile's measured kernels, elementwise work priced like ours);
 - FP8 where the layout asks for it: forward, input-gradient and weight-gradient GEMMs at the profile's FP8 rates
-  (TE's FP8 recipe runs all three in FP8; ours keeps wgrad in bf16);
+  (TE's FP8 recipe runs all three in FP8; ours keeps wgrad in bf16) times `fp8_gemm_factor` (fitted: TE fuses the
+  casts our runtime runs as separate passes);
 - TP communication with sequence parallelism overlapped by userbuffers (--tp-comm-overlap): at most
   `tp_hidden_fraction` of it hidden behind the GEMMs beside it (fitted; the profile's fraction is our runtime's);
 - DP overlap with the distributed optimizer (--overlap-grad-reduce / --overlap-param-gather) in buckets of
   `dp_bucket_params` parameters (Megatron's default 40M): the gradient reduction of the last bucket (the first
   layers, reduced after backward ends) and the parameter gather of the first bucket (before forward starts) are
   exposed; of the rest at most `dp_hidden_fraction` hides behind the compute beside it (fitted);
+- MoE all-to-alls: one dispatch per layer (no two-chunk dispatch of ours), at most `ep_hidden_fraction` hidden behind the expert compute beside them (fitted);
 - its pipeline schedules (1F1B, interleaved 1F1B): the same schedule play as ours (planner/schedule.py);
 - eager execution (no CUDA graph): the host issues each layer's kernels, `host_layer_s` per layer and micro-batch
   (forward and backward, a stated figure times the fitted `host_factor`); a stage runs at the slower of the GPU
@@ -52,11 +54,20 @@ class RuntimeTarget:
     """Share of the TP communication an overlapped step can hide; None: the profile's (our runtime's)."""
     dp_hidden_fraction: float | None = None
     """Share of the DP communication an overlapped step can hide; None: the profile's."""
+    ep_hidden_fraction: float | None = None
+    """Share of the MoE all-to-alls hidden behind the expert compute beside them (Megatron-Core's EP overlap,
+    --overlap-moe-expert-parallel-comm, and its permute fusion); None: the profile's."""
     dp_bucket_params: float = 0.0
     """Parameters per DP bucket whose first gather and last reduction are exposed; 0: no bucket term (ours)."""
     host_layer_s: float = 0.0
     """Host time per layer and micro-batch (forward + backward); 0: the profile's host model (ours)."""
     host_factor: float = 1.0
+    fp8_gemm_factor: float = 1.0
+    """The runtime's FP8 GEMM time over the profile's FP8 GEMMs (ours quantises both operands per call with current
+    scaling, runtime/parallel/fp8.py; TE's delayed scaling fuses the casts into the kernels before)."""
+    two_chunk_dispatch: bool = True
+    """Whether MoE tokens may be dispatched in two overlapped chunks (Layout.overlap_ep; ours); else one dispatch
+    whose all-to-alls hide behind the experts at ep_hidden_fraction."""
     fp8_wgrad: bool = False
     """Weight-gradient GEMMs in FP8 too when the layout is FP8."""
     cuda_graph: bool = True
@@ -68,8 +79,15 @@ class RuntimeTarget:
         """GPU time of kernels that take `ours_s` in our runtime."""
         return ours_s * self.compute_factor
 
+    def gemm_s(self, table: str, ours_s: float) -> float:
+        """A GEMM from the profile's `table` ('mm', 'wgrad', 'fp8') that takes `ours_s` in our runtime."""
+        return ours_s * self.fp8_gemm_factor if table == "fp8" else ours_s
+
     def tp_fraction(self, profile_fraction: float) -> float:
         return profile_fraction if self.tp_hidden_fraction is None else self.tp_hidden_fraction
+
+    def ep_fraction(self, profile_fraction: float) -> float:
+        return profile_fraction if self.ep_hidden_fraction is None else self.ep_hidden_fraction
 
     def dp_fraction(self, profile_fraction: float) -> float:
         return profile_fraction if self.dp_hidden_fraction is None else self.dp_hidden_fraction
@@ -103,7 +121,7 @@ class RuntimeTarget:
         fitted = self.provenance.get("fitted_on", "")
         return (f"megatron (Megatron-Core + Transformer Engine, eager; compute x{self.compute_factor:.3f}, TP overlap "
                 f"hides {self.tp_hidden_fraction:.0%}, DP overlap hides {self.dp_hidden_fraction:.0%} beyond a "
-                f"{self.dp_bucket_params / 1e6:.0f}M-parameter bucket, host {self.host_layer_s * self.host_factor * 1e3:.2f}"
+                f"{self.dp_bucket_params / 1e6:.0f}M-parameter bucket, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, EP overlap hides {self.ep_hidden_fraction:.0%}, host {self.host_layer_s * self.host_factor * 1e3:.2f}"
                 f" ms per layer and micro-batch" + (f"; fitted on {fitted}" if fitted else "") + ")")
 
 
@@ -122,9 +140,11 @@ def megatron_from_dict(d: dict, source: str) -> RuntimeTarget:
         return RuntimeTarget("megatron", compute_factor=float(f["compute_factor"]),
                              tp_hidden_fraction=float(f["tp_hidden_fraction"]),
                              dp_hidden_fraction=float(f["dp_hidden_fraction"]),
+                             ep_hidden_fraction=float(f["ep_hidden_fraction"]),
                              dp_bucket_params=float(d.get("dp_bucket_params", MEGATRON_DP_BUCKET_PARAMS)),
                              host_layer_s=float(d.get("host_layer_s", MEGATRON_HOST_LAYER_S)),
-                             host_factor=float(f["host_factor"]), fp8_wgrad=True, cuda_graph=False,
+                             host_factor=float(f["host_factor"]), fp8_gemm_factor=float(f["fp8_gemm_factor"]),
+                             two_chunk_dispatch=False, fp8_wgrad=True, cuda_graph=False,
                              provenance=dict(d.get("provenance") or {}))
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(f"{source} is not a valid runtime-target file ({exc.__class__.__name__}: {exc})") from None

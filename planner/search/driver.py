@@ -79,7 +79,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
             continue
         stats.layouts_legal += 1
         cm = CostModel(model, shape, lay, cluster, profile, shared, target)
-        if lay.ep > 1 and "ep" not in pins.no_overlap:
+        if lay.ep > 1 and "ep" not in pins.no_overlap and target.two_chunk_dispatch:
             cm = _cheaper_dispatch(cm, model, shape, cluster, profile, shared)
             lay = cm.lay
         candidates.append(_Candidate(lay, cm, compute_bound_s(cm, shape, pins.recompute)))
