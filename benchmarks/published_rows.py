@@ -211,11 +211,13 @@ def plan_row(row: PublishedRow, target, free: bool = False, profile: Profile | N
     return result.plans[0]
 
 
-def repredict(row: PublishedRow, plan, target, profile: Profile):
-    """The prediction of `plan` (its layout and stages kept) under another target's factors."""
+def repredict(row: PublishedRow, plan, target, profile: Profile, play: bool = True):
+    """The prediction of `plan` (its layout and stages kept) under another target's factors; play=False times the
+    pipeline by the schedule's closed form (planner/cost/step.py, CostModel.predict)."""
     from planner.cost import CostModel
 
-    return CostModel(row.model, row.shape, plan.layout, row.cluster, profile, target=target).predict(plan.stages)
+    return CostModel(row.model, row.shape, plan.layout, row.cluster, profile, target=target).predict(plan.stages,
+                                                                                                    play=play)
 
 
 def tokens_per_s_per_gpu(row: PublishedRow, prediction) -> float:

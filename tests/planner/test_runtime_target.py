@@ -202,7 +202,7 @@ def test_fit_uses_fit_rows_only(monkeypatch, tmp_path):
 
     holdout = [r for r in published_rows.load_rows() if r.split == "holdout"][:1]
     with pytest.raises(ValueError, match="fit' split only"):
-        fit.fit_factors([(holdout[0], None, None)], fit.START)
+        fit.fit_factors([(holdout[0], None, None, 1.0)], fit.START)
     # the script asks the loader for the fit split and nothing else
     asked = []
 
