@@ -30,10 +30,14 @@ for p in (str(REPO), str(REPO / "benchmarks")):
 
 from published_rows import load_rows, plan_row, repredict, tokens_per_s_per_gpu  # noqa: E402
 
-from planner.cost.targets import (MEGATRON_DP_BUCKET_PARAMS, MEGATRON_HOST_LAYER_S, RuntimeTarget,  # noqa: E402
-                                  target_file)
+from planner.cost.targets import (MEGATRON_DP_BUCKET_PARAMS, MEGATRON_FACTORS, MEGATRON_HOST_LAYER_S,  # noqa: E402
+                                  RuntimeTarget, megatron_target, target_file)
 from planner.errors import PlanError  # noqa: E402
 from planner.provenance import commit_label, cpu_model  # noqa: E402
+
+CODE_PATHS = ("planner", "profiles", "benchmarks/published", "benchmarks/published_rows.py",
+              "benchmarks/published_check.py", "benchmarks/fit_megatron_target.py")
+"""What the figures depend on: a commit label is marked dirty only for changes here (not for the results folder)."""
 
 FREE_FACTORS = {
     "compute_factor": (0.5, 1.5),
@@ -44,6 +48,7 @@ FREE_FACTORS = {
     "host_factor": (0.25, 4.0),
 }
 """Each free factor and the range it is fitted in."""
+assert tuple(FREE_FACTORS) == MEGATRON_FACTORS
 
 START = {"compute_factor": 1.0, "tp_hidden_fraction": 0.5, "dp_hidden_fraction": 0.5, "ep_hidden_fraction": 0.0,
          "fp8_gemm_factor": 1.0, "host_factor": 1.0}
@@ -58,13 +63,7 @@ ROUNDS = 3
 
 
 def target_of(factors: dict) -> RuntimeTarget:
-    return RuntimeTarget("megatron", compute_factor=factors["compute_factor"],
-                         tp_hidden_fraction=factors["tp_hidden_fraction"],
-                         dp_hidden_fraction=factors["dp_hidden_fraction"],
-                         ep_hidden_fraction=factors["ep_hidden_fraction"], fp8_gemm_factor=factors["fp8_gemm_factor"],
-                         two_chunk_dispatch=False, dp_bucket_params=MEGATRON_DP_BUCKET_PARAMS,
-                         host_layer_s=MEGATRON_HOST_LAYER_S, host_factor=factors["host_factor"], fp8_wgrad=True,
-                         cuda_graph=False)
+    return megatron_target(factors)
 
 
 def log_errors(planned, factors: dict, play: bool = False) -> list[float]:
@@ -162,7 +161,7 @@ def main(argv=None) -> int:
         "provenance": {
             "fitted_on": f"{len(planned)} fit rows of benchmarks/published/runs.csv",
             "command": "PYTHONPATH=$PWD python benchmarks/fit_megatron_target.py --force",
-            "commit": commit_label(mark_dirty=True),
+            "commit": commit_label(dirty_paths=CODE_PATHS, mark_dirty=True),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{platform.node() or 'unknown'} ({cpu_model() or 'unknown CPU'})",
             "method": "robust least squares (soft L1, scale 0.1) on log(predicted / published tokens/s/GPU) with a weak "

@@ -34,6 +34,10 @@ from planner.cost.targets import load_target  # noqa: E402
 from planner.errors import NoFitError, PlanError  # noqa: E402
 from planner.provenance import commit_label, cpu_model  # noqa: E402
 
+CODE_PATHS = ("planner", "profiles", "benchmarks/published", "benchmarks/published_rows.py",
+              "benchmarks/published_check.py", "benchmarks/fit_megatron_target.py")
+"""What the figures depend on: a commit label is marked dirty only for changes here (not for the results folder)."""
+
 OUT = REPO / "benchmarks" / "results" / "published"
 MISS = 0.10
 """A pinned prediction further than this from the published throughput is a miss and names its deciding term."""
@@ -192,7 +196,7 @@ def main(argv=None) -> int:
               f"free {_pct(r.get('free_vs_published')):>7s}", flush=True)
     summary = summarise(results)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    commit = commit_label(mark_dirty=True)
+    commit = commit_label(dirty_paths=CODE_PATHS, mark_dirty=True)
     summary.update(commit=commit, date=date)
     prov = {"command": "PYTHONPATH=$PWD python benchmarks/published_check.py --force", "commit": commit,
             "machine": f"{platform.node() or 'unknown'} ({cpu_model() or 'unknown CPU'}, "

@@ -73,7 +73,9 @@ def add_model_cluster_args(ap: argparse.ArgumentParser, gpus_required: bool = Tr
 
 def add_runtime_arg(ap: argparse.ArgumentParser) -> None:
     """--runtime: the training runtime the prediction is for (planner/cost/targets.py)."""
-    ap.add_argument("--runtime", choices=["ours", "megatron"], default="ours",
+    from planner.plan import RUNTIME_TARGETS
+
+    ap.add_argument("--runtime", choices=list(RUNTIME_TARGETS), default="ours",
                     help="predict for this runtime: ours (default; runtime/) or megatron (Megatron-Core with "
                          "Transformer Engine, eager, its TP/DP overlap; factors fitted on published runs)")
 

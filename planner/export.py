@@ -39,6 +39,7 @@ from planner.lr_schedule import ADAM_BETAS, ADAM_EPS, LrSchedule, OptimizerSetti
 from planner.lr_schedule import add_options as add_optimizer_options
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.lr_schedule import to_argv as optimizer_argv
+from planner.export_prediction import runtime_predictions
 from planner.plan import Plan
 
 MEGATRON_SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py (+ core/model_parallel_config.py, "
@@ -357,33 +358,6 @@ def _recompute(plan: Plan, add, notes: list[str]) -> None:
                      "which Megatron offers only for MoE experts (moe_act), so memory is somewhat above the plan's")
 
 
-def prediction_line(p, runtime_line: str) -> str:
-    """One line of a prediction: step time, tokens/s (and per GPU), MFU, peak memory."""
-    return (f"prediction for {runtime_line}: step {p.step_s:.3f} s, {p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, "
-            f"peak memory {max(p.memory_gib_per_rank):.1f} GiB of {p.memory_limit_gib:.1f}")
-
-
-def runtime_predictions(plan: Plan, runtimes: list[str], profile_path: str | None) -> list[str]:
-    """The plan's predicted step, throughput, MFU and memory for each runtime (planner/cost/targets.py), its layout
-    and stages held; the plan's own stored prediction where it is for that runtime."""
-    from planner.cluster import ClusterSpec
-    from planner.cost import evaluate
-    from planner.cost.targets import load_target
-    from planner.profile import load_profile
-
-    lines, profile, cluster = [], None, None
-    for runtime in runtimes:
-        if plan.prediction is not None and plan.runtime == runtime and profile_path is None:
-            p = plan.prediction
-        else:
-            if profile is None:
-                cluster = ClusterSpec.from_dict(plan.cluster)
-                profile = load_profile(profile_path, cluster.gpu)
-            p = evaluate(plan, cluster, profile, runtime)
-        lines.append(prediction_line(p, load_target(runtime).describe()))
-    return lines
-
-
 def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | None = None,
                     predictions: list[str] | None = None) -> str:
     ex = megatron_args(plan, optimizer)
@@ -522,14 +496,14 @@ def main(argv: list[str] | None = None) -> int:
     runtimes = (["megatron"] + ([args.runtime] if args.runtime != "megatron" else [])) if args.to == "megatron" \
         else [args.runtime]
     predictions = runtime_predictions(plan, runtimes, args.profile)
-    for text in predictions:
-        print(text, file=sys.stderr)
     if args.to == "megatron":
         text = render_megatron(plan, args.plan, optimizer_settings(args), predictions)
     elif args.to == "torchrun":
         text = render_torchrun(plan, args.plan, args)
     else:
         text = render_slurm(plan, args.plan, args)
+    for line in predictions:  # beside the file or the command, once it could be written
+        print(line, file=sys.stderr)
     if args.output:
         Path(args.output).write_text(text)
         Path(args.output).chmod(0o755)

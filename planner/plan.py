@@ -21,6 +21,8 @@ from planner.model import ModelSpec
 
 PLAN_FORMAT = "parallel-plan/plan"
 PLAN_VERSION = 2
+RUNTIME_TARGETS = ("ours", "megatron")
+"""The runtimes a plan's prediction can be for (planner/cost/targets.py prices them)."""
 READABLE_PLAN_VERSIONS = (1, 2)
 """Version 2 added `runtime` (the prediction target); a version-1 plan reads as runtime 'ours'."""
 
@@ -188,8 +190,8 @@ class Plan:
             raise PlanError(f"{source} has plan version {d.get('version')!r}, which is not supported (this build reads "
                             f"versions {', '.join(map(str, READABLE_PLAN_VERSIONS))})")
         runtime = d.get("runtime", "ours") if d.get("version") >= 2 else "ours"
-        if runtime not in ("ours", "megatron"):
-            raise PlanError(f"{source} names the runtime {runtime!r}; known: ours, megatron")
+        if runtime not in RUNTIME_TARGETS:
+            raise PlanError(f"{source} names the runtime {runtime!r}; known: {', '.join(RUNTIME_TARGETS)}")
         try:
             plan = Plan(
                 model=ModelSpec.from_dict(d["model"]),

@@ -33,8 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 from planner.errors import PlanError
-
-RUNTIME_TARGETS = ("ours", "megatron")
+from planner.plan import RUNTIME_TARGETS
 
 MEGATRON_HOST_LAYER_S = 0.6e-3
 """Stated figure: host time for Megatron-Core (TE layers, eager PyTorch) to issue one transformer layer's forward
@@ -134,18 +133,24 @@ def target_file(name: str) -> Path:
     return Path(str(resources.files("profiles"))) / TARGETS_DIR / f"{name}.json"
 
 
+MEGATRON_FACTORS = ("compute_factor", "tp_hidden_fraction", "dp_hidden_fraction", "ep_hidden_fraction",
+                    "fp8_gemm_factor", "host_factor")
+"""The megatron target's free factors (fitted by benchmarks/fit_megatron_target.py)."""
+
+
+def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_PARAMS,
+                    host_layer_s: float = MEGATRON_HOST_LAYER_S, provenance: dict | None = None) -> RuntimeTarget:
+    """The megatron RuntimeTarget with these free factors (MEGATRON_FACTORS) and its fixed traits: one MoE dispatch
+    per layer, FP8 weight gradients, eager execution."""
+    return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
+                         dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
+                         two_chunk_dispatch=False, fp8_wgrad=True, cuda_graph=False, provenance=dict(provenance or {}))
+
+
 def megatron_from_dict(d: dict, source: str) -> RuntimeTarget:
     try:
-        f = d["factors"]
-        return RuntimeTarget("megatron", compute_factor=float(f["compute_factor"]),
-                             tp_hidden_fraction=float(f["tp_hidden_fraction"]),
-                             dp_hidden_fraction=float(f["dp_hidden_fraction"]),
-                             ep_hidden_fraction=float(f["ep_hidden_fraction"]),
-                             dp_bucket_params=float(d.get("dp_bucket_params", MEGATRON_DP_BUCKET_PARAMS)),
-                             host_layer_s=float(d.get("host_layer_s", MEGATRON_HOST_LAYER_S)),
-                             host_factor=float(f["host_factor"]), fp8_gemm_factor=float(f["fp8_gemm_factor"]),
-                             two_chunk_dispatch=False, fp8_wgrad=True, cuda_graph=False,
-                             provenance=dict(d.get("provenance") or {}))
+        return megatron_target(d["factors"], d.get("dp_bucket_params", MEGATRON_DP_BUCKET_PARAMS),
+                               d.get("host_layer_s", MEGATRON_HOST_LAYER_S), d.get("provenance") or {})
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(f"{source} is not a valid runtime-target file ({exc.__class__.__name__}: {exc})") from None
 
