@@ -255,7 +255,7 @@ def fit_efficiency(runs: list[Run], profile, terms: list[str], passes: int = 4) 
 def predict_all(runs: list[Run], profile) -> list[float]:
     from planner.cost import evaluate
 
-    return [evaluate(r.plan, r.cluster, profile).step_s for r in runs]
+    return [evaluate(r.plan, r.cluster, profile, "ours").step_s for r in runs]  # measured runs are of our runtime
 
 
 def errors(runs: list[Run], profile) -> list[float]:

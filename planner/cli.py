@@ -89,6 +89,15 @@ def add_model_cluster_args(ap: argparse.ArgumentParser, gpus_required: bool = Tr
                     help="sequences per step (default: the model's, e.g. 1024 for GPT, 512 for Llama 3)")
 
 
+def add_runtime_arg(ap: argparse.ArgumentParser) -> None:
+    """--runtime: the training runtime the prediction is for (planner/cost/targets.py)."""
+    from planner.plan import RUNTIME_TARGETS
+
+    ap.add_argument("--runtime", choices=list(RUNTIME_TARGETS), default="ours",
+                    help="predict for this runtime: ours (default; runtime/) or megatron (Megatron-Core with "
+                         "Transformer Engine, eager, its TP/DP overlap; factors fitted on published runs)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="plan", description="Recommend how to split a model's training across GPUs. "
                  "Subcommands: " + ", ".join(f"{k} ({v[1]})" for k, v in SUBCOMMANDS.items()), epilog=EXIT_CODES)
@@ -109,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     pins.add_argument("--no-overlap", default="", metavar="DIMS",
                       help="comma list of tp, dp, pp, ep whose communication is not overlapped with compute "
                            "(ep: MoE tokens never dispatched in overlapped chunks)")
+    add_runtime_arg(ap)
     ap.add_argument("--top", type=_positive_int("--top", 1000), default=4, help="plans to show (default 4)")
     ap.add_argument("--why-not", action="store_true",
                     help="also show the best plan of each other kind of layout (other TP degrees, no pipeline, "
@@ -189,15 +199,18 @@ def run_plan(argv: list[str]) -> int:
         from planner.outputs import check_output_file
         check_output_file(Path(args.output), "-o", overwrite=args.force)
     check_pins(pins, shape, cluster.num_gpus)
-    result = search(model, shape, cluster, profile, pins, top_k=args.top, alternatives=args.why_not)
+    from planner.cost.targets import load_target
+
+    target = load_target(args.runtime)
+    result = search(model, shape, cluster, profile, pins, top_k=args.top, alternatives=args.why_not, target=target)
     elapsed = time.perf_counter() - t0
     if args.output:
         from pathlib import Path
         result.plans[0].save(Path(args.output), overwrite=args.force)
     if args.json:
-        print(result_json(result, elapsed))
+        print(result_json(result, elapsed, target))
     else:
-        print_result(result, elapsed, why_not=args.why_not)
+        print_result(result, elapsed, why_not=args.why_not, target=target)
         if args.output:
             print(f"wrote {args.output}")
     return 0

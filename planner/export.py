@@ -39,6 +39,7 @@ from planner.lr_schedule import ADAM_BETAS, ADAM_EPS, LrSchedule, OptimizerSetti
 from planner.lr_schedule import add_options as add_optimizer_options
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.lr_schedule import to_argv as optimizer_argv
+from planner.export_prediction import runtime_predictions
 from planner.plan import Plan
 from planner.shell_safe import check_slurm_time, check_slurm_value, safe_model_name
 
@@ -57,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                  "`plan launch`, or a Slurm batch script.")
     ap.add_argument("plan", help="plan.json written by `plan -o`")
     ap.add_argument("--to", required=True, choices=["megatron", "torchrun", "slurm"])
+    from planner.cli import add_runtime_arg
+
+    add_runtime_arg(ap)
+    ap.add_argument("--profile", help="profile JSON for the predictions (default: the one shipped for the plan's GPU)")
     ap.add_argument("-o", "--output", help="write here instead of standard output")
     ap.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
     ap.add_argument("--nodes", type=_positive_int("--nodes", MAX_GPUS),
@@ -358,7 +363,8 @@ def _recompute(plan: Plan, add, notes: list[str]) -> None:
                      "which Megatron offers only for MoE experts (moe_act), so memory is somewhat above the plan's")
 
 
-def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | None = None) -> str:
+def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | None = None,
+                    predictions: list[str] | None = None) -> str:
     ex = megatron_args(plan, optimizer)
     lay = plan.layout
     lines = [
@@ -368,10 +374,8 @@ def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | N
         f"# (data parallel size {lay.dp} follows from the world size; launch {lay.world_size} processes)",
         f"# argument names checked against {MEGATRON_SOURCE}",
     ]
-    if plan.prediction:
-        p = plan.prediction
-        lines.append(f"# planner's prediction for its own runtime: step {p.step_s:.3f} s, {p.tokens_per_s:,.0f} tokens/s, "
-                     f"MFU {p.mfu:.1%}, peak memory {max(p.memory_gib_per_rank):.1f} GiB")
+    for text in predictions or []:
+        lines.append("# " + text)
     lines.append("#")
     lines.append("# Not expressible in Megatron-LM, or only approximately:")
     for n in ex.notes:
@@ -509,12 +513,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         from planner.outputs import check_output_file
         check_output_file(Path(args.output), "-o", overwrite=args.force)
+    # Megatron's arguments come with the Megatron-target prediction (and the --runtime one beside it when it differs)
+    runtimes = (["megatron"] + ([args.runtime] if args.runtime != "megatron" else [])) if args.to == "megatron" \
+        else [args.runtime]
+    predictions = runtime_predictions(plan, runtimes, args.profile)
     if args.to == "megatron":
-        text = render_megatron(plan, args.plan, optimizer_settings(args))
+        text = render_megatron(plan, args.plan, optimizer_settings(args), predictions)
     elif args.to == "torchrun":
         text = render_torchrun(plan, args.plan, args)
     else:
         text = render_slurm(plan, args.plan, args)
+    for line in predictions:  # beside the file or the command, once it could be written
+        print(line, file=sys.stderr)
     if args.output:
         Path(args.output).write_text(text)
         Path(args.output).chmod(0o755)

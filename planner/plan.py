@@ -21,7 +21,11 @@ from planner.model import ModelSpec
 from planner.plan_check import check_plan_dict
 
 PLAN_FORMAT = "parallel-plan/plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+RUNTIME_TARGETS = ("ours", "megatron")
+"""The runtimes a plan's prediction can be for (planner/cost/targets.py prices them)."""
+READABLE_PLAN_VERSIONS = (1, 2)
+"""Version 2 added `runtime` (the prediction target); a version-1 plan reads as runtime 'ours'."""
 
 @dataclass(frozen=True)
 class TrainingShape:
@@ -153,6 +157,9 @@ class Plan:
     """pp * vpp virtual stages in model order; stage j lives on pipeline rank j % pp."""
     prediction: Prediction | None = None
     provenance: dict = field(default_factory=dict)
+    runtime: str = "ours"
+    """The runtime the prediction is for (planner/cost/targets.py, RUNTIME_TARGETS): 'ours' (runtime/) or
+    'megatron' (Megatron-Core with Transformer Engine)."""
 
     @property
     def num_micro_batches(self) -> int:
@@ -165,6 +172,7 @@ class Plan:
         return {
             "format": PLAN_FORMAT,
             "version": PLAN_VERSION,
+            "runtime": self.runtime,
             "model": self.model.to_dict(),
             "cluster": self.cluster,
             "training": asdict(self.training),
@@ -179,9 +187,12 @@ class Plan:
         """The plan of a to_dict() dictionary; `source` names it in the sentence of a PlanError."""
         if not isinstance(d, dict) or d.get("format") != PLAN_FORMAT:
             raise PlanError(f"{source} is not a parallel-plan plan (its 'format' field is missing or foreign)")
-        if d.get("version") != PLAN_VERSION:
+        if d.get("version") not in READABLE_PLAN_VERSIONS:
             raise PlanError(f"{source} has plan version {d.get('version')!r}, which is not supported (this build reads "
-                            f"version {PLAN_VERSION})")
+                            f"versions {', '.join(map(str, READABLE_PLAN_VERSIONS))})")
+        runtime = d.get("runtime", "ours") if d.get("version") >= 2 else "ours"
+        if runtime not in RUNTIME_TARGETS:
+            raise PlanError(f"{source} names the runtime {runtime!r}; known: {', '.join(RUNTIME_TARGETS)}")
         check_plan_dict(d, source, {"training": TrainingShape, "layout": Layout, "stages": StagePlan,
                                     "prediction": Prediction})
         try:
@@ -193,6 +204,7 @@ class Plan:
                 stages=[StagePlan(**s) for s in d["stages"]],
                 prediction=Prediction(**d["prediction"]) if d.get("prediction") else None,
                 provenance=dict(d.get("provenance") or {}),
+                runtime=runtime,
             )
         except KeyError as exc:
             raise PlanError(f"{source} lacks the field {exc.args[0]!r}") from None

@@ -55,8 +55,9 @@ def _recompute_summary(plan: Plan) -> str:
     return ", ".join(parts)
 
 
-def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: bool = False) -> None:
-    """why_not: the alternatives were asked for (`plan --why-not`)."""
+def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: bool = False, target=None) -> None:
+    """why_not: the alternatives were asked for (`plan --why-not`); target: the RuntimeTarget predicted for (its
+    name is read from the plan when not given)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -73,6 +74,7 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
     t = Table(title="Recommended layout", show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
+    t.add_row("predicted for", _target_line(best, target))
     t.add_row("layout", f"{lay.short()}  (world {lay.world_size})")
     t.add_row("micro-batch", f"{lay.micro_batch} x {best.num_micro_batches} micro-batches per step"
               + (f", interleaved 1F1B with {lay.vpp} virtual stages" if lay.vpp > 1 else
@@ -180,10 +182,19 @@ def memory_limit_line(plan: Plan) -> str:
     return f"memory limit {limit:.1f} GiB = {limit + headroom:.1f} GiB allowance - {headroom:.1f} GiB headroom ({why})"
 
 
-def result_json(result: SearchResult, elapsed_s: float) -> str:
+def _target_line(plan: Plan, target=None) -> str:
+    """The runtime a plan's prediction is for, in words (planner/cost/targets.py)."""
+    from planner.cost.targets import load_target
+
+    return (target or load_target(plan.runtime)).describe()
+
+
+def result_json(result: SearchResult, elapsed_s: float, target=None) -> str:
     st = result.stats
     roomier = next_best_with_more_free(result)
     return json.dumps({
+        "runtime": result.plans[0].runtime,
+        "runtime_description": _target_line(result.plans[0], target),
         "plans": [p.to_dict() for p in result.plans],
         "next_best_with_more_free_memory": result.plans.index(roomier) if roomier is not None else None,
         "search": {"layouts_enumerated": st.layouts_enumerated, "layouts_legal": st.layouts_legal,

@@ -3,7 +3,7 @@ tensor-parallel reduction of fused weight gradients, and the optimizer step over
 from __future__ import annotations
 
 from planner import memory as mem
-from planner.cost.terms import ADAMW_GRAD_SCALE, BF16, FP32, exposed_s
+from planner.cost.terms import ADAMW_GRAD_SCALE, BF16, FP32
 from planner.legality import GROUPED_GEMM_GPUS
 
 
@@ -16,6 +16,10 @@ class DataParallelTerms:
         lay, frac = self.lay, self.prof.overlap_hidden_fraction.get("dp", 0.0)
         d = lay.dp * lay.cp
         total = 0.0
+
+        def exposed_s(comm_s, beside_s, frac, overlap):  # the target's rule (its buckets), ours: terms.exposed_s
+            return self.target.dp_exposed_s(comm_s, params, beside_s, frac, overlap)
+
         # the dense gradients are sharded over the dp x cp ranks (adjacent blocks spaced by tp); the expert
         # gradients over the ranks holding the same experts (every ep-th of those)
         grad = mem.grad_bytes(lay)  # the reduction runs in the gradients' precision

@@ -15,7 +15,7 @@ class HostTerms:
         the GPU has caught up. At EP1 the grouped experts keep their counts on the device:
         no synchronisation, the host time is a floor like a dense layer's, and this is 0."""
         host, m, lay = self.prof.host, self.m, self.lay
-        if host is None or not m.is_moe or lay.ep == 1:
+        if host is None or not m.is_moe or lay.ep == 1 or self.target.own_host_model:
             return 0.0
         return st.layers * (host.moe_layer_s() + self.extra_chunk_host_s) * self.prof.eff("host")
 
@@ -47,7 +47,11 @@ class HostTerms:
         micro-batch (embedding, head, loss). 0 for a CUDA-graph step (Layout.cuda_graph): the host launches the
         captured step once, and that launch (tens of microseconds) is left out."""
         host = self.prof.host
-        if host is None or self.lay.cuda_graph:
+        if self.lay.cuda_graph:
+            return 0.0
+        if self.target.own_host_model:  # the target's stated figure (planner/cost/targets.py), not our runtime's
+            return self.target.stage_host_s(st.layers, st.full_recompute_layers)
+        if host is None:
             return 0.0
         lay, m = self.lay, self.m
         per_layer = self.host_per_layer_s

@@ -26,12 +26,16 @@ class LayerTerms:
         wgrad table) unless the gradients are bf16, where it writes bf16 like any GEMM (the bf16-output table,
         whose layouts are forward's and dgrad's: modelled)."""
         (tf, *f), (td, *d), (tw, *w) = self._gemm_queries(m, n, k, fp8)
-        return self.prof.gemm_table_s(tf, *f), self.prof.gemm_table_s(td, *d) + self.prof.gemm_table_s(tw, *w)
+
+        def g(table, *mnk):  # the profile's GEMM, as the target's runtime runs it
+            return self.target.gemm_s(table, self.prof.gemm_table_s(table, *mnk))
+        return g(tf, *f), g(td, *d) + g(tw, *w)
 
     def _gemm_queries(self, m: int, n: int, k: int, fp8: bool = False) -> list[tuple[str, int, int, int]]:
         """(profile table, m, n, k) of the forward, dgrad and wgrad GEMMs of a linear layer [m,k]x[k,n]."""
         mm = "fp8" if fp8 else "mm"
-        return [(mm, m, n, k), (mm, m, k, n), ("mm" if self.lay.grad_dtype == "bf16" else "wgrad", n, k, m)]
+        wg = "fp8" if fp8 and self.target.fp8_wgrad else ("mm" if self.lay.grad_dtype == "bf16" else "wgrad")
+        return [(mm, m, n, k), (mm, m, k, n), (wg, n, k, m)]
 
     @cached_property
     def layer(self) -> LayerCosts:
@@ -165,15 +169,17 @@ class LayerTerms:
             stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) \
                 if self.stacks_expert_weights else 0.0
             rows_f_s, rows_b_s = self._moe_row_passes_s(tok_t, routed, h, lay.ep > 1)
-            moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * prof.eff("expert")
-            moe_b = (rb + e1b + e2b + stack_s + rows_b_s) * prof.eff("expert")
+            xe = self.target.kernel_s(prof.eff("expert"))
+            moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * xe
+            moe_b = (rb + e1b + e2b + stack_s + rows_b_s) * xe
             # dispatch and combine all-to-alls, each way in forward and again in backward
             a2a = self.group_collective_s("all_to_all", BF16 * routed * h / chunks, lay.ep,
                                           self.strides["ep"]) * prof.eff("ep")
             if chunks == 1:
-                comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, prof.overlap_hidden_fraction.get("ep", 0.0), True)
+                comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4,
+                                           self.target.ep_fraction(prof.overlap_hidden_fraction.get("ep", 0.0)), True)
             else:  # each chunk's transfers beside the other chunk's experts: the schedule's own timeline
-                experts_f, experts_b = (e1f + e2f) / chunks * prof.eff("expert"), (e1b + e2b) / chunks * prof.eff("expert")
+                experts_f, experts_b = (e1f + e2f) / chunks * xe, (e1b + e2b) / chunks * xe
                 comm["ep"] = two_chunk_exposed_s(a2a, experts_f) + two_chunk_exposed_s(a2a, experts_b)
         if m.shared_expert_ffn:
             # shared experts (runtime/parallel/expert.py, SharedExperts): a bf16 SwiGLU MLP over this rank's
@@ -188,7 +194,8 @@ class LayerTerms:
             if m.shared_expert_gate:
                 ew_f += prof.memory_bound_s(BF16 * 3 * tok_t * h)
                 ew_b += prof.memory_bound_s(BF16 * 5 * tok_t * h)
-        ce = prof.eff("compute")  # calibrated: what the runtime spends beyond its measured kernels
+        # calibrated: what the runtime spends beyond its measured kernels; the target's kernels against ours
+        ce = self.target.kernel_s(prof.eff("compute"))
         fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel = (x * ce for x in (fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel))
         compute_f = fwd + attn_f + ew_f + moe_f
         compute_b = bwd + attn_b + ew_b + moe_b
@@ -199,7 +206,7 @@ class LayerTerms:
             ag = self.group_collective_s("all_gather", nbytes, t, 1) * prof.eff("tp")
             rs = self.group_collective_s("reduce_scatter", nbytes, t, 1) * prof.eff("tp")
             n_pairs = 1 if m.is_moe else 2
-            frac = prof.overlap_hidden_fraction.get("tp", 0.0)
+            frac = self.target.tp_fraction(prof.overlap_hidden_fraction.get("tp", 0.0))
             tp_f = n_pairs * (ag + rs)
             tp_b = n_pairs * (2 * ag + rs)
             comm_tp_f = exposed_s(tp_f, fwd, frac, lay.overlap_tp)
@@ -245,5 +252,5 @@ class LayerTerms:
                         + self.group_collective_s("reduce_scatter", nbytes, t, 1))
             comm += self.group_collective_s("all_reduce", FP32 * T, t, 1)  # the loss: max
             comm += self.group_collective_s("all_reduce", 2 * FP32 * T, t, 1)  # sum of exp and target logit
-        c = prof.eff("compute")
+        c = self.target.kernel_s(prof.eff("compute"))
         return EndCosts(embedding_s=emb * c, head_s=(hf + hb + ce) * c, head_comm_s=comm * prof.eff("tp"))

@@ -9,6 +9,7 @@ from planner.cost.data_parallel import DataParallelTerms
 from planner.cost.host import HostTerms
 from planner.cost.layer import LayerTerms
 from planner.cost.rank_memory import MemoryTermsOfRanks
+from planner.cost.targets import OURS, RuntimeTarget
 from planner.model import ModelSpec
 from planner.plan import Layout, Plan, Prediction, StagePlan, TrainingShape
 from planner.profile import Profile
@@ -20,15 +21,17 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
     candidate layout and asks it about many stage splits."""
 
     def __init__(self, model: ModelSpec, shape: TrainingShape, layout: Layout, cluster: ClusterSpec,
-                 profile: Profile, shared: dict | None = None):
+                 profile: Profile, shared: dict | None = None, target: RuntimeTarget = OURS):
         # a step replayed as a CUDA graph pays each kernel's GPU start, not the host's launch (Profile.graph_kernel_s)
         self.prof = profile.for_graph_replay() if layout.cuda_graph and profile is not None else profile
         self.m, self.shape, self.lay, self.cluster = model, shape, layout, cluster
+        self.target = target
+        """The runtime predicted for (planner/cost/targets.py): its named factors scale the terms below."""
         # layer and end costs depend only on (tp, cp, ep, micro-batch, overlap, fp8, gradient precision): a
         # search shares them
         self._shared = shared if shared is not None else {}
         self.layer_key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8,
-                          layout.grad_dtype, self.dispatch_chunks, self.stacks_expert_weights,
+                          layout.grad_dtype, self.dispatch_chunks, self.stacks_expert_weights, target,
                           layout.cuda_graph and getattr(profile, "graph_kernel_s", None) is not None)
         """What a layer's price depends on: the key of its memo in `shared`."""
 
@@ -41,7 +44,7 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
     @property
     def dispatch_chunks(self) -> int:
         """Chunks an MoE layer dispatches its tokens in (runtime/parallel/expert.py, MoEMLP.dispatch_chunks)."""
-        return 2 if self.lay.overlap_ep and self.lay.ep > 1 and self.m.is_moe else 1
+        return 2 if self.lay.overlap_ep and self.lay.ep > 1 and self.m.is_moe and self.target.two_chunk_dispatch else 1
 
     def _memo(self, name, fn):
         k = (name, self.layer_key)
@@ -153,5 +156,13 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
                           breakdown_s=breakdown)
 
 
-def evaluate(plan: Plan, cluster: ClusterSpec, profile: Profile) -> Prediction:
-    return CostModel(plan.model, plan.training, plan.layout, cluster, profile).predict(plan.stages)
+def evaluate(plan: Plan, cluster: ClusterSpec, profile: Profile, runtime: str | None = None) -> Prediction:
+    """The plan's prediction for the runtime it names (Plan.runtime), or for `runtime`; a runtime that cannot
+    capture CUDA graphs runs the plan's layout eagerly."""
+    from dataclasses import replace
+
+    from planner.cost.targets import load_target
+
+    target = load_target(runtime or plan.runtime)
+    layout = plan.layout if target.cuda_graph or not plan.layout.cuda_graph else replace(plan.layout, cuda_graph=False)
+    return CostModel(plan.model, plan.training, layout, cluster, profile, target=target).predict(plan.stages)

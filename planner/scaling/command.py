@@ -43,7 +43,7 @@ def _tokens(s: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from planner.cli import _Parser, _positive_float, _positive_int, add_model_cluster_args
+    from planner.cli import _Parser, _positive_float, _positive_int, add_model_cluster_args, add_runtime_arg
     from planner.cluster import GPU_KINDS
 
     ap = _Parser(prog="plan scaling", description="Strong or weak scaling report: the best plan at each GPU count, "
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--validate-csv", help="results CSV of `plan validate`: overlay its measured points")
     ap.add_argument("--top-k", type=_positive_int("--top-k"), default=DEFAULT_TOP_K,
                     help=f"plans kept per point by the search (default {DEFAULT_TOP_K}; only the best is reported)")
+    add_runtime_arg(ap)
     ap.add_argument("-o", "--output", required=True, help="folder for scaling.csv, the plots and report.md")
     ap.add_argument("--force", action="store_true", help="overwrite an existing DIR/scaling.csv")
     return ap

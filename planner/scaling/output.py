@@ -149,6 +149,9 @@ def write_report(df, measured, out: Path, args, model, series_list, plans, argv,
     first_ok = df[(df["series"] == base.name) & (df["status"] == "ok")]
     lines = [f"# Scaling report: {model.name}, {mode} scaling", ""]
     lines.append(f"`plan scaling {' '.join(argv)}`  ")
+    from planner.cost.targets import load_target
+
+    lines.append(f"Predicted for the runtime {load_target(getattr(args, 'runtime', 'ours')).describe()}.  ")
     lines.append(f"{model.name}: {model.total_params() / 1e9:.1f}B parameters, {model.num_layers} layers, hidden "
                  f"{model.hidden}. GPU counts {', '.join(str(g) for g in sorted(df['gpus'].unique()))}; "
                  f"{args.gpus_per_node} GPUs per node; network {args.inter_node_gbps:g} GB/s per GPU.  ")

@@ -99,7 +99,10 @@ def run_point(args, series: Series, model, n: int, n0: int, top_k: int) -> tuple
         if series.gpu != cluster.gpu:
             cluster = replace(cluster, gpu=series.gpu)
         row.update(nodes=cluster.num_nodes, seq_len=shape.seq_len, tokens_per_step=shape.seq_len * shape.global_batch)
-        result = search(m, shape, cluster, series.profile, Pins(), top_k=top_k)
+        from planner.cost.targets import load_target
+
+        result = search(m, shape, cluster, series.profile, Pins(), top_k=top_k,
+                        target=load_target(getattr(args, "runtime", "ours")))
     except PlanError as exc:
         row.update(status="no fit" if exc.exit_code == 2 else "impossible", reason=str(exc),
                    search_s=time.perf_counter() - t0)
@@ -111,7 +114,7 @@ def run_point(args, series: Series, model, n: int, n0: int, top_k: int) -> tuple
     plan = result.plans[0]
     p, lay = plan.prediction, plan.layout
     mem_max = max(p.memory_gib_per_rank)
-    row.update(status="ok", reason="", layout=lay.short(), tp=lay.tp, pp=lay.pp, vpp=lay.vpp, dp=lay.dp, cp=lay.cp,
+    row.update(status="ok", reason="", runtime=plan.runtime, layout=lay.short(), tp=lay.tp, pp=lay.pp, vpp=lay.vpp, dp=lay.dp, cp=lay.cp,
                ep=lay.ep, micro_batch=lay.micro_batch, num_micro_batches=plan.num_micro_batches, sharding=lay.sharding,
                recompute=_recompute_label(plan), layers_per_rank=_layers_per_rank(plan),
                step_s=p.step_s, tokens_per_s=p.tokens_per_s, tokens_per_s_per_gpu=p.tokens_per_s / n,

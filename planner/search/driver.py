@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 from planner import memory as mem
 from planner.bounds import compute_bound_s, time_and_memory_bounds
 from planner.cluster import ClusterSpec
 from planner.cost import CostModel
+from planner.cost.targets import OURS, RuntimeTarget
 from planner.errors import NoFitError, PlanError
 from planner.legality import layout_violation
 from planner.model import ModelSpec
@@ -39,7 +41,7 @@ def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> 
     if flip is False:
         return cm
     cm2 = CostModel(model, shape, Layout(**{**lay.__dict__, "overlap_ep": not lay.overlap_ep}), cluster, profile,
-                    shared)
+                    shared, cm.target)
     if flip is None:
         one_layer = StagePlan(1)
 
@@ -52,14 +54,17 @@ def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> 
 
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
            pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_work: float = SOLVE_WORK,
-           progress=None, alternatives: bool = False) -> SearchResult:
+           progress=None, alternatives: bool = False, target: RuntimeTarget = OURS) -> SearchResult:
     """Best plans first. Phases: enumerate every legal layout with a cheap bound (its layers' compute); in that
     bound's order, the full time and memory bounds of each layout that could still beat the k-th best, and a
     greedy split of each whose full bound could too; CP-SAT on the `top_k + refine` best of those (hinted with
     the greedy split, `solve_work` of deterministic time each); the schedule played for those and the next
     PLAYED_RUNNERS_UP, which ranks the plans. The stats say how close the result is proven to be: the first
     plan's step over the lowest bound of every layout that CP-SAT did not settle. alternatives: also the best
-    plan of each kind of layout the first plan is not (planner/search/alternatives.py), from the same candidates."""
+    plan of each kind of layout the first plan is not (planner/search/alternatives.py), from the same candidates.
+    target: the runtime predicted for (planner/cost/targets.py); one that cannot capture CUDA graphs plans eagerly."""
+    if not target.cuda_graph and pins.cuda_graph:
+        pins = replace(pins, cuda_graph=False)
     stats = SearchStats()
     t0 = time.perf_counter()
     limit = mem.plan_memory_limit_bytes(cluster)
@@ -73,8 +78,8 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
             first_violation = first_violation or (lay, why)
             continue
         stats.layouts_legal += 1
-        cm = CostModel(model, shape, lay, cluster, profile, shared)
-        if lay.ep > 1 and "ep" not in pins.no_overlap:
+        cm = CostModel(model, shape, lay, cluster, profile, shared, target)
+        if lay.ep > 1 and "ep" not in pins.no_overlap and target.two_chunk_dispatch:
             cm = _cheaper_dispatch(cm, model, shape, cluster, profile, shared)
             lay = cm.lay
         candidates.append(_Candidate(lay, cm, compute_bound_s(cm, shape, pins.recompute)))
@@ -104,7 +109,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     refined.sort(key=lambda x: x[0])
     stats.phase_s["cpsat"] = time.perf_counter() - t2
     if not refined:
-        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit)
+        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit, target)
     plans = []
     for step, c, stages, proven in refined[:top_k + refine]:
         pred = c.cost.predict(stages)  # the schedule played: the figure the plan reports and is ranked by
@@ -124,7 +129,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     stats.phase_s["played_runners_up"] = time.perf_counter() - t4
     plans = plans[:top_k]
     if not plans:
-        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit)
+        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit, target)
     best = plans[0].prediction.step_s
     stats.gap_to_bound = max(0.0, best / unsettled_bound - 1) if unsettled_bound < math.inf and best > unsettled_bound else 0.0
     result = SearchResult(plans=plans, stats=stats)
@@ -159,7 +164,7 @@ def _faster_split(c: _Candidate, plan: Plan, model, shape, cluster, profile, pin
     return plan
 
 
-def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit) -> PlanError:
+def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit, target=OURS) -> PlanError:
     if stats.layouts_legal == 0:
         if first_violation:
             lay, why = first_violation
@@ -176,7 +181,7 @@ def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_me
             return PlanError(f"TP {pins.tp} would span nodes of {cluster.gpus_per_node} GPUs")
         return PlanError(f"no layout of {model.name} exists on {cluster.num_gpus} GPUs with the given pins")
     need_gib = min_mem[0] / mem.GIB if min_mem else float("nan")
-    fewest = _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit)
+    fewest = _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target)
     where = f"; it needs at least {fewest} GPUs" if fewest else ""
     return NoFitError(
         f"no layout of {model.name} fits in memory on {cluster.num_gpus} {cluster.gpu} GPUs: the binding "
@@ -184,7 +189,7 @@ def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_me
         f"(least: {min_mem[1].short()} with full recompute) against the {limit / mem.GIB:.1f} GiB allowed{where}")
 
 
-def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit) -> int | None:
+def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target=OURS) -> int | None:
     from dataclasses import replace
 
     n = cluster.num_gpus
@@ -194,7 +199,8 @@ def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit) -> int | 
         for lay in enumerate_layouts(model, shape, c2, Pins(**{**pins.__dict__, "dp": None})):
             if layout_violation(model, shape, lay, n, c2.gpus_per_node):
                 continue
-            _, m_lb = time_and_memory_bounds(CostModel(model, shape, lay, c2, profile), shape, pins.recompute)
+            _, m_lb = time_and_memory_bounds(CostModel(model, shape, lay, c2, profile, target=target), shape,
+                                             pins.recompute)
             if m_lb <= limit:
                 return n
     return None

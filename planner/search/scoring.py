@@ -96,7 +96,7 @@ def _plan_of(c: _Candidate, stages: list[StagePlan], pred, model, shape, cluster
         prov["modelled"].insert(0, f"attention: head dimension {model.head_dim} not measured, {how} (`plan profile "
                                    f"--model {model.name} --base {profile_argument(profile)}` measures it)")
     return Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
-                prediction=pred, provenance=prov)
+                prediction=pred, provenance=prov, runtime=c.cost.target.name)
 
 
 def plan_provenance(profile: Profile, fp8: bool = False) -> dict:

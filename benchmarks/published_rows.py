@@ -1,0 +1,224 @@
+"""The rows of benchmarks/published/runs.csv as the planner's inputs: a ModelSpec, a ClusterSpec, a TrainingShape and
+the Pins of the published layout, with a note of every approximation the model spec needs. Shared by
+benchmarks/published_check.py (plans every row) and benchmarks/fit_megatron_target.py (fits the Megatron target's
+free factors on the fit rows only).
+
+A row whose GPU kind the planner does not know, or for which no profile ships, is 'skipped' with the reason; it is
+picked up without a change here once the kind and its profile exist (planner.cluster.GPU_KINDS, profiles/).
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS_CSV = REPO / "benchmarks" / "published" / "runs.csv"
+
+from planner.cluster import GPU_KINDS, ClusterSpec  # noqa: E402
+from planner.model import ModelSpec  # noqa: E402
+from planner.plan import TrainingShape  # noqa: E402
+from planner.profile import Profile, load_profile  # noqa: E402
+from planner.profile.files import default_profile_path  # noqa: E402
+from planner.search import Pins  # noqa: E402
+
+HEAD_DIM = {"GPT-OSS-120B": 64, "Qwen3-235B-A22B": 128}
+"""Per-head width of the rows whose head_dim is not hidden / heads (runs.csv has no such column): the released
+config.json files (openai/gpt-oss-120b head_dim 64; Qwen/Qwen3-235B-A22B head_dim 128)."""
+
+VOCAB_MULTIPLE = 1024
+"""Vocabularies are padded to a multiple of 128 x 8 (Megatron's --make-vocab-size-divisible-by 128 times the largest TP
+degree searched), so that every TP degree divides them (GPT-3's 50257 -> 51200)."""
+
+MLP_FAMILY = {"gelu": "gpt", "swiglu": "llama", "relu2": "gpt"}
+"""The model family whose MLP is closest to the row's: GELU -> GPT (two matmuls, biases, LayerNorm, learned
+positions); SwiGLU -> Llama (three matmuls, RMSNorm, rotary); squared ReLU (Nemotron) -> GPT (two matmuls like
+GELU; Nemotron has no biases and uses rotary: approximated, the row says so)."""
+
+
+@dataclass
+class PublishedRow:
+    row_id: str
+    split: str
+    raw: dict
+    model: ModelSpec
+    cluster: ClusterSpec
+    shape: TrainingShape
+    pins: Pins
+    tokens_per_s_per_gpu: float
+    notes: list[str] = field(default_factory=list)
+    skip_reason: str = ""
+    """Why the row cannot be planned on this tree ('' when it can)."""
+
+    @property
+    def fp8(self) -> bool:
+        return self.raw["precision"] == "fp8"
+
+    def profile(self) -> Profile:
+        return load_profile(None, self.cluster.gpu)
+
+
+MEGATRON_CORE_SOURCES = ("nemo2407", "mbridge")
+"""Sources run on Megatron-Core, whose gradients are reduced in bf16 by default (DistributedDataParallelConfig
+grad_reduce_in_fp32 False): planned with grad_dtype bf16. Narayanan's and Korthikanti's Megatron-LM of 2021-22
+accumulated and reduced in fp32 in their fp16 / bf16 runs, and the others are not Megatron."""
+
+VPP_FREE_SOURCES = ("llama3",)
+"""Sources whose interleaving is stated but not its degree (Llama 3 section 3.3.2: an interleaved schedule): an empty
+vpp is left to the search there; elsewhere it is 1."""
+
+UNSHARDED_BETWEEN_PASSES = ("llama3",)
+"""Sources whose FSDP keeps parameters unsharded between forward and backward (runs.csv caveats, Llama 3)."""
+
+RECOMPUTE_FREE_SOURCES = ("dsv3",)
+"""Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
+
+
+def _int(s: str, default: int | None = None) -> int | None:
+    return int(s) if s.strip() else default
+
+
+def _flag(s: str) -> bool | None:
+    return {"true": True, "false": False}.get(s.strip().lower())
+
+
+def model_of(r: dict, notes: list[str]) -> ModelSpec:
+    family = MLP_FAMILY[r["mlp"]]
+    if r["mlp"] == "relu2":
+        notes.append("squared-ReLU MLP priced as GPT's GELU MLP (two matmuls; biases and learned positions of the "
+                     "GPT family kept)")
+    heads = int(r["heads"])
+    kv = _int(r["kv_heads"], heads)
+    experts = _int(r["num_experts"], 1)
+    ffn = _int(r["moe_ffn_hidden"]) if experts > 1 else _int(r["ffn_hidden"])
+    if experts > 1 and r["ffn_hidden"].strip():
+        notes.append(f"dense layers (FFN {r['ffn_hidden']}) priced as MoE layers like the rest (the model spec has "
+                     "one layer kind)")
+    if not r["kv_heads"].strip():
+        notes.append("MLA (compressed latent KV) approximated as multi-head attention with 128-wide heads")
+    hidden = int(r["hidden"])
+    head_dim = HEAD_DIM.get(r["model"], 0)
+    if not r["kv_heads"].strip():
+        head_dim = 128
+    if head_dim and head_dim == hidden // heads:
+        head_dim = 0
+    shared = _int(r["shared_experts"], 0) or 0
+    vocab = int(r["vocab"])
+    padded = -(-vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    if padded != vocab:
+        notes.append(f"vocabulary {vocab} padded to {padded} (Megatron pads to a multiple of 128 x TP)")
+    seq = int(r["seq_len"])
+    return ModelSpec(name=r["model"], family=family, num_layers=int(r["layers"]), hidden=hidden, num_heads=heads,
+                     num_kv_heads=kv, ffn_hidden=ffn, vocab_size=padded, max_seq_len=max(seq, 2048),
+                     default_seq_len=seq, default_global_batch=int(r["global_batch_seqs"]), num_experts=experts,
+                     top_k=_int(r["top_k"], 1) if experts > 1 else 1, shared_expert_ffn=shared * (ffn or 0),
+                     head_dim_override=head_dim, tie_embeddings=False, rope_theta=500000.0)
+
+
+def pins_of(r: dict, notes: list[str]) -> Pins:
+    """The published layout: TP, PP, VPP, DP and its sharding, CP, EP, micro-batch, recompute and FP8; an empty
+    cell stays free. Overlap switched off where the row says it was off (tp_comm_overlap / dp_overlap false)."""
+    sharding = r["sharding"].strip() or None
+    if sharding is None and _flag(r["distributed_optimizer"]) is True:
+        sharding = "optimizer"
+    if sharding is None and _flag(r["distributed_optimizer"]) is False:
+        sharding = "none"
+    vpp = _int(r["vpp"])
+    if vpp is None and (int(r["pp"]) == 1 or not r["row_id"].startswith(VPP_FREE_SOURCES)):
+        vpp = 1  # runs.csv: empty means no interleaving stated (NeMo's VP 1 is written empty; torchtitan's rows 1F1B)
+    if sharding == "full" and r["row_id"].startswith(UNSHARDED_BETWEEN_PASSES):
+        sharding = "optimizer+grads"
+        notes.append("FSDP without re-sharding after forward planned as sharding 'optimizer+grads' (parameters whole "
+                     "between forward and backward, gradients and optimizer state sharded)")
+    recompute = r["recompute"].strip() or None
+    if recompute and r["row_id"].startswith(RECOMPUTE_FREE_SOURCES):
+        notes.append(f"recompute '{recompute}' is the source's own set (DeepSeek-V3: RMSNorm, MLA up-projections and "
+                     "SwiGLU outputs recomputed, MoE inputs cached in FP8), not the planner's selective recompute: "
+                     "left to the search")
+        recompute = None
+    tp, dp, cp, ep = int(r["tp"]), int(r["dp"]), int(r["cp"]), int(r["ep"])
+    if ep > 1 and (dp * cp) % ep:
+        fit_ep = max(e for e in range(1, dp * cp + 1) if (dp * cp) % e == 0 and ep % e == 0)
+        notes.append(f"EP {ep} spans TP x DP in Megatron (expert tensor parallel 1); planned as EP {fit_ep}, the "
+                     f"largest degree that divides DP x CP = {dp * cp} here")
+        ep = fit_ep
+    no_overlap = set()
+    if _flag(r["tp_comm_overlap"]) is False or (_flag(r["sequence_parallel"]) is False and int(r["tp"]) > 1):
+        no_overlap.add("tp")  # without sequence parallelism Megatron all-reduces TP outputs on the critical path
+    if _flag(r["dp_overlap"]) is False:
+        no_overlap.add("dp")
+    return Pins(tp=tp, pp=int(r["pp"]), vpp=vpp, dp=dp, cp=cp, ep=ep,
+                micro_batch=_int(r["micro_batch"]), sharding=sharding, recompute=recompute,
+                fp8=r["precision"] == "fp8", no_overlap=frozenset(no_overlap), cuda_graph=False,
+                grad_dtype="bf16" if r["row_id"].startswith(MEGATRON_CORE_SOURCES) else "fp32")
+
+
+def skip_reason(gpu: str) -> str:
+    if gpu not in GPU_KINDS:
+        return f"GPU kind '{gpu}' is not in planner.cluster.GPU_KINDS on this tree"
+    if not default_profile_path(gpu).exists():
+        return f"no profile ships for GPU kind '{gpu}' on this tree"
+    return ""
+
+
+def load_rows(path: Path = RUNS_CSV, split: str | None = None) -> list[PublishedRow]:
+    """Every row of runs.csv (or of one split), in file order."""
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if split is not None and r["split"] != split:
+                continue
+            notes: list[str] = []
+            model = model_of(r, notes)
+            seq, gb = int(r["seq_len"]), int(r["global_batch_seqs"])
+            gpus = int(r["num_gpus"])
+            cluster = ClusterSpec(gpu=r["gpu"], num_gpus=gpus, gpus_per_node=min(int(r["gpus_per_node"]), gpus),
+                                  inter_node_gb_per_s=float(r["inter_node_gbps_per_gpu"]))
+            out.append(PublishedRow(row_id=r["row_id"], split=r["split"], raw=r, model=model, cluster=cluster,
+                                    shape=TrainingShape(seq_len=seq, global_batch=gb), pins=pins_of(r, notes),
+                                    tokens_per_s_per_gpu=float(r["tokens_per_s_per_gpu"]), notes=notes,
+                                    skip_reason=skip_reason(r["gpu"])))
+    return out
+
+
+DECIDING_TERMS = {"tp_comm": "exposed TP comm", "dp_comm": "exposed DP comm", "pp_comm": "exposed PP comm",
+                  "bubble": "bubble", "cp_comm": "exposed CP comm", "ep_comm": "exposed EP comm", "host": "host",
+                  "recompute": "memory (recompute)", "optimizer": "optimizer"}
+"""The breakdown's parts beyond compute, as a miss names the one that decided it."""
+
+
+def deciding_term(prediction, over: bool = False) -> str:
+    """The part of a predicted step that decided a miss, as a label: the largest part beyond compute (planner.breakdown's
+    names) where the prediction is too slow (or the free search below the published figure); where it is too fast
+    (`over`), the run spent time the model does not price, and the label gives the compute share the miss sits in and
+    the largest other part."""
+    parts = {k: prediction.breakdown_s.get(k, 0.0) for k in DECIDING_TERMS}
+    k = max(parts, key=parts.get)
+    largest = f"{DECIDING_TERMS[k]} ({parts[k] / prediction.step_s:.0%} of the step)"
+    if over:
+        compute = prediction.breakdown_s.get("compute", 0.0) / prediction.step_s
+        return f"unpriced time: compute {compute:.0%} of the predicted step; largest other part {largest}"
+    return largest
+
+
+def plan_row(row: PublishedRow, target, free: bool = False, profile: Profile | None = None):
+    """The best plan of `row` for `target`: pinned to the published layout, or (free) searched with only its
+    precision kept. Raises planner.errors.PlanError (NoFitError when no layout fits in memory)."""
+    from planner.search import search
+
+    pins = Pins(fp8=row.pins.fp8, cuda_graph=False) if free else row.pins
+    result = search(row.model, row.shape, row.cluster, profile or row.profile(), pins, top_k=1, target=target)
+    return result.plans[0]
+
+
+def repredict(row: PublishedRow, plan, target, profile: Profile, play: bool = True):
+    """The prediction of `plan` (its layout and stages kept) under another target's factors; play=False times the
+    pipeline by the schedule's closed form (planner/cost/step.py, CostModel.predict)."""
+    from planner.cost import CostModel
+
+    return CostModel(row.model, row.shape, plan.layout, row.cluster, profile, target=target).predict(plan.stages,
+                                                                                                    play=play)
+
+
+def tokens_per_s_per_gpu(row: PublishedRow, prediction) -> float:
+    return prediction.tokens_per_s / row.cluster.num_gpus

@@ -1,0 +1,180 @@
+"""Prediction targets: which training runtime the cost model predicts for (`plan --runtime ours|megatron`).
+
+`ours` is this project's runtime (runtime/): every term as the profile and the rest of planner/cost/ price it; its
+RuntimeTarget is the identity and changes nothing.
+
+`megatron` is Megatron-Core with Transformer Engine as users run it (Megatron-LM's pretrain_gpt with TE layers):
+- its kernels (TE's fused GEMMs, attention and elementwise kernels) at `compute_factor` times our kernels' GPU time
+  (fitted: what TE gains or loses against the profile's measured kernels, elementwise work priced like ours);
+- FP8 where the layout asks for it: forward, input-gradient and weight-gradient GEMMs at the profile's FP8 rates
+  (TE's FP8 recipe runs all three in FP8; ours keeps wgrad in bf16) times `fp8_gemm_factor` (fitted: TE fuses the
+  casts our runtime runs as separate passes);
+- TP communication with sequence parallelism overlapped by userbuffers (--tp-comm-overlap): at most
+  `tp_hidden_fraction` of it hidden behind the GEMMs beside it (fitted; the profile's fraction is our runtime's);
+- DP overlap with the distributed optimizer (--overlap-grad-reduce / --overlap-param-gather) in buckets of
+  `dp_bucket_params` parameters (Megatron's default 40M): the gradient reduction of the last bucket (the first
+  layers, reduced after backward ends) and the parameter gather of the first bucket (before forward starts) are
+  exposed; of the rest at most `dp_hidden_fraction` hides behind the compute beside it (fitted);
+- MoE all-to-alls: one dispatch per layer (no two-chunk dispatch of ours), at most `ep_hidden_fraction` hidden behind the expert compute beside them (fitted);
+- its pipeline schedules (1F1B, interleaved 1F1B): the same schedule play as ours (planner/schedule.py);
+- eager execution (no CUDA graph): the host issues each layer's kernels, `host_layer_s` per layer and micro-batch
+  (forward and backward, a stated figure times the fitted `host_factor`); a stage runs at the slower of the GPU
+  and the host.
+
+The megatron factors live in profiles/targets/megatron.json with their provenance (written by
+benchmarks/fit_megatron_target.py from the `fit` rows of benchmarks/published/runs.csv only). They are relative
+to this project's kernels and apply on any GPU kind, so they are a file of their own, not part of a GPU's profile.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from planner.errors import PlanError
+from planner.plan import RUNTIME_TARGETS
+
+MEGATRON_HOST_LAYER_S = 0.6e-3
+"""Stated figure: host time for Megatron-Core (TE layers, eager PyTorch) to issue one transformer layer's forward
+and backward for one micro-batch, about 0.25 ms forward and 0.35 ms backward (autograd) of Python and kernel-launch
+work for the ~100 kernels of a TE layer. An estimate, not measured here: `host_factor` scales it."""
+
+MEGATRON_DP_BUCKET_PARAMS = 40_000_000
+"""Megatron-Core's default DDP bucket size (--ddp-bucket-size unset: max(40M, 1M x DP size) parameters)."""
+
+
+@dataclass(frozen=True)
+class RuntimeTarget:
+    name: str
+    compute_factor: float = 1.0
+    """The runtime's kernels' GPU time over ours (GEMMs, attention, elementwise), per layer and at the ends."""
+    tp_hidden_fraction: float | None = None
+    """Share of the TP communication an overlapped step can hide; None: the profile's (our runtime's)."""
+    dp_hidden_fraction: float | None = None
+    """Share of the DP communication an overlapped step can hide; None: the profile's."""
+    ep_hidden_fraction: float | None = None
+    """Share of the MoE all-to-alls hidden behind the expert compute beside them (Megatron-Core's EP overlap,
+    --overlap-moe-expert-parallel-comm, and its permute fusion); None: the profile's."""
+    dp_bucket_params: float = 0.0
+    """Parameters per DP bucket whose first gather and last reduction are exposed; 0: no bucket term (ours)."""
+    host_layer_s: float = 0.0
+    """Host time per layer and micro-batch (forward + backward); 0: the profile's host model (ours)."""
+    host_factor: float = 1.0
+    fp8_gemm_factor: float = 1.0
+    """The runtime's FP8 GEMM time over the profile's FP8 GEMMs (ours quantises both operands per call with current
+    scaling, runtime/parallel/fp8.py; TE's delayed scaling fuses the casts into the kernels before)."""
+    two_chunk_dispatch: bool = True
+    """Whether MoE tokens may be dispatched in two overlapped chunks (Layout.overlap_ep; ours); else one dispatch
+    whose all-to-alls hide behind the experts at ep_hidden_fraction."""
+    fp8_wgrad: bool = False
+    """Weight-gradient GEMMs in FP8 too when the layout is FP8."""
+    cuda_graph: bool = True
+    """Whether the runtime can capture the step as a CUDA graph (ours can where legal; Megatron is run eagerly)."""
+    provenance: dict = field(default_factory=dict, compare=False, hash=False)
+
+    # -- the named terms ----------------------------------------------------------------------------------
+    def kernel_s(self, ours_s: float) -> float:
+        """GPU time of kernels that take `ours_s` in our runtime."""
+        return ours_s * self.compute_factor
+
+    def gemm_s(self, table: str, ours_s: float) -> float:
+        """A GEMM from the profile's `table` ('mm', 'wgrad', 'fp8') that takes `ours_s` in our runtime."""
+        return ours_s * self.fp8_gemm_factor if table == "fp8" else ours_s
+
+    def tp_fraction(self, profile_fraction: float) -> float:
+        return profile_fraction if self.tp_hidden_fraction is None else self.tp_hidden_fraction
+
+    def ep_fraction(self, profile_fraction: float) -> float:
+        return profile_fraction if self.ep_hidden_fraction is None else self.ep_hidden_fraction
+
+    def dp_fraction(self, profile_fraction: float) -> float:
+        return profile_fraction if self.dp_hidden_fraction is None else self.dp_hidden_fraction
+
+    def dp_exposed_s(self, comm_s: float, params: float, beside_s: float, profile_fraction: float,
+                     overlap: bool) -> float:
+        """Exposed DP traffic `comm_s` of `params` parameters running beside `beside_s` of compute: without a
+        bucket term the overlap rule (planner/cost/terms.exposed_s) at this target's fraction; with one, one
+        bucket's share of it is exposed and the rest follows the rule."""
+        from planner.cost.terms import exposed_s
+
+        frac = self.dp_fraction(profile_fraction)
+        if not overlap or self.dp_bucket_params <= 0 or params <= 0:
+            return exposed_s(comm_s, beside_s, frac, overlap)
+        bucket_s = comm_s * min(1.0, self.dp_bucket_params / params)
+        return bucket_s + exposed_s(comm_s - bucket_s, beside_s, frac, True)
+
+    def stage_host_s(self, layers: float, recompute_layers: float) -> float:
+        """Host time to issue one micro-batch of a stage of `layers` layers, `recompute_layers` of them rerunning
+        their forward in backward (a forward's host time, about 40% of a layer's, once more)."""
+        return self.host_layer_s * self.host_factor * (layers + 0.4 * recompute_layers)
+
+    @property
+    def own_host_model(self) -> bool:
+        return self.host_layer_s > 0
+
+    def describe(self) -> str:
+        """One line naming the target, for every report."""
+        if self.name == "ours":
+            return "ours (this project's runtime)"
+        fitted = self.provenance.get("fitted_on", "")
+        return (f"megatron (Megatron-Core + Transformer Engine, eager; compute x{self.compute_factor:.3f}, TP overlap "
+                f"hides {self.tp_hidden_fraction:.0%}, DP overlap hides {self.dp_hidden_fraction:.0%} beyond a "
+                f"{self.dp_bucket_params / 1e6:.0f}M-parameter bucket, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, EP overlap hides {self.ep_hidden_fraction:.0%}, host {self.host_layer_s * self.host_factor * 1e3:.2f}"
+                f" ms per layer and micro-batch" + (f"; fitted on {fitted}" if fitted else "") + ")")
+
+
+OURS = RuntimeTarget("ours")
+
+TARGETS_DIR = "targets"
+
+
+def target_file(name: str) -> Path:
+    return Path(str(resources.files("profiles"))) / TARGETS_DIR / f"{name}.json"
+
+
+MEGATRON_FACTORS = ("compute_factor", "tp_hidden_fraction", "dp_hidden_fraction", "ep_hidden_fraction",
+                    "fp8_gemm_factor", "host_factor")
+"""The megatron target's free factors (fitted by benchmarks/fit_megatron_target.py)."""
+
+
+def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_PARAMS,
+                    host_layer_s: float = MEGATRON_HOST_LAYER_S, provenance: dict | None = None) -> RuntimeTarget:
+    """The megatron RuntimeTarget with these free factors (MEGATRON_FACTORS) and its fixed traits: one MoE dispatch
+    per layer, FP8 weight gradients, eager execution."""
+    return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
+                         dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
+                         two_chunk_dispatch=False, fp8_wgrad=True, cuda_graph=False, provenance=dict(provenance or {}))
+
+
+def megatron_from_dict(d: dict, source: str) -> RuntimeTarget:
+    try:
+        return megatron_target(d["factors"], d.get("dp_bucket_params", MEGATRON_DP_BUCKET_PARAMS),
+                               d.get("host_layer_s", MEGATRON_HOST_LAYER_S), d.get("provenance") or {})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanError(f"{source} is not a valid runtime-target file ({exc.__class__.__name__}: {exc})") from None
+
+
+_LOADED: dict[str, RuntimeTarget] = {}
+
+
+def load_target(name: str, path: Path | None = None) -> RuntimeTarget:
+    """The RuntimeTarget called `name` ('ours', or 'megatron' from its factors file, `path` or the shipped one)."""
+    if name == "ours":
+        return OURS
+    if name != "megatron":
+        raise PlanError(f"unknown runtime target '{name}'; known: {', '.join(RUNTIME_TARGETS)}")
+    if path is None and name in _LOADED:
+        return _LOADED[name]
+    p = Path(path) if path is not None else target_file(name)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"the factors of runtime target '{name}' are missing ({p}); run "
+                        "benchmarks/fit_megatron_target.py") from None
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    t = megatron_from_dict(d, str(p))
+    if path is None:
+        _LOADED[name] = t
+    return t

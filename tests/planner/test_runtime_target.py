@@ -1,0 +1,229 @@
+"""The prediction target (`--runtime ours|megatron`, planner/cost/targets.py): `ours` predicts exactly as before the
+target existed, `megatron` is saved in and read from the plan file, named in every report, printed by
+`plan export --to megatron`, and its factors are fitted on the fit rows of the published suite only."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cluster import ClusterSpec
+from planner.cost import CostModel, evaluate
+from planner.cost.targets import OURS, RuntimeTarget, load_target
+from planner.cost.terms import exposed_s
+from planner.errors import PlanError
+from planner.model import resolve_model
+from planner.plan import Layout, Plan, StagePlan, TrainingShape, even_stages
+from planner.search import Pins, search
+from tests.planner.conftest import REPO, assert_one_sentence_error, run_cli
+
+# step time (s) and peak memory (GiB) of each case with the shipped h200-sxm profile at main commit 94b3934
+# (2026-12-03), before the prediction target existed; the same figures come out with the physics-modelled
+# collectives of commit 4db5964, which change groups beyond two GPUs only
+BEFORE = [
+    ("gpt-1.3b", 1, dict(micro_batch=4, sharding="none", cuda_graph=False), "none", (2048, 64),
+     2.0915104280577834, 35.732948303222656),
+    ("llama3-8b", 2, dict(tp=2, micro_batch=1, sharding="none"), "selective", (8192, 16),
+     6.900744401935945, 80.91754913330078),
+    ("gpt-1.3b", 2, dict(pp=2, vpp=2, micro_batch=2, sharding="none", fp8=True), "full", (2048, 32),
+     1.0315816551119272, 13.194694519042969),
+    ("gpt-6.7b", 2, dict(dp=2, micro_batch=2, sharding="optimizer", overlap_dp=True), "selective", (2048, 32),
+     2.4947421870863407, 85.32577514648438),
+    ("mixtral-8x7b", 2, dict(dp=2, ep=2, micro_batch=1, sharding="optimizer", overlap_ep=True), "full", (4096, 8),
+     4.152733831385837, 399.7093048095703),
+]
+
+
+def _cost(profile, name, n, kw, seq_gb, target=None):
+    m = resolve_model(name)
+    args = (m, TrainingShape(*seq_gb), Layout(**kw), ClusterSpec(gpu="h200-sxm", num_gpus=n, gpus_per_node=n), profile)
+    return CostModel(*args) if target is None else CostModel(*args, target=target)
+
+
+@pytest.mark.parametrize("name,n,kw,rc,seq_gb,step_s,mem_gib", BEFORE, ids=[f"{c[0]}-{c[1]}gpu-{i}" for i, c in enumerate(BEFORE)])
+def test_ours_predicts_as_before(profile, name, n, kw, rc, seq_gb, step_s, mem_gib):
+    m = resolve_model(name)
+    lay = Layout(**kw)
+    stages = even_stages(m.num_layers, lay.pp * lay.vpp, rc)
+    for target in (None, OURS, load_target("ours")):
+        p = _cost(profile, name, n, kw, seq_gb, target).predict(stages)
+        assert p.step_s == pytest.approx(step_s, rel=1e-12)
+        assert max(p.memory_gib_per_rank) == pytest.approx(mem_gib, rel=1e-12)
+
+
+def test_megatron_changes_time_not_memory(profile):
+    name, n, kw, rc, seq_gb, step_s, mem_gib = BEFORE[1]
+    stages = even_stages(resolve_model(name).num_layers, 1, rc)
+    p = _cost(profile, name, n, kw, seq_gb, load_target("megatron")).predict(stages)
+    assert p.step_s != pytest.approx(step_s, rel=1e-6)
+    assert max(p.memory_gib_per_rank) == pytest.approx(mem_gib, rel=1e-12)
+
+
+def test_dp_bucket_term_by_hand():
+    t = RuntimeTarget("t", dp_hidden_fraction=0.6, dp_bucket_params=40e6)
+    # 400M parameters: one 40M bucket (a tenth of the traffic) exposed, the rest hidden up to 60% or the compute beside
+    assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, True) == pytest.approx(0.1 + 0.9 * 0.4)
+    assert t.dp_exposed_s(1.0, 400e6, 0.2, 0.0, True) == pytest.approx(0.1 + 0.9 - 0.2)
+    assert t.dp_exposed_s(1.0, 20e6, 10.0, 0.0, True) == pytest.approx(1.0)  # all in one bucket
+    assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, False) == 1.0
+    for comm, beside, frac in ((1.0, 10.0, 0.5), (2.0, 0.3, 0.9)):  # ours: the plain overlap rule, profile's fraction
+        assert OURS.dp_exposed_s(comm, 400e6, beside, frac, True) == exposed_s(comm, beside, frac, True)
+
+
+def test_megatron_host_floor_by_hand(profile):
+    t = RuntimeTarget("t", host_layer_s=1e-3, host_factor=2.0, cuda_graph=False)
+    cm = _cost(profile, "gpt-1.3b", 1, dict(micro_batch=1, cuda_graph=False), (2048, 8), t)
+    assert cm.stage_host_s(0, StagePlan(10, full_recompute_layers=5)) == pytest.approx(2e-3 * (10 + 0.4 * 5))
+
+
+@pytest.fixture(scope="module")
+def megatron_plan(profile):
+    res = search(resolve_model("gpt-1.3b"), TrainingShape(2048, 64), ClusterSpec(num_gpus=8), profile,
+                 Pins(tp=2, pp=2), top_k=1, target=load_target("megatron"))
+    return res.plans[0]
+
+
+def test_megatron_plan_saved_and_loaded(megatron_plan, tmp_path):
+    assert megatron_plan.runtime == "megatron"
+    assert not megatron_plan.layout.cuda_graph  # Megatron runs eagerly
+    path = tmp_path / "plan.json"
+    megatron_plan.save(path)
+    d = json.loads(path.read_text())
+    assert d["runtime"] == "megatron" and d["version"] == 2
+    back = Plan.load(path)
+    assert back.runtime == "megatron"
+    assert back.to_dict() == megatron_plan.to_dict()
+    # the stored prediction is the megatron target's: evaluating the loaded plan gives it again
+    assert evaluate(back, ClusterSpec(**back.cluster), load_target_profile()).step_s == \
+        pytest.approx(megatron_plan.prediction.step_s, rel=1e-9)
+
+
+def load_target_profile(path="h200-sxm"):
+    """The profile the plan fixture was searched with (conftest), or with path None the default `plan export` reads."""
+    from planner.profile import load_profile
+    return load_profile(path, "h200-sxm")
+
+
+def test_old_plan_reads_as_ours(megatron_plan):
+    d = json.loads(json.dumps(megatron_plan.to_dict()))
+    d["version"] = 1
+    del d["runtime"]
+    assert Plan.from_dict(d).runtime == "ours"
+    d["version"] = 1
+    d["runtime"] = "megatron"  # a version-1 file has no runtime: whatever it says, it is ours
+    assert Plan.from_dict(d).runtime == "ours"
+
+
+def test_bad_runtime_in_plan_refused(megatron_plan):
+    d = json.loads(json.dumps(megatron_plan.to_dict()))
+    d["runtime"] = "deepspeed"
+    with pytest.raises(PlanError, match="names the runtime 'deepspeed'; known: ours, megatron"):
+        Plan.from_dict(d)
+    d["runtime"], d["version"] = "ours", 3
+    with pytest.raises(PlanError, match="plan version 3, which is not supported"):
+        Plan.from_dict(d)
+
+
+def test_broken_target_file_is_one_sentence(tmp_path):
+    p = tmp_path / "megatron.json"
+    p.write_text('{"factors": {"compute_factor": 1.0}}')
+    with pytest.raises(PlanError, match="is not a valid runtime-target file"):
+        load_target("megatron", p)
+    with pytest.raises(PlanError, match="unknown runtime target 'x'"):
+        load_target("x")
+
+
+def test_cli_names_runtime_in_reports(tmp_path):
+    base = ["--model", "gpt-1.3b", "--gpus", "8", "--tp", "2", "--pp", "2", "--top", "1"]
+    rc, out, err = run_cli(*base, "--runtime", "megatron", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["runtime"] == "megatron" and d["plans"][0]["runtime"] == "megatron"
+    assert d["runtime_description"].startswith("megatron (Megatron-Core + Transformer Engine")
+    rc, out, err = run_cli(*base, "--json")
+    assert rc == 0 and json.loads(out)["plans"][0]["runtime"] == "ours"
+    rc, out, err = run_cli(*base, "--runtime", "megatron")
+    assert rc == 0, err
+    assert "predicted for" in out and "megatron (Megatron-Core + Transformer Engine" in out
+    rc, out, err = run_cli(*base)
+    assert rc == 0 and "ours (this project's runtime)" in out
+    assert_one_sentence_error(*run_cli(*base, "--runtime", "deepspeed"))
+
+
+def test_export_prints_megatron_prediction(megatron_plan, tmp_path):
+    # the same layout as a plan for our runtime, without a stored prediction: export works both out
+    ours = Plan.from_dict({**megatron_plan.to_dict(), "runtime": "ours", "prediction": None})
+    path = tmp_path / "plan.json"
+    ours.save(path)
+    rc, out, err = run_cli("export", path, "--to", "megatron")
+    assert rc == 0, err
+    profile = load_target_profile(None)
+    cluster = ClusterSpec(**ours.cluster)
+    meg = evaluate(ours, cluster, profile, "megatron")
+    own = evaluate(ours, cluster, profile, "ours")
+    lines = [ln for ln in out.splitlines() if ln.startswith("# prediction for ")]
+    assert lines[0].startswith("# prediction for megatron (Megatron-Core")
+    assert f"step {meg.step_s:.3f} s, {meg.tokens_per_s:,.0f} tokens/s, MFU {meg.mfu:.1%}" in lines[0]
+    assert lines[1].startswith("# prediction for ours") and f"step {own.step_s:.3f} s" in lines[1]
+    assert "prediction for megatron" in err  # also beside the file on stderr
+    script = tmp_path / "args.sh"
+    script.write_text(out)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0  # still a valid argument file
+    # torchrun export names the --runtime prediction (ours by default) on stderr and leaves stdout a command
+    rc, out, err = run_cli("export", path, "--to", "torchrun", "--runtime", "megatron")
+    assert rc == 0 and "prediction for megatron" in err and "prediction" not in out
+
+
+def test_scaling_report_names_runtime(tmp_path):
+    rc, out, err = run_cli("scaling", "--model", "gpt-1.3b", "--gpus", "8", "--runtime", "megatron", "-o", tmp_path / "s",
+                           timeout=300)
+    assert rc == 0, err
+    assert "Predicted for the runtime megatron (Megatron-Core" in (tmp_path / "s" / "report.md").read_text()
+    import csv
+    with open(tmp_path / "s" / "scaling.csv") as f:
+        assert {r["runtime"] for r in csv.DictReader(f)} == {"megatron"}
+
+
+def _fit_module():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import fit_megatron_target
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return fit_megatron_target
+
+
+def test_fit_uses_fit_rows_only(monkeypatch, tmp_path):
+    fit = _fit_module()
+    import published_rows
+
+    holdout = [r for r in published_rows.load_rows() if r.split == "holdout"][:1]
+    with pytest.raises(ValueError, match="fit' split only"):
+        fit.fit_factors([(holdout[0], None, None, 1.0)], fit.START)
+    # the script asks the loader for the fit split and nothing else
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def loader(*a, **k):
+        asked.append((a, k))
+        raise Stop
+
+    monkeypatch.setattr(fit, "load_rows", loader)
+    with pytest.raises(Stop):
+        fit.main(["-o", str(tmp_path / "m.json")])
+    assert asked == [((), {"split": "fit"})]
+    assert {r.split for r in published_rows.load_rows(split="fit")} == {"fit"}
+
+
+def test_shipped_factors_name_their_fit_rows():
+    d = json.loads((REPO / "profiles" / "targets" / "megatron.json").read_text())
+    used = set(d["provenance"]["rows"])
+    import csv
+    with open(REPO / "benchmarks" / "published" / "runs.csv") as f:
+        split = {r["row_id"]: r["split"] for r in csv.DictReader(f)}
+    assert used and all(split[r] == "fit" for r in used)
