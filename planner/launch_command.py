@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nnodes", type=int_arg("--nnodes", 1, MAX_GPUS), default=1, help="nodes taking part (default 1)")
     ap.add_argument("--node-rank", type=int_arg("--node-rank", 0, MAX_GPUS), default=0, help="this node's rank among --nnodes (default 0)")
     ap.add_argument("--rdzv-endpoint", default=None, help="host:port of the rendezvous (several nodes)")
-    ap.add_argument("--timeout", type=float_arg("--timeout", 1.0, 7 * 24 * 3600.0), default=300.0, metavar="SECONDS",
+    ap.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                     help="end the job when a rank shows no sign of life for half this long, or no rank finishes a "
                          "step (or save) for this long (default 300); one sentence names the rank, the step and "
                          "the checkpoint to resume from")

@@ -186,7 +186,9 @@ def run_torchrun(cmd: list[str], env: dict, ckpt_dir=None, ranks: range = range(
                                 delay_s=1.0 if ranks else 0.0)
             rc = proc.wait()
         reported = _worker_error(error_file)
-    if reported:
+    killed = monitor.verdict is not None and monitor.verdict.kind == "died" and rc != 0 \
+        and (supervise.root_cause("".join(held))[1] or 0) < 0
+    if reported and not killed:  # a rank killed by a signal first: the others' errors (a broken save) follow from it
         code, sentence = reported
         print(f"plan: {sentence}", file=sys.stderr)
         return code
