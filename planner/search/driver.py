@@ -1,7 +1,9 @@
-"""The branch-and-bound driver: enumerate, bound and score the layouts, refine the leaders with CP-SAT, play the
-schedule of the plans it keeps, and say in one sentence why nothing fits when nothing does."""
+"""The branch-and-bound driver: enumerate and bound the layouts, evaluate exactly (CP-SAT's split and the greedy one,
+played) every layout whose bound is below the best plan found, then the runners-up; and say in one sentence why
+nothing fits when nothing does."""
 from __future__ import annotations
 
+import heapq
 import math
 import time
 
@@ -17,14 +19,13 @@ from planner.profile import Profile
 from planner.search.alternatives import _alternatives
 from planner.search.layouts import enumerate_layouts
 from planner.search.result import Pins, SearchResult, SearchStats
-from planner.search.scoring import _Candidate, _plan_of, _score
-from planner.search.stages import SOLVE_WORK, _solve_concurrently, solve_stages
+from planner.search.scoring import _Candidate, _plan_of
+from planner.search.stages import SOLVE_WORK, _solve_concurrently, greedy_stages
 
 
-PLAYED_RUNNERS_UP = 4
-"""Scored layouts after the CP-SAT-refined leaders whose greedy splits are played as well (the schedule's closed
-form, which scores the search, misranks pipelines of different depths by a few percent; llama3-405b on 1024
-GPUs: a 4% faster plan was sixth by the closed form)."""
+EXACT_TOLERANCE = 1e-12
+"""A layout whose lower bound exceeds the best plan's step by no more than this share is still evaluated: a bound
+equal to the best step could be a tie, and ties go to the first layout in layout_order."""
 
 
 def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> CostModel:
@@ -50,16 +51,27 @@ def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> 
     return cm2 if flip else cm
 
 
+def layout_order(lay: Layout) -> tuple:
+    """How plans of equal step time are ordered (the fewest GPUs per model replica first, then the degrees), so that
+    the first plan is one and the same whatever else the search evaluates."""
+    return (lay.tp * lay.pp * lay.cp, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.micro_batch, repr(lay))
+
+
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
-           pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_work: float = SOLVE_WORK,
+           pins: Pins = Pins(), top_k: int = 4, solve_work: float = SOLVE_WORK,
            progress=None, alternatives: bool = False) -> SearchResult:
-    """Best plans first. Phases: enumerate every legal layout with a cheap bound (its layers' compute); in that
-    bound's order, the full time and memory bounds of each layout that could still beat the k-th best, and a
-    greedy split of each whose full bound could too; CP-SAT on the `top_k + refine` best of those (hinted with
-    the greedy split, `solve_work` of deterministic time each); the schedule played for those and the next
-    PLAYED_RUNNERS_UP, which ranks the plans. The stats say how close the result is proven to be: the first
-    plan's step over the lowest bound of every layout that CP-SAT did not settle. alternatives: also the best
-    plan of each kind of layout the first plan is not (planner/search/alternatives.py), from the same candidates."""
+    """Best plans first; the first is the best plan of every legal layout, whatever top_k and alternatives are.
+
+    Every legal layout gets a cheap lower bound of its step (its layers' compute), and in the order of the bounds
+    its full bounds (memory; time with communication, optimizer and the least recompute fitting takes), each a
+    lower bound of the step the schedule played gives any split of it (planner/bounds.py). In that order each
+    layout whose bound is below the best plan found so far is evaluated exactly: its greedy split, CP-SAT's split
+    hinted with it (`solve_work` of deterministic time), both played, the faster kept; the search stops at the
+    first bound above the best step. That is the first plan: a layout is passed over only when a bound proves it
+    no faster. The runners-up (top_k - 1 of them) come after: the layouts next in bound order, scored by their
+    greedy splits played, until the next bound exceeds the top_k-th step; those shown get CP-SAT's split where it
+    plays faster. alternatives: also the best plan of each kind of layout the first plan is not
+    (planner/search/alternatives.py), from the same candidates."""
     stats = SearchStats()
     t0 = time.perf_counter()
     limit = mem.plan_memory_limit_bytes(cluster)
@@ -81,82 +93,116 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    scored, unsettled_bound, min_mem, _ = _score(candidates, shape, pins, limit, top_k, stats, solve_work)
-    stats.phase_s["greedy"] = time.perf_counter() - t1
+    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates)]
+    heapq.heapify(queue)
+    min_mem: list = []
+    exact: list[tuple[float, tuple, _Candidate, list[StagePlan]]] = []  # (step, order, candidate, stages)
+    threads = _threads()
+    while True:
+        best = exact[0][0] if exact else math.inf
+        batch = _next_bounded(queue, candidates, best, shape, pins, limit, stats, min_mem, threads)
+        if not batch:
+            break
+        for c, (step, stages) in zip(batch, _evaluate_exactly(batch, shape, limit, pins.recompute, solve_work, stats)):
+            if stages is not None:
+                exact.append((step, layout_order(c.layout), c, stages))
+        exact.sort(key=lambda x: x[:2])
+    stats.phase_s["exact"] = time.perf_counter() - t1
+    if not exact:
+        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem and min(min_mem)[::2], limit)
 
     t2 = time.perf_counter()
-    refined: list[tuple[float, _Candidate, list[StagePlan], bool]] = []
-    leaders = scored[: top_k + refine]
-    solved = _solve_concurrently([(c.cost, stages) for _, c, stages in leaders], shape, limit, pins.recompute,
-                                 solve_work)
-    for (step, c, stages), res in zip(leaders, solved):
-        stats.layouts_solved += 1
-        stats.cpsat_variables += 3 * c.layout.num_virtual_stages
-        proven = res.proven_optimal
+    ranked = list(exact)
+    while top_k > 1:  # the runners-up: greedy splits played, in bound order, while a bound is below the k-th step
+        kth = ranked[top_k - 1][0] if len(ranked) >= top_k else math.inf
+        batch = _next_bounded(queue, candidates, kth, shape, pins, limit, stats, min_mem, 1)
+        if not batch:
+            break
+        c = batch[0]
+        if not c.greedy_tried:
+            c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, pins.recompute), True
+            stats.layouts_greedy += 1
+        if c.greedy is not None:
+            ranked.append((c.cost.predict(c.greedy).step_s, layout_order(c.layout), c, c.greedy))
+            ranked.sort(key=lambda x: x[:2])
+    shown = ranked[:top_k]
+    unsolved = [(c, stages) for step, _, c, stages in shown if all(c is not e[2] for e in exact)]
+    better = _solve_concurrently([(c.cost, stages) for c, stages in unsolved], shape, limit, pins.recompute,
+                                 solve_work) if unsolved else []
+    stats.layouts_solved += len(unsolved)
+    refined = {}
+    for (c, stages), res in zip(unsolved, better):
         if res.stages is not None:
-            s2 = c.cost.predict(res.stages, play=False).step_s
-            if s2 < step:
-                step, stages = s2, res.stages
-        stats.proven_optimal += int(proven)
-        refined.append((step, c, stages, proven))
-    for step, c, stages in scored[top_k + refine:]:
-        unsettled_bound = min(unsettled_bound, c.time_bound_s)
-    refined.sort(key=lambda x: x[0])
-    stats.phase_s["cpsat"] = time.perf_counter() - t2
-    if not refined:
-        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit)
-    plans = []
-    for step, c, stages, proven in refined[:top_k + refine]:
-        pred = c.cost.predict(stages)  # the schedule played: the figure the plan reports and is ranked by
-        if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
-            continue  # the solver rounds memory up and never allows this; kept as a guard
-        plans.append(_plan_of(c, stages, pred, model, shape, cluster, profile))
-    # the closed form ranks pipelines of different depths only roughly (it puts every hop on the path): the next
-    # runners-up are played too, with their greedy splits, and one that plays faster than the first plan gets
-    # CP-SAT's split where that plays faster still
-    t4 = time.perf_counter()
-    for step, c, stages in scored[top_k + refine: top_k + refine + PLAYED_RUNNERS_UP]:
-        plans.append(_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile))
-    plans.sort(key=lambda p: p.prediction.step_s)
-    if all(plans[0].layout != c.layout for _, c, _, _ in refined):
-        c = next(c for _, c, _ in scored if c.layout == plans[0].layout)
-        plans[0] = _faster_split(c, plans[0], model, shape, cluster, profile, pins, limit, solve_work, stats)
-    stats.phase_s["played_runners_up"] = time.perf_counter() - t4
-    plans = plans[:top_k]
-    if not plans:
-        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit)
-    best = plans[0].prediction.step_s
-    stats.gap_to_bound = max(0.0, best / unsettled_bound - 1) if unsettled_bound < math.inf and best > unsettled_bound else 0.0
+            step = c.cost.predict(res.stages).step_s
+            if step < c.cost.predict(stages).step_s:
+                refined[id(c)] = (step, res.stages)
+    shown = sorted(((*refined.get(id(c), (step, stages)), order, c) for step, order, c, stages in shown),
+                   key=lambda x: (x[0], x[2]))
+    plans = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
+    stats.phase_s["runners_up"] = time.perf_counter() - t2
+    stats.gap_to_bound = 0.0  # every layout passed over has a bound at or above the first plan's step
     result = SearchResult(plans=plans, stats=stats)
     if alternatives:
         t3 = time.perf_counter()
-        alts = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
-        # the search ranks its candidates by the schedule's closed form and plays only the ones it keeps; an
-        # alternative's best, played, can come out ahead of them: it then joins the plans (CP-SAT's split or the
-        # greedy one, whichever plays faster), and the alternatives are taken against the new first plan
-        faster = [a.plan for a in alts if a.plan is not None and a.plan.prediction.step_s < plans[0].prediction.step_s]
-        if faster:
-            for alt in faster:
-                c = next(c for c in candidates if c.layout == alt.layout)
-                plans.append(_faster_split(c, alt, model, shape, cluster, profile, pins, limit, solve_work, stats))
-            plans.sort(key=lambda p: p.prediction.step_s)
-            del plans[top_k:]
-            alts = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
-        result.alternatives = alts
+        result.alternatives = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
         stats.phase_s["alternatives"] = time.perf_counter() - t3
     return result
 
 
-def _faster_split(c: _Candidate, plan: Plan, model, shape, cluster, profile, pins, limit, solve_work,
-                  stats: SearchStats) -> Plan:
-    """plan (c's layout with a greedy split, played) or CP-SAT's split hinted with it, whichever plays faster."""
-    res = solve_stages(c.cost, shape, limit, pins.recompute, hint=plan.stages, work_limit=solve_work)
-    stats.layouts_solved += 1
-    if res.stages is not None:
-        pred = c.cost.predict(res.stages)
-        if pred.step_s < plan.prediction.step_s:
-            return _plan_of(c, res.stages, pred, model, shape, cluster, profile)
-    return plan
+def _threads() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _next_bounded(queue, candidates, below_s, shape, pins, limit, stats, min_mem, most: int) -> list[_Candidate]:
+    """Up to `most` candidates off the queue, in the order of their full time bounds, whose full bound is within
+    EXACT_TOLERANCE of below_s or under it (a candidate known by its compute bound alone gets its full bounds and
+    goes back in line; one whose memory bound exceeds the limit leaves it). Empty when the next bound is above."""
+    out = []
+    while queue and len(out) < most:
+        bound_s, i, bounded = queue[0]
+        if bound_s > below_s * (1 + EXACT_TOLERANCE):
+            break
+        heapq.heappop(queue)
+        c = candidates[i]
+        if bounded:
+            out.append(c)
+            continue
+        if math.isnan(c.time_bound_s):
+            c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
+            stats.layouts_bounded += 1
+            stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+        min_mem.append((c.memory_bound_bytes, layout_order(c.layout), c.layout))
+        if c.memory_bound_bytes <= limit:
+            heapq.heappush(queue, (c.time_bound_s, i, True))
+    return out
+
+
+def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_work, stats) -> list[tuple]:
+    """(step, stages) of each candidate: its greedy split and CP-SAT's split hinted with it, both played, the faster
+    (the greedy one on a tie); (inf, None) when neither fits. A function of the candidate alone, so the first plan
+    does not depend on which other layouts a search evaluates."""
+    for c in batch:
+        if not c.greedy_tried:
+            c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, recompute), True
+            stats.layouts_greedy += 1
+    solved = _solve_concurrently([(c.cost, c.greedy) for c in batch], shape, limit, recompute, solve_work)
+    out = []
+    for c, res in zip(batch, solved):
+        stats.layouts_solved += 1
+        stats.cpsat_variables += 3 * c.layout.num_virtual_stages
+        stats.proven_optimal += int(res.proven_optimal)
+        best = (math.inf, None)
+        for stages in (c.greedy, res.stages):
+            if stages is not None:
+                pred = c.cost.predict(stages)
+                if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
+                    continue  # the solver rounds memory up and never allows this; kept as a guard
+                if pred.step_s < best[0]:
+                    best = (pred.step_s, stages)
+        out.append(best)
+    return out
 
 
 def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit) -> PlanError:
