@@ -7,6 +7,7 @@ from planner.breakdown import BREAKDOWN_LABEL, BREAKDOWN_ORDER
 from planner.legality import cuda_graph_violation
 from planner.plan import Plan
 from planner.search import SearchResult
+from planner.search.result import PINNED_NOTE
 
 HOST_PACED_SHARE = 0.10
 """A plan is host-paced when the host floor (issuing the kernels) sets at least this share of its predicted step.
@@ -66,11 +67,14 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
     con = console or (Console() if sys.stdout.isatty() else Console(width=140))
     best = result.plans[0]
     p, lay, shape = best.prediction, best.layout, best.training
-    con.print(f"[bold]{best.model.name}[/] ({best.model.total_params() / 1e9:.1f}B params) on "
+    con.print(f"[bold]{best.model.name}[/] ({params_text(best.model)}) on "
               f"{best.cluster['num_gpus']} x {best.cluster['gpu']} ({best.cluster['gpus_per_node']} per node), "
               f"seq {shape.seq_len}, global batch {shape.global_batch} sequences "
               f"({shape.seq_len * shape.global_batch / 1e6:.2f}M tokens)")
-    t = Table(title="Recommended layout", show_header=False, title_justify="left")
+    if result.pinned:
+        con.print(PINNED_NOTE, style="bold")
+    t = Table(title="Pinned layout" if result.pinned else "Recommended layout", show_header=False,
+              title_justify="left")
     t.add_column(style="bold")
     t.add_column()
     t.add_row("layout", f"{lay.short()}  (world {lay.world_size})")
@@ -180,10 +184,21 @@ def memory_limit_line(plan: Plan) -> str:
     return f"memory limit {limit:.1f} GiB = {limit + headroom:.1f} GiB allowance - {headroom:.1f} GiB headroom ({why})"
 
 
+def params_text(model) -> str:
+    """Total parameters, and for an MoE model the active ones (what one token passes through)."""
+    if model.is_moe:
+        return f"{model.total_params() / 1e9:.1f}B params, {model.active_params() / 1e9:.1f}B active"
+    return f"{model.total_params() / 1e9:.1f}B params"
+
+
 def result_json(result: SearchResult, elapsed_s: float) -> str:
     st = result.stats
     roomier = next_best_with_more_free(result)
+    model = result.plans[0].model
     return json.dumps({
+        "model_params": {"total": model.total_params(), "active": model.active_params()},
+        "pinned": result.pinned,
+        "pinned_note": PINNED_NOTE if result.pinned else None,
         "plans": [p.to_dict() for p in result.plans],
         "next_best_with_more_free_memory": result.plans.index(roomier) if roomier is not None else None,
         "search": {"layouts_enumerated": st.layouts_enumerated, "layouts_legal": st.layouts_legal,

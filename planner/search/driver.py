@@ -141,7 +141,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     plans = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
     stats.phase_s["runners_up"] = time.perf_counter() - t2
     stats.gap_to_bound = 0.0  # every layout passed over has a bound at or above the first plan's step
-    result = SearchResult(plans=plans, stats=stats)
+    result = SearchResult(plans=plans, stats=stats, pinned=pins.every_dimension(model) and stats.layouts_legal == 1)
     if alternatives:
         t3 = time.perf_counter()
         result.alternatives = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)

@@ -31,6 +31,14 @@ class Pins:
     """Capture the step as a CUDA graph wherever that is legal on a GPU (Layout.cuda_graph); it removes the
     host's time and costs nothing, so it is not a searched choice. False: every plan runs eagerly."""
 
+    def every_dimension(self, model) -> bool:
+        """Whether the pins leave the search no choice of layout: every degree, the micro-batch, the sharding level
+        and the recompute mode given, and the virtual stages where there is a pipeline, the EP degree where the
+        model has experts (what is left is the layer split, which a pinned recompute mode makes a balance)."""
+        given = all(v is not None for v in (self.tp, self.pp, self.dp, self.cp, self.micro_batch, self.sharding,
+                                             self.recompute))
+        return given and (self.vpp is not None or self.pp == 1) and (self.ep is not None or not model.is_moe)
+
 
 @dataclass
 class SearchStats:
@@ -67,4 +75,10 @@ class SearchResult:
     plans: list[Plan]
     stats: SearchStats
     alternatives: list[Alternative] = field(default_factory=list)
+    pinned: bool = False
+    """Every dimension was pinned (Pins.every_dimension): the one layout given, evaluated as given; no search."""
     """With search(alternatives=True): the best plan of each kind of layout the first plan is not."""
+
+
+PINNED_NOTE = ("pinned: every dimension given; this layout evaluated as given (its layers split over the stages by "
+               "CP-SAT), no other layout searched")
