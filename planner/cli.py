@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--why-not", action="store_true",
                     help="also show the best plan of each other kind of layout (other TP degrees, no pipeline, "
                          "other sharding levels, CP, EP) and where it loses time (about half a second more)")
+    ap.add_argument("--exact", action="store_true",
+                    help="prove the best plan: evaluate every layout whose lower bound is below the best step (slower; "
+                         "the default evaluates the most promising layouts and says whether its best is proven)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("-o", "--output", help="write the best plan to this file")
     ap.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
@@ -189,7 +192,7 @@ def run_plan(argv: list[str]) -> int:
         from planner.outputs import check_output_file
         check_output_file(Path(args.output), "-o", overwrite=args.force)
     check_pins(pins, shape, cluster.num_gpus)
-    result = search(model, shape, cluster, profile, pins, top_k=args.top, alternatives=args.why_not)
+    result = search(model, shape, cluster, profile, pins, top_k=args.top, alternatives=args.why_not, exact=args.exact)
     elapsed = time.perf_counter() - t0
     if args.output:
         from pathlib import Path

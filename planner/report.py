@@ -153,6 +153,7 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
               f"those within the memory bound), "
               f"{st.layouts_greedy} split greedily, {st.layouts_solved} by CP-SAT ({st.proven_optimal} proven optimal); "
               f"{elapsed_s:.2f} s")
+    con.print(f"best plan: {st.optimality}", style=None if st.optimality == "proven" else "yellow")
     prov = best.provenance
     con.print(f"times from profile {prov.get('profile')} ({prov.get('profile_kind')}); modelled: "
               + "; ".join(prov.get("modelled", [])), style="dim")
@@ -204,6 +205,8 @@ def result_json(result: SearchResult, elapsed_s: float) -> str:
         "search": {"layouts_enumerated": st.layouts_enumerated, "layouts_legal": st.layouts_legal,
                    "layouts_bounded": st.layouts_bounded, "layouts_within_memory_bound": st.layouts_fit_bound, "layouts_greedy": st.layouts_greedy,
                    "layouts_cpsat": st.layouts_solved, "cpsat_proven_optimal": st.proven_optimal,
+                   "exact": st.exact, "optimality": st.optimality,
+                   "unevaluated_below_best": st.unevaluated_below_best,
                    "phase_s": st.phase_s, "elapsed_s": elapsed_s},
         "alternatives": [{"instead": a.label, "plan": a.plan.to_dict() if a.plan else None,
                           "vs_best": a.plan.prediction.step_s / result.plans[0].prediction.step_s - 1 if a.plan else None,

@@ -99,7 +99,7 @@ def run_point(args, series: Series, model, n: int, n0: int, top_k: int) -> tuple
         if series.gpu != cluster.gpu:
             cluster = replace(cluster, gpu=series.gpu)
         row.update(nodes=cluster.num_nodes, seq_len=shape.seq_len, tokens_per_step=shape.seq_len * shape.global_batch)
-        result = search(m, shape, cluster, series.profile, Pins(), top_k=top_k)
+        result = search(m, shape, cluster, series.profile, Pins(), top_k=top_k, exact=getattr(args, "exact", False))
     except PlanError as exc:
         row.update(status="no fit" if exc.exit_code == 2 else "impossible", reason=str(exc),
                    search_s=time.perf_counter() - t0)

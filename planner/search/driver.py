@@ -1,6 +1,6 @@
-"""The branch-and-bound driver: enumerate and bound the layouts, evaluate exactly (CP-SAT's split and the greedy one,
-played) every layout whose bound is below the best plan found, then the runners-up; and say in one sentence why
-nothing fits when nothing does."""
+"""The search driver: enumerate and bound the layouts; evaluate exactly (CP-SAT's split and the greedy one, played)
+the LEADERS layouts the score ranks first (default) or every layout whose bound is below the best plan found
+(exact=True, branch and bound); then the runners-up; and say in one sentence why nothing fits when nothing does."""
 from __future__ import annotations
 
 import heapq
@@ -19,8 +19,9 @@ from planner.profile import Profile
 from planner.search.alternatives import _alternatives
 from planner.search.layouts import enumerate_layouts
 from planner.search.result import Pins, SearchResult, SearchStats
-from planner.search.scoring import _Candidate, _plan_of
-from planner.search.stages import SOLVE_WORK, _solve_concurrently, greedy_stages
+from planner.search.scoring import _Candidate, _plan_of, _score
+from planner.search.stages import (ENUMERATE_CHOICES, SOLVE_WORK, _solve_concurrently, count_stage_choices,
+                                    enumerate_stages, greedy_stages)
 
 
 EXACT_TOLERANCE = 1e-12
@@ -57,22 +58,34 @@ def layout_order(lay: Layout) -> tuple:
     return (lay.tp * lay.pp * lay.cp, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.micro_batch, repr(lay))
 
 
+LEADERS = 16
+"""The default search (search(exact=False)) evaluates exactly the LEADERS layouts its score ranks first (greedy splits
+scored by the schedule's closed form, in the order of the bounds; scoring._score) and takes the best of them: a set
+that does not depend on top_k, alternatives or the entry point, so neither does the first plan. Whether that plan is
+proven the best of every layout is counted and reported (SearchStats.unevaluated_below_best)."""
+
+
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
            pins: Pins = Pins(), top_k: int = 4, solve_work: float = SOLVE_WORK,
-           progress=None, alternatives: bool = False) -> SearchResult:
-    """Best plans first; the first is the best plan of every legal layout, whatever top_k and alternatives are.
+           progress=None, alternatives: bool = False, exact: bool = False) -> SearchResult:
+    """Best plans first; the first does not depend on top_k or alternatives.
 
     Every legal layout gets a cheap lower bound of its step (its layers' compute), and in the order of the bounds
     its full bounds (memory; time with communication, optimizer and the least recompute fitting takes), each a
-    lower bound of the step the schedule played gives any split of it (planner/bounds.py). In that order each
-    layout whose bound is below the best plan found so far is evaluated exactly: its greedy split, CP-SAT's split
-    hinted with it (`solve_work` of deterministic time), both played, the faster kept; the search stops at the
-    first bound above the best step. That is the first plan: a layout is passed over only when a bound proves it
-    no faster. The runners-up (top_k - 1 of them) come after: the layouts next in bound order, scored by their
-    greedy splits played, until the next bound exceeds the top_k-th step; those shown get CP-SAT's split where it
-    plays faster. alternatives: also the best plan of each kind of layout the first plan is not
+    lower bound of the step the schedule played gives any split of it (planner/bounds.py). A layout evaluated
+    exactly gets its greedy split and CP-SAT's split hinted with it (`solve_work` of deterministic time), both
+    played, the faster kept; one of at most stages.ENUMERATE_CHOICES (split x recompute) choices plays them all.
+
+    exact=False (the default): the LEADERS layouts the score ranks first are evaluated exactly, the first plan is
+    the best of them; the layouts not evaluated whose bound is below its step are counted (stats.
+    unevaluated_below_best: 0 proves it the best of every layout). exact=True: in bound order each layout whose
+    bound is below the best plan found so far is evaluated exactly, until the first bound above the best step:
+    the first plan is the best of every layout (proven). The runners-up (top_k - 1 of them) come after: the
+    evaluated layouts, then the layouts next in bound order scored by their greedy splits played, until the next
+    bound exceeds the top_k-th step; those shown get CP-SAT's split where it plays faster. They never displace the
+    first plan. alternatives: also the best plan of each kind of layout the first plan is not
     (planner/search/alternatives.py), from the same candidates."""
-    stats = SearchStats()
+    stats = SearchStats(exact=exact)
     t0 = time.perf_counter()
     limit = mem.plan_memory_limit_bytes(cluster)
     candidates: list[_Candidate] = []
@@ -93,29 +106,27 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates)]
-    heapq.heapify(queue)
-    min_mem: list = []
-    exact: list[tuple[float, tuple, _Candidate, list[StagePlan]]] = []  # (step, order, candidate, stages)
-    threads = _threads()
-    while True:
-        best = exact[0][0] if exact else math.inf
-        batch = _next_bounded(queue, candidates, best, shape, pins, limit, stats, min_mem, threads)
-        if not batch:
-            break
-        for c, (step, stages) in zip(batch, _evaluate_exactly(batch, shape, limit, pins.recompute, solve_work, stats)):
-            if stages is not None:
-                exact.append((step, layout_order(c.layout), c, stages))
-        exact.sort(key=lambda x: x[:2])
-    stats.phase_s["exact"] = time.perf_counter() - t1
-    if not exact:
-        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem and min(min_mem)[::2], limit)
-
+    if exact:
+        evaluated, least = _exact_first(candidates, shape, pins, limit, solve_work, stats)
+    else:
+        evaluated, least = _leaders_first(candidates, shape, pins, limit, solve_work, stats)
+    stats.phase_s["exact" if exact else "leaders"] = time.perf_counter() - t1
+    if not evaluated:
+        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, least, limit)
+    best_s = evaluated[0][0]
+    done = {id(e[2]) for e in evaluated}
     t2 = time.perf_counter()
-    ranked = list(exact)
-    while top_k > 1:  # the runners-up: greedy splits played, in bound order, while a bound is below the k-th step
-        kth = ranked[top_k - 1][0] if len(ranked) >= top_k else math.inf
-        batch = _next_bounded(queue, candidates, kth, shape, pins, limit, stats, min_mem, 1)
+    if not exact:
+        stats.unevaluated_below_best = _count_unevaluated_below(candidates, done, best_s, shape, pins, limit, stats)
+    stats.phase_s["optimality"] = time.perf_counter() - t2
+
+    t3 = time.perf_counter()
+    first, rest = evaluated[0], list(evaluated[1:])
+    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates) if id(c) not in done]
+    heapq.heapify(queue)
+    while len(rest) < top_k - 1:  # more runners-up: greedy splits played, in bound order, below the k-th step
+        kth = rest[top_k - 2][0] if len(rest) >= top_k - 1 else math.inf
+        batch = _next_bounded(queue, candidates, kth, shape, pins, limit, stats, [], 1)
         if not batch:
             break
         c = batch[0]
@@ -123,10 +134,10 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
             c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, pins.recompute), True
             stats.layouts_greedy += 1
         if c.greedy is not None:
-            ranked.append((c.cost.predict(c.greedy).step_s, layout_order(c.layout), c, c.greedy))
-            ranked.sort(key=lambda x: x[:2])
-    shown = ranked[:top_k]
-    unsolved = [(c, stages) for step, _, c, stages in shown if all(c is not e[2] for e in exact)]
+            rest.append((c.cost.predict(c.greedy).step_s, layout_order(c.layout), c, c.greedy))
+            rest.sort(key=lambda x: x[:2])
+    rest = rest[:top_k - 1]
+    unsolved = [(c, stages) for step, _, c, stages in rest if id(c) not in done]
     better = _solve_concurrently([(c.cost, stages) for c, stages in unsolved], shape, limit, pins.recompute,
                                  solve_work) if unsolved else []
     stats.layouts_solved += len(unsolved)
@@ -136,17 +147,68 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
             step = c.cost.predict(res.stages).step_s
             if step < c.cost.predict(stages).step_s:
                 refined[id(c)] = (step, res.stages)
-    shown = sorted(((*refined.get(id(c), (step, stages)), order, c) for step, order, c, stages in shown),
-                   key=lambda x: (x[0], x[2]))
+    rest = sorted(((*refined.get(id(c), (step, stages)), order, c) for step, order, c, stages in rest),
+                  key=lambda x: (x[0], x[2]))
+    shown = [(first[0], first[3], first[1], first[2])] + rest
+    stats.faster_runner_up = any(step < first[0] for step, *_ in rest)
     plans = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
-    stats.phase_s["runners_up"] = time.perf_counter() - t2
-    stats.gap_to_bound = 0.0  # every layout passed over has a bound at or above the first plan's step
+    stats.phase_s["runners_up"] = time.perf_counter() - t3
+    stats.gap_to_bound = 0.0 if exact or not stats.unevaluated_below_best else math.nan
     result = SearchResult(plans=plans, stats=stats, pinned=pins.every_dimension(model) and stats.layouts_legal == 1)
     if alternatives:
-        t3 = time.perf_counter()
+        t4 = time.perf_counter()
         result.alternatives = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
-        stats.phase_s["alternatives"] = time.perf_counter() - t3
+        stats.phase_s["alternatives"] = time.perf_counter() - t4
     return result
+
+
+def _exact_first(candidates, shape, pins, limit, solve_work, stats) -> tuple[list, tuple | None]:
+    """The exact branch and bound: ([(step, order, candidate, stages)] sorted, every layout whose bound is within
+    EXACT_TOLERANCE of the best step or under it evaluated exactly; (least memory bound, its layout))."""
+    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates)]
+    heapq.heapify(queue)
+    min_mem: list = []
+    evaluated: list[tuple[float, tuple, _Candidate, list[StagePlan]]] = []
+    threads = _threads()
+    while True:
+        best = evaluated[0][0] if evaluated else math.inf
+        batch = _next_bounded(queue, candidates, best, shape, pins, limit, stats, min_mem, threads)
+        if not batch:
+            break
+        for c, (step, stages) in zip(batch, _evaluate_exactly(batch, shape, limit, pins.recompute, solve_work, stats)):
+            if stages is not None:
+                evaluated.append((step, layout_order(c.layout), c, stages))
+        evaluated.sort(key=lambda x: x[:2])
+    return evaluated, (min(min_mem)[::2] if min_mem else None)
+
+
+def _leaders_first(candidates, shape, pins, limit, solve_work, stats) -> tuple[list, tuple | None]:
+    """The default search: the LEADERS layouts the score ranks first (scoring._score with top_k LEADERS, whatever
+    the caller's top_k), each evaluated exactly; ([(step, order, candidate, stages)] sorted, (least memory bound,
+    its layout))."""
+    scored, _, least, _ = _score(candidates, shape, pins, limit, LEADERS, stats, solve_work)
+    leaders = [c for _, c, _ in scored[:LEADERS]]
+    evaluated = [(step, layout_order(c.layout), c, stages)
+                 for c, (step, stages) in zip(leaders, _evaluate_exactly(leaders, shape, limit, pins.recompute,
+                                                                          solve_work, stats))
+                 if stages is not None]
+    evaluated.sort(key=lambda x: x[:2])
+    return evaluated, least
+
+
+def _count_unevaluated_below(candidates, done: set, best_s: float, shape, pins, limit, stats) -> int:
+    """Layouts not evaluated exactly whose lower bound (memory within the limit, time within EXACT_TOLERANCE of
+    best_s or under it) says they could still beat or tie the first plan: 0 proves it the best of every layout."""
+    n = 0
+    for c in candidates:
+        if id(c) in done or c.compute_bound_s > best_s * (1 + EXACT_TOLERANCE):
+            continue
+        if math.isnan(c.time_bound_s):
+            c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
+            stats.layouts_bounded += 1
+            stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+        n += c.memory_bound_bytes <= limit and c.time_bound_s <= best_s * (1 + EXACT_TOLERANCE)
+    return n
 
 
 def _threads() -> int:
@@ -180,16 +242,25 @@ def _next_bounded(queue, candidates, below_s, shape, pins, limit, stats, min_mem
 
 
 def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_work, stats) -> list[tuple]:
-    """(step, stages) of each candidate: its greedy split and CP-SAT's split hinted with it, both played, the faster
-    (the greedy one on a tie); (inf, None) when neither fits. A function of the candidate alone, so the first plan
+    """(step, stages) of each candidate: every (split x recompute) choice played where there are at most
+    ENUMERATE_CHOICES, else its greedy split and CP-SAT's split hinted with it, both played, the faster (the greedy
+    one on a tie); (inf, None) when neither fits. A function of the candidate alone, so the first plan
     does not depend on which other layouts a search evaluates."""
     for c in batch:
         if not c.greedy_tried:
             c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, recompute), True
             stats.layouts_greedy += 1
-    solved = _solve_concurrently([(c.cost, c.greedy) for c in batch], shape, limit, recompute, solve_work)
+    small = [count_stage_choices(c.cost.m.num_layers, c.layout.num_virtual_stages, recompute, ENUMERATE_CHOICES)
+             <= ENUMERATE_CHOICES for c in batch]
+    solved = _solve_concurrently([(c.cost, c.greedy) for c, few in zip(batch, small) if not few], shape, limit,
+                                 recompute, solve_work)
+    solved_iter = iter(solved)
     out = []
-    for c, res in zip(batch, solved):
+    for c, few in zip(batch, small):
+        if few:  # every choice played: exact for this layout
+            out.append(enumerate_stages(c.cost, shape, limit, recompute))
+            continue
+        res = next(solved_iter)
         stats.layouts_solved += 1
         stats.cpsat_variables += 3 * c.layout.num_virtual_stages
         stats.proven_optimal += int(res.proven_optimal)

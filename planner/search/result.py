@@ -55,6 +55,21 @@ class SearchStats:
     gap_to_bound: float = 0.0
     """How far the first plan may be above the best plan of the layouts not settled by CP-SAT."""
     phase_s: dict = field(default_factory=dict)
+    exact: bool = False
+    """search(exact=True): every layout whose bound is below the best step evaluated exactly."""
+    unevaluated_below_best: int = 0
+    """Default search: layouts not evaluated exactly whose lower bound is below the first plan's step (0: proven)."""
+    faster_runner_up: bool = False
+    """A runner-up (top_k beyond the evaluated leaders) plays faster than the first plan; it stays behind it."""
+
+    @property
+    def optimality(self) -> str:
+        """Whether the first plan is proven the best of every legal layout, in one phrase."""
+        if self.exact or (not self.unevaluated_below_best and not self.faster_runner_up):
+            return "proven"
+        n = self.unevaluated_below_best
+        return (f"not proven: {n} layout{'s' if n != 1 else ''} with a lower bound below the best "
+                f"{'were' if n != 1 else 'was'} not evaluated (use --exact)")
 
 
 @dataclass
