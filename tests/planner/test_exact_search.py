@@ -56,21 +56,27 @@ def _splits(L: int, S: int, recompute: str | None):
             yield [StagePlan(n, f, s) for n, (f, s) in zip(counts, choice)]
 
 
-def _brute_force(model, shape, cluster, prof, pins, limit):
-    best = None
+def _every_plan(model, shape, cluster, prof, pins):
+    """(step, busiest rank's bytes, layout, stages) of every legal layout, split and recompute choice, played."""
+    out = []
     for lay in enumerate_layouts(model, shape, cluster, pins):
         if layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node):
             continue
         cm = CostModel(model, shape, lay, cluster, prof)
         num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
         for stages in _splits(model.num_layers, lay.pp * lay.vpp, pins.recompute):
-            mems = [cm.rank_memory_bytes(r, [(j, st) for j, st in enumerate(stages) if j % lay.pp == r], num_micro)
-                    for r in range(lay.pp)]
-            if max(mems) > limit:
-                continue
-            step = cm.predict(stages).step_s
-            if best is None or step < best[0]:
-                best = (step, lay, stages)
+            peak = max(cm.rank_memory_bytes(r, [(j, st) for j, st in enumerate(stages) if j % lay.pp == r], num_micro)
+                       for r in range(lay.pp))
+            out.append((cm.predict(stages).step_s, peak, lay, stages))
+    return out
+
+
+def _brute_force(every, limit):
+    """The fastest of `every` (_every_plan) within the memory limit, the first on a tie; None when none fits."""
+    best = None
+    for step, peak, lay, stages in every:
+        if peak <= limit and (best is None or step < best[0]):
+            best = (step, lay, stages)
     return best
 
 
@@ -99,7 +105,8 @@ def test_exact_search_equals_brute_force_on_random_small_cases(profile):
     compared = tight = interleaved = recomputed = 0
     while compared < BRUTE_FORCE_CASES:
         model, shape, cluster, pins = _random_case(rng)
-        free = _brute_force(model, shape, cluster, profile, pins, float("inf"))
+        every = _every_plan(model, shape, cluster, profile, pins)  # the memory limit (headroom) set below changes no step
+        free = _brute_force(every, float("inf"))
         if free is None:
             continue
         # a memory limit between the cheapest layout's fully recomputed peak and the best plan's, so that memory
@@ -111,7 +118,7 @@ def test_exact_search_equals_brute_force_on_random_small_cases(profile):
             continue
         cluster = replace(cluster, memory_headroom_gib=headroom)
         limit = mem.plan_memory_limit_bytes(cluster)
-        brute = _brute_force(model, shape, cluster, profile, pins, limit)
+        brute = _brute_force(every, limit)
         if brute is None:
             continue
         res = search(model, shape, cluster, profile, pins, top_k=1, exact=True)
