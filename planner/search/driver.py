@@ -116,8 +116,10 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     best_s = evaluated[0][0]
     done = {id(e[2]) for e in evaluated}
     t2 = time.perf_counter()
+    lowest_unevaluated_s = math.inf
     if not exact:
-        stats.unevaluated_below_best = _count_unevaluated_below(candidates, done, best_s, shape, pins, limit, stats)
+        stats.unevaluated_below_best, lowest_unevaluated_s = _count_unevaluated_below(candidates, done, best_s, shape,
+                                                                                      pins, limit, stats)
     stats.phase_s["optimality"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
@@ -153,7 +155,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     stats.faster_runner_up = any(step < first[0] for step, *_ in rest)
     plans = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
     stats.phase_s["runners_up"] = time.perf_counter() - t3
-    stats.gap_to_bound = 0.0 if exact or not stats.unevaluated_below_best else math.nan
+    stats.gap_to_bound = max(0.0, first[0] / lowest_unevaluated_s - 1)
     result = SearchResult(plans=plans, stats=stats, pinned=pins.every_dimension(model) and stats.layouts_legal == 1)
     if alternatives:
         t4 = time.perf_counter()
@@ -196,10 +198,11 @@ def _leaders_first(candidates, shape, pins, limit, solve_work, stats) -> tuple[l
     return evaluated, least
 
 
-def _count_unevaluated_below(candidates, done: set, best_s: float, shape, pins, limit, stats) -> int:
-    """Layouts not evaluated exactly whose lower bound (memory within the limit, time within EXACT_TOLERANCE of
-    best_s or under it) says they could still beat or tie the first plan: 0 proves it the best of every layout."""
-    n = 0
+def _count_unevaluated_below(candidates, done: set, best_s: float, shape, pins, limit, stats) -> tuple[int, float]:
+    """The layouts not evaluated exactly whose lower bound (memory within the limit, time within EXACT_TOLERANCE of
+    best_s or under it) says they could still beat or tie the first plan (0 proves it the best of every layout),
+    and the lowest of their time bounds (inf when none)."""
+    n, lowest = 0, math.inf
     for c in candidates:
         if id(c) in done or c.compute_bound_s > best_s * (1 + EXACT_TOLERANCE):
             continue
@@ -207,8 +210,9 @@ def _count_unevaluated_below(candidates, done: set, best_s: float, shape, pins, 
             c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
             stats.layouts_bounded += 1
             stats.layouts_fit_bound += c.memory_bound_bytes <= limit
-        n += c.memory_bound_bytes <= limit and c.time_bound_s <= best_s * (1 + EXACT_TOLERANCE)
-    return n
+        if c.memory_bound_bytes <= limit and c.time_bound_s <= best_s * (1 + EXACT_TOLERANCE):
+            n, lowest = n + 1, min(lowest, c.time_bound_s)
+    return n, lowest
 
 
 def _threads() -> int:
@@ -265,7 +269,7 @@ def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_wo
         stats.cpsat_variables += 3 * c.layout.num_virtual_stages
         stats.proven_optimal += int(res.proven_optimal)
         best = (math.inf, None)
-        for stages in (c.greedy, res.stages):
+        for stages in (c.greedy, res.stages if res.stages != c.greedy else None):  # each split played once
             if stages is not None:
                 pred = c.cost.predict(stages)
                 if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):

@@ -53,7 +53,8 @@ class SearchStats:
     proven_optimal: int = 0
     cpsat_variables: int = 0
     gap_to_bound: float = 0.0
-    """How far the first plan may be above the best plan of the layouts not settled by CP-SAT."""
+    """How far the first plan may be above the best plan of every layout: its step over the lowest bound of the
+    layouts not evaluated exactly whose bound is below it, less one (0 when proven)."""
     phase_s: dict = field(default_factory=dict)
     exact: bool = False
     """search(exact=True): every layout whose bound is below the best step evaluated exactly."""
