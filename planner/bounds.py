@@ -1,6 +1,6 @@
 """Lower bounds the search prunes with (planner/search/): for one layout, over every layer split and recompute
-choice, the step time its scoring can give (the schedule's closed form, CostModel.predict(play=False)) and the
-busiest rank's memory. A bound above the truth would drop a layout that could win; tests/planner/test_search.py
+choice, the step time a plan of it reports (the schedule played, CostModel.predict) and the busiest rank's
+memory. A bound above the truth would drop a layout that could win; tests/planner/test_search.py
 holds each below every split of hundreds of layouts."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 from planner import memory as mem
 from planner.cost import CostModel
 from planner.plan import StagePlan, TrainingShape
+from planner.schedule import pipeline_lower_bound_s
 
 
 def compute_bound_s(cm: CostModel, shape: TrainingShape, recompute: str | None = None) -> float:
@@ -19,8 +20,37 @@ def compute_bound_s(cm: CostModel, shape: TrainingShape, recompute: str | None =
     num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
     extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute or "", 0.0)
     exposed_host = cm.stage_expert_host_s(StagePlan(1)) if lay.ep > 1 else 0.0
-    per_rank = cm.m.num_layers * (L.fwd_bwd_s + extra + exposed_host) / lay.pp
-    return (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * per_rank
+    total = cm.m.num_layers * (L.fwd_bwd_s + extra + exposed_host)
+    return pipeline_lower_bound_s(lay.pp, num_micro, total, L.fwd_bwd_s, 0.0)
+
+
+def whole_layers_bound_s(cm: CostModel, num_micro: int, gpu_layer_s: float, host_layer_s: float,
+                         exposed_layer_s: float) -> float:
+    """A lower bound of schedule.fill_drain_bound_s over every split into whole layers: rank r with n_r layers
+    takes at least t_r = max(n_r gpu_layer_s + e_r, n_r host_layer_s) + n_r exposed_layer_s (e_r: the embedding
+    on rank 0, the head on the last; CostModel.stage_time_s), each rank holds at least vpp layers and the span is
+    at least m t_r + r (gpu_layer_s + 2 hop) for every r. Layers go one at a time to the rank whose bound then
+    stays least, which minimises the largest of these increasing functions."""
+    import heapq
+
+    lay, ends = cm.lay, cm.ends
+    P, V, m = lay.pp, lay.vpp, num_micro
+    e = [0.0] * P
+    e[0] += ends.embedding_s
+    e[P - 1] += ends.head_s + ends.head_comm_s
+    fill = [r * (gpu_layer_s + 2 * cm.p2p_s) if P > 1 else 0.0 for r in range(P)]
+
+    def span(r, n):
+        return m * (max(n * gpu_layer_s + e[r], n * host_layer_s) + n * exposed_layer_s) + fill[r]
+
+    n = [V] * P
+    heap = [(span(r, V + 1), r) for r in range(P)]
+    heapq.heapify(heap)
+    for _ in range(cm.m.num_layers - P * V):
+        _, r = heapq.heappop(heap)
+        n[r] += 1
+        heapq.heappush(heap, (span(r, n[r] + 1), r))
+    return max(span(r, n[r]) for r in range(P))
 
 
 def least_recompute_s(cm: CostModel, limit: float) -> float:
@@ -78,14 +108,16 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
     if cm.prof.host is not None and not lay.cuda_graph:
         modes = [recompute] if recompute else list(cm.host_per_layer_s)
         host_layer = min(cm.host_per_layer_s[k] for k in modes) * cm.prof.eff("host") - exposed_host
+    pinned_extra = extra
     if not recompute and limit < math.inf:
         extra = least_recompute_s(cm, limit) / m.num_layers
     gpu_total = m.num_layers * (L.fwd_bwd_s + extra) + cm.ends.embedding_s + cm.ends.head_s + cm.ends.head_comm_s
-    total = max(gpu_total, m.num_layers * host_layer) + m.num_layers * exposed_host + 2 * stages * cm.p2p_s
-    avg = total / lay.pp
-    # a lower bound of the score the search ranks candidates by (CostModel.predict(play=False), the
-    # schedule's closed form), not of the played schedule: with uneven stages a play can come in under it
-    pipe = (num_micro - 1 / lay.vpp + lay.pp / lay.vpp) * avg
+    total = max(gpu_total, m.num_layers * host_layer) + m.num_layers * exposed_host
+    # a lower bound of the played schedule (CostModel.predict, the step a plan reports and is ranked by) over
+    # every split: each stage holds at least one layer (schedule.pipeline_lower_bound_s)
+    pipe = pipeline_lower_bound_s(lay.pp, num_micro, total, L.fwd_bwd_s, cm.p2p_s)
+    pipe = max(pipe, whole_layers_bound_s(cm, num_micro, L.fwd_bwd_s + pinned_extra, host_layer,
+                                          exposed_host))
     # data-parallel traffic and optimizer of a rank with the fewest layers the busiest rank can hold, without the
     # embedding and head (which sit on one rank each)
     bound_layers = max(m.num_layers // stages, 1) * lay.vpp

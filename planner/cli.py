@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--why-not", action="store_true",
                     help="also show the best plan of each other kind of layout (other TP degrees, no pipeline, "
                          "other sharding levels, CP, EP) and where it loses time (about half a second more)")
+    ap.add_argument("--exact", action="store_true",
+                    help="prove the best plan: evaluate every layout whose lower bound is below the best step (slower; "
+                         "the default evaluates the most promising layouts and says whether its best is proven)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("-o", "--output", help="write the best plan to this file")
     ap.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
@@ -202,7 +205,8 @@ def run_plan(argv: list[str]) -> int:
     from planner.cost.targets import load_target
 
     target = load_target(args.runtime)
-    result = search(model, shape, cluster, profile, pins, top_k=args.top, alternatives=args.why_not, target=target)
+    result = search(model, shape, cluster, profile, pins, top_k=args.top, alternatives=args.why_not, target=target,
+                    exact=args.exact)
     elapsed = time.perf_counter() - t0
     if args.output:
         from pathlib import Path

@@ -7,6 +7,7 @@ from planner.breakdown import BREAKDOWN_LABEL, BREAKDOWN_ORDER
 from planner.legality import cuda_graph_violation
 from planner.plan import Plan
 from planner.search import SearchResult
+from planner.search.result import PINNED_NOTE
 
 HOST_PACED_SHARE = 0.10
 """A plan is host-paced when the host floor (issuing the kernels) sets at least this share of its predicted step.
@@ -67,11 +68,14 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
     con = console or (Console() if sys.stdout.isatty() else Console(width=140))
     best = result.plans[0]
     p, lay, shape = best.prediction, best.layout, best.training
-    con.print(f"[bold]{best.model.name}[/] ({best.model.total_params() / 1e9:.1f}B params) on "
+    con.print(f"[bold]{best.model.name}[/] ({params_text(best.model)}) on "
               f"{best.cluster['num_gpus']} x {best.cluster['gpu']} ({best.cluster['gpus_per_node']} per node), "
               f"seq {shape.seq_len}, global batch {shape.global_batch} sequences "
               f"({shape.seq_len * shape.global_batch / 1e6:.2f}M tokens)")
-    t = Table(title="Recommended layout", show_header=False, title_justify="left")
+    if result.pinned:
+        con.print(PINNED_NOTE, style="bold")
+    t = Table(title="Pinned layout" if result.pinned else "Recommended layout", show_header=False,
+              title_justify="left")
     t.add_column(style="bold")
     t.add_column()
     t.add_row("predicted for", _target_line(best, target))
@@ -151,6 +155,7 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
               f"those within the memory bound), "
               f"{st.layouts_greedy} split greedily, {st.layouts_solved} by CP-SAT ({st.proven_optimal} proven optimal); "
               f"{elapsed_s:.2f} s")
+    con.print(f"best plan: {st.optimality}", style=None if st.optimality == "proven" else "yellow")
     prov = best.provenance
     con.print(f"times from profile {prov.get('profile')} ({prov.get('profile_kind')}); modelled: "
               + "; ".join(prov.get("modelled", [])), style="dim")
@@ -189,17 +194,30 @@ def _target_line(plan: Plan, target=None) -> str:
     return (target or load_target(plan.runtime)).describe()
 
 
+def params_text(model) -> str:
+    """Total parameters, and for an MoE model the active ones (what one token passes through)."""
+    if model.is_moe:
+        return f"{model.total_params() / 1e9:.1f}B params, {model.active_params() / 1e9:.1f}B active"
+    return f"{model.total_params() / 1e9:.1f}B params"
+
+
 def result_json(result: SearchResult, elapsed_s: float, target=None) -> str:
     st = result.stats
     roomier = next_best_with_more_free(result)
+    model = result.plans[0].model
     return json.dumps({
         "runtime": result.plans[0].runtime,
         "runtime_description": _target_line(result.plans[0], target),
+        "model_params": {"total": model.total_params(), "active": model.active_params()},
+        "pinned": result.pinned,
+        "pinned_note": PINNED_NOTE if result.pinned else None,
         "plans": [p.to_dict() for p in result.plans],
         "next_best_with_more_free_memory": result.plans.index(roomier) if roomier is not None else None,
         "search": {"layouts_enumerated": st.layouts_enumerated, "layouts_legal": st.layouts_legal,
                    "layouts_bounded": st.layouts_bounded, "layouts_within_memory_bound": st.layouts_fit_bound, "layouts_greedy": st.layouts_greedy,
                    "layouts_cpsat": st.layouts_solved, "cpsat_proven_optimal": st.proven_optimal,
+                   "exact": st.exact, "optimality": st.optimality,
+                   "unevaluated_below_best": st.unevaluated_below_best,
                    "phase_s": st.phase_s, "elapsed_s": elapsed_s},
         "alternatives": [{"instead": a.label, "plan": a.plan.to_dict() if a.plan else None,
                           "vs_best": a.plan.prediction.step_s / result.plans[0].prediction.step_s - 1 if a.plan else None,

@@ -7,7 +7,8 @@ arriving `hop_s` after its producer finished (the point-to-point transfer and th
 it). Why not the closed form m * max_r t_r + (sum_r t_r - max_r t_r) / v that the planner used before
 2026-11-30: it takes transfers as free and every chunk as the rank's average, and a replayed interleaved
 step measured 10-17% slower than it (2x H200, 2026-11-30). The closed form stays as the
-search's lower bound (planner/search.py).
+search's ranking of candidates; its bounds are fill_drain_bound_s and pipeline_lower_bound_s, which every play
+meets.
 
 Cost: a step of m micro-batches is played for m_sim = 6 pp micro-batches and for m_sim + pp, and extended
 linearly beyond (the steady state repeats every pp micro-batches; with uneven stages the fill's transient
@@ -146,10 +147,38 @@ def pipeline_time_s(pp: int, v: int, m: int, fwd_s: list[float], bwd_s: list[flo
         return _play(pp, v, m, fwd_s, bwd_s, hop_s)
     a = _play(pp, v, m_sim, fwd_s, bwd_s, hop_s)
     b = _play(pp, v, m_sim + pp, fwd_s, bwd_s, hop_s)
-    return b + (b - a) * (m - m_sim - pp) / pp
+    # the extension is never taken below what any play of m micro-batches must take (fill_drain_bound_s): the
+    # search's bounds (planner/bounds.py) rest on it
+    return max(b + (b - a) * (m - m_sim - pp) / pp, fill_drain_bound_s(pp, v, m, fwd_s, bwd_s, hop_s))
+
+
+def fill_drain_bound_s(pp: int, v: int, m: int, fwd_s, bwd_s, hop_s: float = 0.0) -> float:
+    """A lower bound of every play of the schedule (pipeline_time_s) with these stage times: rank r runs its m
+    micro-batches' forwards and backwards one after another (m t_r); its first action (the forward of micro-batch
+    0 on stage r) waits for that forward through stages 0..r-1 and r hops, and after its last (the backward of
+    micro-batch m-1 on stage r: chunk 0, rank_schedule) that backward still crosses stages r-1..0 and r hops.
+    So the span is at least max_r (m t_r + sum_{j<r} (fwd_j + bwd_j) + 2 r hop_s)."""
+    S = pp * v
+    best = prefix = 0.0
+    for r in range(pp):
+        t_r = sum(fwd_s[j] + bwd_s[j] for j in range(r, S, pp))
+        best = max(best, m * t_r + prefix + 2 * r * hop_s)
+        prefix += fwd_s[r] + bwd_s[r]
+    return best
+
+
+def pipeline_lower_bound_s(pp: int, m: int, total_stage_s: float, least_stage_s: float, hop_s: float) -> float:
+    """A lower bound of fill_drain_bound_s over every split whose stage times sum to at least total_stage_s, each
+    stage at least least_stage_s: summing m t_r + r (least_stage_s + 2 hop_s) <= span over the pp ranks gives
+    span >= m total / pp + (pp - 1) / 2 (least_stage_s + 2 hop_s). (The closed form, closed_form_s, is no such
+    bound: with uneven stages a play can come in under it.)"""
+    if pp == 1:
+        return m * total_stage_s
+    return m * total_stage_s / pp + (pp - 1) / 2 * (least_stage_s + 2 * hop_s)
 
 
 def closed_form_s(per_rank_s: list[float], m: int, v: int) -> float:
     """The idealised interleaved-1F1B span (free transfers, every chunk the rank's average):
-    m * max t_r + (sum t_r - max t_r) / v. A lower bound for the search, and the tests' reference."""
+    m * max t_r + (sum t_r - max t_r) / v. The search's order of candidates and the tests' reference; not a lower
+    bound of the play (fill_drain_bound_s is)."""
     return m * max(per_rank_s) + (sum(per_rank_s) - max(per_rank_s)) / v

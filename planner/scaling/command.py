@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=_positive_int("--top-k"), default=DEFAULT_TOP_K,
                     help=f"plans kept per point by the search (default {DEFAULT_TOP_K}; only the best is reported)")
     add_runtime_arg(ap)
+    ap.add_argument("--exact", action="store_true",
+                    help="prove each point's best plan (plan --exact): every layout whose bound is below the best "
+                         "evaluated")
     ap.add_argument("-o", "--output", required=True, help="folder for scaling.csv, the plots and report.md")
     ap.add_argument("--force", action="store_true", help="overwrite an existing DIR/scaling.csv")
     return ap

@@ -102,7 +102,7 @@ def run_point(args, series: Series, model, n: int, n0: int, top_k: int) -> tuple
         from planner.cost.targets import load_target
 
         result = search(m, shape, cluster, series.profile, Pins(), top_k=top_k,
-                        target=load_target(getattr(args, "runtime", "ours")))
+                        target=load_target(getattr(args, "runtime", "ours")), exact=getattr(args, "exact", False))
     except PlanError as exc:
         row.update(status="no fit" if exc.exit_code == 2 else "impossible", reason=str(exc),
                    search_s=time.perf_counter() - t0)

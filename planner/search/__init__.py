@@ -5,8 +5,12 @@ many of them recompute fully or selectively, minimising the pipeline's step time
 Outer loop (branch and bound): every legal (tp, cp, pp, vpp, dp, ep, micro-batch, sharding) is given a
 lower bound on its step time (perfect balance, no recompute) and a lower bound on its memory (full
 recompute everywhere, perfect balance). Layouts whose memory bound exceeds the limit are dropped; the
-rest are taken in order of their time bound, and the search stops once the next bound is no better than
-the k-th best plan found. With pins, the user fixes any of the degrees and the search does the rest.
+rest are taken in order of their time bound. By default the LEADERS (driver.py) layouts a cheap score ranks
+first are evaluated exactly and the best of them is the first plan, whatever top_k (the layouts left out whose
+bound is below it are counted: the report says whether it is proven); with exact=True (`--exact`) every layout
+whose bound is below the best found is evaluated, until the next bound is no better. Layouts of at most
+stages.ENUMERATE_CHOICES split x recompute choices play every choice instead of CP-SAT's. With pins, the user
+fixes any of the degrees and the search does the rest.
 
 Inner problem (exact, CP-SAT): integer variables per virtual stage j: layers n_j >= 1, full-recompute
 layers f_j and selective layers s_j with f_j + s_j <= n_j; rank time

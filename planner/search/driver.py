@@ -1,7 +1,9 @@
-"""The branch-and-bound driver: enumerate, bound and score the layouts, refine the leaders with CP-SAT, play the
-schedule of the plans it keeps, and say in one sentence why nothing fits when nothing does."""
+"""The search driver: enumerate and bound the layouts; evaluate exactly (CP-SAT's split and the greedy one, played)
+the LEADERS layouts the score ranks first (default) or every layout whose bound is below the best plan found
+(exact=True, branch and bound); then the runners-up; and say in one sentence why nothing fits when nothing does."""
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import replace
@@ -20,13 +22,13 @@ from planner.search.alternatives import _alternatives
 from planner.search.layouts import enumerate_layouts
 from planner.search.result import Pins, SearchResult, SearchStats
 from planner.search.scoring import _Candidate, _plan_of, _score
-from planner.search.stages import SOLVE_WORK, _solve_concurrently, solve_stages
+from planner.search.stages import (ENUMERATE_CHOICES, SOLVE_WORK, _solve_concurrently, count_stage_choices,
+                                    enumerate_stages, greedy_stages)
 
 
-PLAYED_RUNNERS_UP = 4
-"""Scored layouts after the CP-SAT-refined leaders whose greedy splits are played as well (the schedule's closed
-form, which scores the search, misranks pipelines of different depths by a few percent; llama3-405b on 1024
-GPUs: a 4% faster plan was sixth by the closed form)."""
+EXACT_TOLERANCE = 1e-12
+"""A layout whose lower bound exceeds the best plan's step by no more than this share is still evaluated: a bound
+equal to the best step could be a tie, and ties go to the first layout in layout_order."""
 
 
 def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> CostModel:
@@ -52,20 +54,43 @@ def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> 
     return cm2 if flip else cm
 
 
+def layout_order(lay: Layout) -> tuple:
+    """How plans of equal step time are ordered (the fewest GPUs per model replica first, then the degrees), so that
+    the first plan is one and the same whatever else the search evaluates."""
+    return (lay.tp * lay.pp * lay.cp, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.micro_batch, repr(lay))
+
+
+LEADERS = 16
+"""The default search (search(exact=False)) evaluates exactly the LEADERS layouts its score ranks first (greedy splits
+scored by the schedule's closed form, in the order of the bounds; scoring._score) and takes the best of them: a set
+that does not depend on top_k, alternatives or the entry point, so neither does the first plan. Whether that plan is
+proven the best of every layout is counted and reported (SearchStats.unevaluated_below_best)."""
+
+
 def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile: Profile,
-           pins: Pins = Pins(), top_k: int = 4, refine: int = 0, solve_work: float = SOLVE_WORK,
-           progress=None, alternatives: bool = False, target: RuntimeTarget = OURS) -> SearchResult:
-    """Best plans first. Phases: enumerate every legal layout with a cheap bound (its layers' compute); in that
-    bound's order, the full time and memory bounds of each layout that could still beat the k-th best, and a
-    greedy split of each whose full bound could too; CP-SAT on the `top_k + refine` best of those (hinted with
-    the greedy split, `solve_work` of deterministic time each); the schedule played for those and the next
-    PLAYED_RUNNERS_UP, which ranks the plans. The stats say how close the result is proven to be: the first
-    plan's step over the lowest bound of every layout that CP-SAT did not settle. alternatives: also the best
-    plan of each kind of layout the first plan is not (planner/search/alternatives.py), from the same candidates.
-    target: the runtime predicted for (planner/cost/targets.py); one that cannot capture CUDA graphs plans eagerly."""
+           pins: Pins = Pins(), top_k: int = 4, solve_work: float = SOLVE_WORK,
+           progress=None, alternatives: bool = False, exact: bool = False, target: RuntimeTarget = OURS) -> SearchResult:
+    """Best plans first; the first does not depend on top_k or alternatives.
+
+    Every legal layout gets a cheap lower bound of its step (its layers' compute), and in the order of the bounds
+    its full bounds (memory; time with communication, optimizer and the least recompute fitting takes), each a
+    lower bound of the step the schedule played gives any split of it (planner/bounds.py). A layout evaluated
+    exactly gets its greedy split and CP-SAT's split hinted with it (`solve_work` of deterministic time), both
+    played, the faster kept; one of at most stages.ENUMERATE_CHOICES (split x recompute) choices plays them all.
+
+    exact=False (the default): the LEADERS layouts the score ranks first are evaluated exactly, the first plan is
+    the best of them; the layouts not evaluated whose bound is below its step are counted (stats.
+    unevaluated_below_best: 0 proves it the best of every layout). exact=True: in bound order each layout whose
+    bound is below the best plan found so far is evaluated exactly, until the first bound above the best step:
+    the first plan is the best of every layout (proven). The runners-up (top_k - 1 of them) come after: the
+    evaluated layouts, then the layouts next in bound order scored by their greedy splits played, until the next
+    bound exceeds the top_k-th step; those shown get CP-SAT's split where it plays faster. They never displace the
+    first plan. alternatives: also the best plan of each kind of layout the first plan is not
+    (planner/search/alternatives.py), from the same candidates. target: the runtime predicted for
+    (planner/cost/targets.py); one that cannot capture CUDA graphs plans eagerly."""
     if not target.cuda_graph and pins.cuda_graph:
         pins = replace(pins, cuda_graph=False)
-    stats = SearchStats()
+    stats = SearchStats(exact=exact)
     t0 = time.perf_counter()
     limit = mem.plan_memory_limit_bytes(cluster)
     candidates: list[_Candidate] = []
@@ -86,82 +111,178 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    scored, unsettled_bound, min_mem, _ = _score(candidates, shape, pins, limit, top_k, stats, solve_work)
-    stats.phase_s["greedy"] = time.perf_counter() - t1
-
+    if exact:
+        evaluated, least = _exact_first(candidates, shape, pins, limit, solve_work, stats)
+    else:
+        evaluated, least = _leaders_first(candidates, shape, pins, limit, solve_work, stats)
+    stats.phase_s["exact" if exact else "leaders"] = time.perf_counter() - t1
+    if not evaluated:
+        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, least, limit, target)
+    best_s = evaluated[0][0]
+    done = {id(e[2]) for e in evaluated}
     t2 = time.perf_counter()
-    refined: list[tuple[float, _Candidate, list[StagePlan], bool]] = []
-    leaders = scored[: top_k + refine]
-    solved = _solve_concurrently([(c.cost, stages) for _, c, stages in leaders], shape, limit, pins.recompute,
-                                 solve_work)
-    for (step, c, stages), res in zip(leaders, solved):
-        stats.layouts_solved += 1
-        stats.cpsat_variables += 3 * c.layout.num_virtual_stages
-        proven = res.proven_optimal
+    lowest_unevaluated_s = math.inf
+    if not exact:
+        stats.unevaluated_below_best, lowest_unevaluated_s = _count_unevaluated_below(candidates, done, best_s, shape,
+                                                                                      pins, limit, stats)
+    stats.phase_s["optimality"] = time.perf_counter() - t2
+
+    t3 = time.perf_counter()
+    first, rest = evaluated[0], list(evaluated[1:])
+    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates) if id(c) not in done]
+    heapq.heapify(queue)
+    while len(rest) < top_k - 1:  # more runners-up: greedy splits played, in bound order, below the k-th step
+        kth = rest[top_k - 2][0] if len(rest) >= top_k - 1 else math.inf
+        batch = _next_bounded(queue, candidates, kth, shape, pins, limit, stats, [], 1)
+        if not batch:
+            break
+        c = batch[0]
+        if not c.greedy_tried:
+            c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, pins.recompute), True
+            stats.layouts_greedy += 1
+        if c.greedy is not None:
+            rest.append((c.cost.predict(c.greedy).step_s, layout_order(c.layout), c, c.greedy))
+            rest.sort(key=lambda x: x[:2])
+    rest = rest[:top_k - 1]
+    unsolved = [(c, stages) for step, _, c, stages in rest if id(c) not in done]
+    better = _solve_concurrently([(c.cost, stages) for c, stages in unsolved], shape, limit, pins.recompute,
+                                 solve_work) if unsolved else []
+    stats.layouts_solved += len(unsolved)
+    refined = {}
+    for (c, stages), res in zip(unsolved, better):
         if res.stages is not None:
-            s2 = c.cost.predict(res.stages, play=False).step_s
-            if s2 < step:
-                step, stages = s2, res.stages
-        stats.proven_optimal += int(proven)
-        refined.append((step, c, stages, proven))
-    for step, c, stages in scored[top_k + refine:]:
-        unsettled_bound = min(unsettled_bound, c.time_bound_s)
-    refined.sort(key=lambda x: x[0])
-    stats.phase_s["cpsat"] = time.perf_counter() - t2
-    if not refined:
-        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit, target)
-    plans = []
-    for step, c, stages, proven in refined[:top_k + refine]:
-        pred = c.cost.predict(stages)  # the schedule played: the figure the plan reports and is ranked by
-        if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
-            continue  # the solver rounds memory up and never allows this; kept as a guard
-        plans.append(_plan_of(c, stages, pred, model, shape, cluster, profile))
-    # the closed form ranks pipelines of different depths only roughly (it puts every hop on the path): the next
-    # runners-up are played too, with their greedy splits, and one that plays faster than the first plan gets
-    # CP-SAT's split where that plays faster still
-    t4 = time.perf_counter()
-    for step, c, stages in scored[top_k + refine: top_k + refine + PLAYED_RUNNERS_UP]:
-        plans.append(_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile))
-    plans.sort(key=lambda p: p.prediction.step_s)
-    if all(plans[0].layout != c.layout for _, c, _, _ in refined):
-        c = next(c for _, c, _ in scored if c.layout == plans[0].layout)
-        plans[0] = _faster_split(c, plans[0], model, shape, cluster, profile, pins, limit, solve_work, stats)
-    stats.phase_s["played_runners_up"] = time.perf_counter() - t4
-    plans = plans[:top_k]
-    if not plans:
-        raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit, target)
-    best = plans[0].prediction.step_s
-    stats.gap_to_bound = max(0.0, best / unsettled_bound - 1) if unsettled_bound < math.inf and best > unsettled_bound else 0.0
-    result = SearchResult(plans=plans, stats=stats)
+            step = c.cost.predict(res.stages).step_s
+            if step < c.cost.predict(stages).step_s:
+                refined[id(c)] = (step, res.stages)
+    rest = sorted(((*refined.get(id(c), (step, stages)), order, c) for step, order, c, stages in rest),
+                  key=lambda x: (x[0], x[2]))
+    shown = [(first[0], first[3], first[1], first[2])] + rest
+    stats.faster_runner_up = any(step < first[0] for step, *_ in rest)
+    plans = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
+    stats.phase_s["runners_up"] = time.perf_counter() - t3
+    stats.gap_to_bound = max(0.0, first[0] / lowest_unevaluated_s - 1)
+    result = SearchResult(plans=plans, stats=stats, pinned=pins.every_dimension(model) and stats.layouts_legal == 1)
     if alternatives:
-        t3 = time.perf_counter()
-        alts = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
-        # the search ranks its candidates by the schedule's closed form and plays only the ones it keeps; an
-        # alternative's best, played, can come out ahead of them: it then joins the plans (CP-SAT's split or the
-        # greedy one, whichever plays faster), and the alternatives are taken against the new first plan
-        faster = [a.plan for a in alts if a.plan is not None and a.plan.prediction.step_s < plans[0].prediction.step_s]
-        if faster:
-            for alt in faster:
-                c = next(c for c in candidates if c.layout == alt.layout)
-                plans.append(_faster_split(c, alt, model, shape, cluster, profile, pins, limit, solve_work, stats))
-            plans.sort(key=lambda p: p.prediction.step_s)
-            del plans[top_k:]
-            alts = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
-        result.alternatives = alts
-        stats.phase_s["alternatives"] = time.perf_counter() - t3
+        t4 = time.perf_counter()
+        result.alternatives = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
+        stats.phase_s["alternatives"] = time.perf_counter() - t4
     return result
 
 
-def _faster_split(c: _Candidate, plan: Plan, model, shape, cluster, profile, pins, limit, solve_work,
-                  stats: SearchStats) -> Plan:
-    """plan (c's layout with a greedy split, played) or CP-SAT's split hinted with it, whichever plays faster."""
-    res = solve_stages(c.cost, shape, limit, pins.recompute, hint=plan.stages, work_limit=solve_work)
-    stats.layouts_solved += 1
-    if res.stages is not None:
-        pred = c.cost.predict(res.stages)
-        if pred.step_s < plan.prediction.step_s:
-            return _plan_of(c, res.stages, pred, model, shape, cluster, profile)
-    return plan
+def _exact_first(candidates, shape, pins, limit, solve_work, stats) -> tuple[list, tuple | None]:
+    """The exact branch and bound: ([(step, order, candidate, stages)] sorted, every layout whose bound is within
+    EXACT_TOLERANCE of the best step or under it evaluated exactly; (least memory bound, its layout))."""
+    queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates)]
+    heapq.heapify(queue)
+    min_mem: list = []
+    evaluated: list[tuple[float, tuple, _Candidate, list[StagePlan]]] = []
+    threads = _threads()
+    while True:
+        best = evaluated[0][0] if evaluated else math.inf
+        batch = _next_bounded(queue, candidates, best, shape, pins, limit, stats, min_mem, threads)
+        if not batch:
+            break
+        for c, (step, stages) in zip(batch, _evaluate_exactly(batch, shape, limit, pins.recompute, solve_work, stats)):
+            if stages is not None:
+                evaluated.append((step, layout_order(c.layout), c, stages))
+        evaluated.sort(key=lambda x: x[:2])
+    return evaluated, (min(min_mem)[::2] if min_mem else None)
+
+
+def _leaders_first(candidates, shape, pins, limit, solve_work, stats) -> tuple[list, tuple | None]:
+    """The default search: the LEADERS layouts the score ranks first (scoring._score with top_k LEADERS, whatever
+    the caller's top_k), each evaluated exactly; ([(step, order, candidate, stages)] sorted, (least memory bound,
+    its layout))."""
+    scored, _, least, _ = _score(candidates, shape, pins, limit, LEADERS, stats, solve_work)
+    leaders = [c for _, c, _ in scored[:LEADERS]]
+    evaluated = [(step, layout_order(c.layout), c, stages)
+                 for c, (step, stages) in zip(leaders, _evaluate_exactly(leaders, shape, limit, pins.recompute,
+                                                                          solve_work, stats))
+                 if stages is not None]
+    evaluated.sort(key=lambda x: x[:2])
+    return evaluated, least
+
+
+def _count_unevaluated_below(candidates, done: set, best_s: float, shape, pins, limit, stats) -> tuple[int, float]:
+    """The layouts not evaluated exactly whose lower bound (memory within the limit, time within EXACT_TOLERANCE of
+    best_s or under it) says they could still beat or tie the first plan (0 proves it the best of every layout),
+    and the lowest of their time bounds (inf when none)."""
+    n, lowest = 0, math.inf
+    for c in candidates:
+        if id(c) in done or c.compute_bound_s > best_s * (1 + EXACT_TOLERANCE):
+            continue
+        if math.isnan(c.time_bound_s):
+            c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
+            stats.layouts_bounded += 1
+            stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+        if c.memory_bound_bytes <= limit and c.time_bound_s <= best_s * (1 + EXACT_TOLERANCE):
+            n, lowest = n + 1, min(lowest, c.time_bound_s)
+    return n, lowest
+
+
+def _threads() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _next_bounded(queue, candidates, below_s, shape, pins, limit, stats, min_mem, most: int) -> list[_Candidate]:
+    """Up to `most` candidates off the queue, in the order of their full time bounds, whose full bound is within
+    EXACT_TOLERANCE of below_s or under it (a candidate known by its compute bound alone gets its full bounds and
+    goes back in line; one whose memory bound exceeds the limit leaves it). Empty when the next bound is above."""
+    out = []
+    while queue and len(out) < most:
+        bound_s, i, bounded = queue[0]
+        if bound_s > below_s * (1 + EXACT_TOLERANCE):
+            break
+        heapq.heappop(queue)
+        c = candidates[i]
+        if bounded:
+            out.append(c)
+            continue
+        if math.isnan(c.time_bound_s):
+            c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
+            stats.layouts_bounded += 1
+            stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+        min_mem.append((c.memory_bound_bytes, layout_order(c.layout), c.layout))
+        if c.memory_bound_bytes <= limit:
+            heapq.heappush(queue, (c.time_bound_s, i, True))
+    return out
+
+
+def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_work, stats) -> list[tuple]:
+    """(step, stages) of each candidate: every (split x recompute) choice played where there are at most
+    ENUMERATE_CHOICES, else its greedy split and CP-SAT's split hinted with it, both played, the faster (the greedy
+    one on a tie); (inf, None) when neither fits. A function of the candidate alone, so the first plan
+    does not depend on which other layouts a search evaluates."""
+    for c in batch:
+        if not c.greedy_tried:
+            c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, recompute), True
+            stats.layouts_greedy += 1
+    small = [count_stage_choices(c.cost.m.num_layers, c.layout.num_virtual_stages, recompute, ENUMERATE_CHOICES)
+             <= ENUMERATE_CHOICES for c in batch]
+    solved = _solve_concurrently([(c.cost, c.greedy) for c, few in zip(batch, small) if not few], shape, limit,
+                                 recompute, solve_work)
+    solved_iter = iter(solved)
+    out = []
+    for c, few in zip(batch, small):
+        if few:  # every choice played: exact for this layout
+            out.append(enumerate_stages(c.cost, shape, limit, recompute))
+            continue
+        res = next(solved_iter)
+        stats.layouts_solved += 1
+        stats.cpsat_variables += 3 * c.layout.num_virtual_stages
+        stats.proven_optimal += int(res.proven_optimal)
+        best = (math.inf, None)
+        for stages in (c.greedy, res.stages if res.stages != c.greedy else None):  # each split played once
+            if stages is not None:
+                pred = c.cost.predict(stages)
+                if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
+                    continue  # the solver rounds memory up and never allows this; kept as a guard
+                if pred.step_s < best[0]:
+                    best = (pred.step_s, stages)
+        out.append(best)
+    return out
 
 
 def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit, target=OURS) -> PlanError:

@@ -31,6 +31,14 @@ class Pins:
     """Capture the step as a CUDA graph wherever that is legal on a GPU (Layout.cuda_graph); it removes the
     host's time and costs nothing, so it is not a searched choice. False: every plan runs eagerly."""
 
+    def every_dimension(self, model) -> bool:
+        """Whether the pins leave the search no choice of layout: every degree, the micro-batch, the sharding level
+        and the recompute mode given, and the virtual stages where there is a pipeline, the EP degree where the
+        model has experts (what is left is the layer split, which a pinned recompute mode makes a balance)."""
+        given = all(v is not None for v in (self.tp, self.pp, self.dp, self.cp, self.micro_batch, self.sharding,
+                                             self.recompute))
+        return given and (self.vpp is not None or self.pp == 1) and (self.ep is not None or not model.is_moe)
+
 
 @dataclass
 class SearchStats:
@@ -45,8 +53,24 @@ class SearchStats:
     proven_optimal: int = 0
     cpsat_variables: int = 0
     gap_to_bound: float = 0.0
-    """How far the first plan may be above the best plan of the layouts not settled by CP-SAT."""
+    """How far the first plan may be above the best plan of every layout: its step over the lowest bound of the
+    layouts not evaluated exactly whose bound is below it, less one (0 when proven)."""
     phase_s: dict = field(default_factory=dict)
+    exact: bool = False
+    """search(exact=True): every layout whose bound is below the best step evaluated exactly."""
+    unevaluated_below_best: int = 0
+    """Default search: layouts not evaluated exactly whose lower bound is below the first plan's step (0: proven)."""
+    faster_runner_up: bool = False
+    """A runner-up (top_k beyond the evaluated leaders) plays faster than the first plan; it stays behind it."""
+
+    @property
+    def optimality(self) -> str:
+        """Whether the first plan is proven the best of every legal layout, in one phrase."""
+        if self.exact or (not self.unevaluated_below_best and not self.faster_runner_up):
+            return "proven"
+        n = self.unevaluated_below_best
+        return (f"not proven: {n} layout{'s' if n != 1 else ''} with a lower bound below the best "
+                f"{'were' if n != 1 else 'was'} not evaluated (use --exact)")
 
 
 @dataclass
@@ -67,4 +91,10 @@ class SearchResult:
     plans: list[Plan]
     stats: SearchStats
     alternatives: list[Alternative] = field(default_factory=list)
+    pinned: bool = False
+    """Every dimension was pinned (Pins.every_dimension): the one layout given, evaluated as given; no search."""
     """With search(alternatives=True): the best plan of each kind of layout the first plan is not."""
+
+
+PINNED_NOTE = ("pinned: every dimension given; this layout evaluated as given (its layers split over the stages by "
+               "CP-SAT), no other layout searched")
