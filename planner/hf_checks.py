@@ -1,4 +1,4 @@
-"""What a Hugging Face config.json must be before planner/model.py reads it: a model type the runtime builds, no
+"""What a Hugging Face config.json must be before planner/model/hf_config.py reads it: a model type the runtime builds, no
 feature that changes cost or numerics and that the runtime does not build, numbers finite and in range.
 
 Refused by name, in one sentence each: encoder-decoder models (T5, BART, ...), state-space and recurrent models
@@ -60,7 +60,7 @@ def hf_model_name(path) -> str:
 
 
 def known_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(exact model types, prefixes) that planner/model.py reads."""
+    """(exact model types, prefixes) that planner/model/hf_config.py reads."""
     return ("bert", "gpt2") + PLAIN_MLP_TYPES + LLAMA_STYLE_TYPES, LLAMA_STYLE_PREFIXES
 
 

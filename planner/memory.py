@@ -347,7 +347,7 @@ def in_flight_micro_batches(rank: int, chunk: int, lay: Layout, num_micro_batche
     """The most micro-batches a virtual stage (`chunk` of pipeline `rank`) holds at any moment of the step. The
     chunks of one rank reach their maxima at different moments, so their sum over-counts the rank's peak (rank 0
     of PP4 with 5 virtual stages: 31 against 23 held at once); memory uses in_flight_peaks. This per-chunk figure
-    only orders chunks in the greedy split (planner/search.py)."""
+    only orders chunks in the greedy split (planner/search/stages.py)."""
     return in_flight_by_chunk(rank, lay, num_micro_batches)[chunk]
 
 

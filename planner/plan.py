@@ -63,7 +63,7 @@ class Layout:
     overlap_ep: bool = False
     """MoE under EP > 1: dispatch each rank's tokens in two chunks, so that the all-to-alls of one run beside
     the experts of the other, forward and backward (runtime/parallel/expert.py). Smaller expert GEMMs; the
-    cost model prices both (planner/cost.py) and the search picks."""
+    cost model prices both (planner/cost/layer.py) and the search picks."""
     fp8: bool = False
     """Forward and input-gradient GEMMs of the transformer layers in FP8 (E4M3 / E5M2 with per-tensor current
     scaling, runtime/parallel/fp8.py); weight gradients, embedding, output layer and attention stay bf16."""

@@ -197,7 +197,7 @@ class Component:
     """A part of the traced step that is measured and predicted alike."""
     label: str
     predicted_keys: tuple[str, ...]
-    """The cost model's breakdown_s keys it holds (planner/cost.py, predict)."""
+    """The cost model's breakdown_s keys it holds (planner/cost/step.py, predict)."""
     measured: str
     """The RankComponents attribute that measures it."""
     measured_text: str

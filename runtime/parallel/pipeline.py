@@ -376,7 +376,7 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, re
             batches.append(batch)
             sends.extend((batch, tensor) for tensor in sent)
             if sent and not lay.overlap_pp:
-                # the plan turned the overlap off (planner/cost.py p2p_s prices it): the sender waits for its
+                # the plan turned the overlap off (planner/cost/comm.py p2p_s prices it): the sender waits for its
                 # transfer before its next action, as Megatron's --no-overlap-p2p-communication does
                 batch.wait()
         # drop sent activations and gradients as soon as their transfer is done: holding them to the end of
