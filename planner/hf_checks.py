@@ -89,16 +89,12 @@ def check_hf_config(cfg: dict, model_type: str, path) -> None:
     if not bert_or_gpt and model_type not in exact and not model_type.startswith(prefixes):
         raise PlanError(f"{where}: model_type '{model_type}' is not one parallel-plan builds; it reads "
                         f"{', '.join(t for t in exact if t and t not in EXTRA_NORM_TYPES)} and {', '.join(p + '*' for p in prefixes)}")
-    if not bert_or_gpt and model_type not in _plain_mlp_types():
+    if not bert_or_gpt and model_type not in PLAIN_MLP_TYPES:
         act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu").lower()
         if act not in SILU:
             raise PlanError(f"{where}: its gated MLP uses the activation '{act}' (GeGLU and the like); the runtime's "
                             "gated MLP is SwiGLU (SiLU), so it is refused rather than planned or exported as --swiglu")
     check_hf_numbers(cfg, where)
-
-
-def _plain_mlp_types() -> tuple[str, ...]:
-    return PLAIN_MLP_TYPES
 
 
 def check_hf_numbers(cfg: dict, where: str) -> None:

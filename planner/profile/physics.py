@@ -34,8 +34,9 @@ Across nodes (k nodes, g ranks of the group on each, one NIC per GPU of N GB/s p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from planner.errors import PlanError
 from planner.profile.records import COLLECTIVE_OPS, CollectiveFit, bus_factor
 
 CSV = "benchmarks/published/collectives.csv"
@@ -243,9 +244,6 @@ REPLACED_PARTS = ("collectives/nvlink groups", "collectives/network")
 def remodel_collectives(prof: "Profile") -> "Profile":
     """The profile with every collective entry it has no points for (NVLink groups larger than those measured, the
     network) written from this model, labelled modelled in provenance; measured entries kept."""
-    from dataclasses import replace
-
-    from planner.errors import PlanError
     if prof.gpu not in NODES:
         raise PlanError(f"the physics model has no figures for GPU '{prof.gpu}'; known: {', '.join(NODES)}")
     forced = (prof.provenance.get("environment_forced") or prof.provenance.get("derived_from", {})

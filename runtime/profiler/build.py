@@ -135,6 +135,9 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
 
     # -- collectives --------------------------------------------------------------------------------------
     link = "nvlink" if cuda else "loopback"
+    # a GPU kind the physics model knows gets its unmeasured NVLink groups and network from it (after the build);
+    # another kind gets runtime/profiler/modelled.py's extrapolation of what was measured
+    by_physics = cuda and kind in physics.NODES
     fits = []
     if world >= 2:
         rep.stage(f"collectives ({world} {'GPUs' if cuda else 'processes'}, {'NCCL' if cuda else 'gloo'})",
@@ -149,7 +152,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                       "how": "torch.distributed in spawned processes; median of repeats of back-to-back batches, "
                              "slowest rank; bytes = full buffer (nccl-tests busbw convention); fit = "
                              f"planner.profile.fit_collective over sizes >= {coll.FIT_MIN_BYTES} bytes"})
-        more = modelled_.nvswitch_groups(fits, opts.max_nvlink_group, link)
+        more = [] if by_physics else modelled_.nvswitch_groups(fits, opts.max_nvlink_group, link)
         if more:
             parts.append({"part": f"collectives/{link} groups " + ",".join(sorted({str(f.group_size) for f in more},
                                                                                  key=int)),
@@ -159,7 +162,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                           "source": "NVSwitch: each GPU drives its own NVLinks, so per-GPU bus bandwidth holds"})
         fits += more
         done("collectives")
-    elif cuda:
+    elif cuda and not by_physics:
         from planner.cluster import GPU_KINDS
         nv = GPU_KINDS[kind].nvlink_gb_per_s if kind in GPU_KINDS else 450.0
         fits = modelled_.single_gpu_nvlink(nv, opts.max_nvlink_group)
@@ -167,7 +170,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                       "model": f"datasheet NVLink {nv} GB/s x efficiency {modelled_.NVLINK_EFFICIENCY:.3f}, "
                                f"latency {modelled_.NVLINK_LATENCY_S * 1e6:.0f} us x (n-1)",
                       "source": "only one GPU was available; efficiency from ../shared/reference/h200x2-ceilings.jsonl"})
-    if cuda:
+    if cuda and not by_physics:
         net = modelled_.network_links(opts.nic_gb_per_s, opts.nic_latency_us)
         fits += net
         parts.append({"part": "collectives/network", "status": "modelled",
@@ -350,6 +353,6 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                    copy_bandwidth_bytes_per_s=copy_bw, elementwise_efficiency=eff, optimizer_s_per_param=opt_s,
                    collectives=fits, overlap_hidden_fraction=overlap, kernel_launch_s=launch, extras=extras,
                    host=host)
-    if kind in physics.NODES:  # NVLink groups larger than measured and the network: from the physics model
+    if by_physics:  # NVLink groups beyond those measured and the network: from the physics model
         prof = physics.remodel_collectives(prof)
     return prof

@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
                    "the device's is refused)")
     p.add_argument("--budget", type=float_arg("--budget", 0.0, MAX_SECONDS), default=None, help="wall-clock budget in seconds (default 270, quick 50)")
     p.add_argument("--nic-gbps", type=float_arg("--nic-gbps", 0.0, MAX_NETWORK_GB_PER_S), default=None,
-                   help="modelled network bandwidth per GPU in GB/s (default 50: 400 Gb/s NDR InfiniBand)")
+                   help="modelled network bandwidth per GPU in GB/s (default 50: 400 Gb/s NDR InfiniBand), for GPU kinds outside planner/profile/physics.py; those it knows are modelled at its nominal NIC and the planner scales them to --inter-node-gbps")
     p.add_argument("--nic-latency-us", type=float_arg("--nic-latency-us", 0.0, MAX_SECONDS * 1e6, lo_open=False), default=None, help="modelled network latency per hop (default 10)")
     p.add_argument("--model", action="append", default=[], metavar="NAME",
                    help="also time every GEMM this model's plans can run, before the catalogue grid (a catalogue "
