@@ -70,11 +70,15 @@ class LayerTerms:
     def _grouped_gemm_fwd_bwd_s(self, experts: int, rows: int, n: int, k: int) -> tuple[float, float]:
         """(forward, backward) seconds of one grouped GEMM of `experts` experts of `rows` rows each, [rows,k]x[k,n]
         per expert, as runtime/parallel/expert_mlp.py runs it (torch._grouped_mm: one kernel per projection and
-        direction, forward, dgrad and wgrad, over all the local experts): each expert's GEMM at its own small M from
-        the profile's tables (_gemm_fwd_bwd_s), times the experts, with one kernel's launch per call rather than
-        one per expert. Small-M GEMMs run far below a large GEMM's rate; that is what makes few rows per expert
-        slow. The grouped kernel may fill the GPU with several experts' tiles at once, which a lone small GEMM
-        cannot: not credited (not measured; benchmarks/grouped_gemm_rows.py measures it)."""
+        direction, forward, dgrad and wgrad, over all the local experts). Where the profile measured grouped
+        GEMMs (Profile.grouped_gemm_s): the measured grouped-over-dense ratio at these rows per expert times the
+        dense GEMM of all experts x rows rows. Else (older profiles): each expert's GEMM at its own small M from
+        the GEMM tables, times the experts, one launch per call; that overstates few rows per expert several
+        times over (a grouped kernel fills the GPU with several experts' tiles at once), as plans say."""
+        g = self.prof.grouped_gemm_s
+        fwd, dgrad, wgrad = (g(d, experts, rows, n, k) for d in ("fwd", "dgrad", "wgrad"))
+        if fwd is not None and dgrad is not None and wgrad is not None:
+            return fwd, dgrad + wgrad
         launch = self.prof.gemm_launch_s
         f1, b1 = self._gemm_fwd_bwd_s(rows, n, k)
         return experts * (f1 - launch) + launch, experts * (b1 - 2 * launch) + 2 * launch

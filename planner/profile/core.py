@@ -7,10 +7,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.errors import PlanError, read_json
+from planner.profile.grouped import GroupedGemmPoint, dense_equivalent, grouped_over_dense
 from planner.profile.records import (FP8_GEMM_SPEEDUP, PROFILE_FORMAT, PROFILE_VERSION, CollectiveFit,
                                      HostOverheads)
 from planner.profile.table import GEMM_LAUNCH_S, _collective_lookup, _gemm_s_cached, _GemmTable
-from planner.profile.validate import _collective_points, _gemm_points, _number, _validate, _whole
+from planner.profile.validate import _collective_points, _gemm_points, _grouped_points, _number, _validate, _whole
 
 
 @dataclass
@@ -59,6 +60,9 @@ class Profile:
     """(m, n, k, seconds) of FP8 GEMMs as runtime/parallel/fp8.py runs them (per-tensor scaling of both bf16
     operands included), forward and input-gradient layouts; empty before commit 940723c (2026-11-30) and on devices
     without FP8, where fp8_gemm_s is modelled."""
+    grouped_points: list[GroupedGemmPoint] = field(default_factory=list)
+    """The MoE experts' grouped GEMMs against dense GEMMs of all their rows (planner/profile/grouped.py,
+    runtime/profiler/grouped.py); empty in profiles without them, where grouped_gemm_s answers None."""
 
     # -- queries -------------------------------------------------------------
     def eff(self, term: str) -> float:
@@ -127,6 +131,22 @@ class Profile:
             table = "mm"
         pts = {"mm": self.gemm_points, "wgrad": self.wgrad_points, "fp8": self.fp8_points}[table]
         return bool(pts) and (m, n, k) in self._gemm_key(table).exact
+
+    def grouped_gemm_s(self, direction: str, experts: int, rows: int, n: int, k: int) -> float | None:
+        """One grouped GEMM over `experts` experts of `rows` rows each, weight [n, k], in `direction` (fwd, dgrad,
+        wgrad; planner/profile/grouped.py): the measured grouped-over-dense ratio at those rows per expert times
+        this profile's dense GEMM of all the rows, plus one launch. None where the profile measured none."""
+        if experts <= 0 or rows <= 0:
+            return 0.0
+        cache = self.__dict__.setdefault("_grouped_cache", {})
+        key = (direction, experts, rows, n, k)
+        if key not in cache:
+            cache[key] = grouped_over_dense(tuple(self.grouped_points), direction, experts, rows, n, k)
+        if cache[key] is None:
+            return None
+        ratio, priced_rows = cache[key]
+        table, gm, gn, gk = dense_equivalent(direction, experts * priced_rows, n, k)
+        return ratio * (self.gemm_table_s(table, gm, gn, gk) - self.gemm_launch_s) + self.gemm_launch_s
 
     def wgrad_s(self, m: int, n: int, k: int) -> float:
         if not self.wgrad_points:
@@ -252,6 +272,8 @@ class Profile:
             "efficiency": self.efficiency,
             "extras": self.extras,
             **({"host": self.host.to_dict()} if self.host is not None else {}),
+            **({"grouped_gemm": {"points": [p.to_dict() for p in self.grouped_points]}}
+               if self.grouped_points else {}),
         }
 
     def save(self, path: Path) -> None:
@@ -291,6 +313,7 @@ class Profile:
                 host=HostOverheads.from_measurement(d["host"]) if d.get("host") is not None else None,
                 wgrad_points=_gemm_points(gemm.get("wgrad_points", [])),
                 fp8_points=_gemm_points(gemm.get("fp8_points", [])),
+                grouped_points=_grouped_points((d.get("grouped_gemm") or {}).get("points", [])),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanError(f"{where} is corrupted ({exc.__class__.__name__}: {exc})") from None

@@ -5,6 +5,7 @@ import math
 from typing import TYPE_CHECKING
 
 from planner.errors import PlanError
+from planner.profile.grouped import GROUPED_DIRECTIONS, GroupedGemmPoint
 from planner.profile.records import COLLECTIVE_OPS, EFFICIENCY_TERMS, HostOverheads
 
 if TYPE_CHECKING:  # planner.profile.core calls _validate as it loads a profile
@@ -30,6 +31,12 @@ def _whole(v):
 
 def _gemm_points(points) -> list[tuple]:
     return [(_whole(m), _whole(n), _whole(k), _number(t)) for m, n, k, t in points]
+
+
+def _grouped_points(points) -> list[GroupedGemmPoint]:
+    return [GroupedGemmPoint(direction=str(p["direction"]), experts=_whole(p["experts"]), rows=_whole(p["rows"]),
+                             n=_whole(p["n"]), k=_whole(p["k"]), grouped_s=_number(p["grouped_s"]),
+                             dense_s=_number(p["dense_s"])) for p in points]
 
 
 def _collective_points(points) -> tuple:
@@ -99,6 +106,15 @@ def _check_gemms(p: Profile, check: _Checker) -> None:
             for name, v in (("m", m), ("n", n), ("k", k)):
                 check.size(f"gemm.{table}[{i}] {name}", v)
             check.positive(f"gemm.{table}[{i}] seconds", t)
+    for i, g in enumerate(p.grouped_points):
+        name = f"grouped_gemm.points[{i}]"
+        if g.direction not in GROUPED_DIRECTIONS:
+            raise PlanError(f"{check.where} is corrupted: {name}.direction is {g.direction!r}, not one of "
+                            f"{', '.join(GROUPED_DIRECTIONS)}")
+        for field_name in ("experts", "rows", "n", "k"):
+            check.size(f"{name}.{field_name}", getattr(g, field_name))
+        check.positive(f"{name}.grouped_s", g.grouped_s)
+        check.positive(f"{name}.dense_s", g.dense_s)
 
 
 def _check_attention(p: Profile, check: _Checker) -> None:

@@ -89,6 +89,10 @@ def _plan_of(c: _Candidate, stages: list[StagePlan], pred, model, shape, cluster
         prov["modelled"].insert(0, f"GEMMs: {off_grid} of this layout's {queries} layer GEMM shapes interpolated "
                                    f"between profile points (`plan profile --model {model.name} --base "
                                    f"{profile_argument(profile)}` measures them and adds them to this profile)")
+    if model.is_moe and not profile.grouped_points:
+        prov["modelled"].insert(0, "MoE experts: the profile has no grouped-GEMM measurements, so each expert is "
+                                   "priced as its own small GEMM, which overstates few rows per expert (`python -m "
+                                   "runtime.profiler.grouped --profile ... --out ...` measures them)")
     if not profile.attention_measured(model.head_dim, model.causal):
         as_dim = profile.attention_kernel_head_dim(model.head_dim, model.causal)
         how = (f"priced as {as_dim}, the next larger one measured (kernels pad to their tile)" if as_dim != model.head_dim

@@ -18,6 +18,7 @@ from planner.profile import physics
 from planner.profile import ATTENTION_POINT_KEYS, Profile, gpu_kind_of_device
 from runtime.profiler import collectives as coll
 from runtime.profiler import environment, kernels, modelled, shapes
+from runtime.profiler import grouped as grouped_
 from runtime.profiler.gemm_workers import time_gemms_parallel
 from runtime.profiler.timing import at_power_cap, power_state_under_heat
 
@@ -328,6 +329,16 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                          f"rotated over > 2x L2; {_split_how(len(devices), cuda)}" + (f"; {skipped} shapes skipped (time budget, or operands beyond the memory pool)"
                                                    if skipped else "")})
     done("gemm")
+    moe = [spec for spec in list(grid_spec.models) + list(opts.models) if spec.is_moe]
+    grouped_points = []
+    if moe and not opts.quick and time.monotonic() < deadline:  # the MoE experts' grouped GEMMs (planner/profile/grouped.py)
+        rep.stage(f"grouped GEMMs of the MoE experts ({', '.join(dict.fromkeys(s.name for s in moe))})", 1)
+        t_grouped = time.monotonic()
+        grouped_points = grouped_.measure([s for spec in moe for s in grouped_.expert_shapes(spec)], device,
+                                          cuda and opts.at_power_cap, deadline=deadline)
+        parts.append(grouped_.part_record(grouped_points, list(dict.fromkeys(s.name for s in moe)),
+                                          cuda and opts.at_power_cap, time.monotonic() - t_grouped, {}))
+        rep.advance()
     if cuda:
         parts.append({"part": "kernel_timing", "status": "measured", "at_power_cap": opts.at_power_cap,
                       "how": ("every kernel (attention, memory-bound, optimizer, GEMMs) timed with the GPU held at its "
@@ -352,7 +363,7 @@ def build_profile(opts: Options, reporter: Reporter | None = None) -> Profile:
                    attention_points=att_for_profile,
                    copy_bandwidth_bytes_per_s=copy_bw, elementwise_efficiency=eff, optimizer_s_per_param=opt_s,
                    collectives=fits, overlap_hidden_fraction=overlap, kernel_launch_s=launch, extras=extras,
-                   host=host)
+                   host=host, grouped_points=grouped_points)
     if by_physics:  # NVLink groups beyond those measured and the network: from the physics model
         prof = physics.remodel_collectives(prof)
     return prof
