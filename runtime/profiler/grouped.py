@@ -191,7 +191,7 @@ def main(argv=None) -> int:
             from planner.model.catalogue import CATALOGUE, resolve_model
             specs = [resolve_model(m) for m in args.model] or [s for s in CATALOGUE.values() if s.is_moe]
             shapes = [s for spec in specs for s in expert_shapes(spec)] + [_parse_shape(s) for s in args.shape]
-            device = torch.device(args.device)
+            device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
             if device.type == "cuda":
                 if not torch.cuda.is_available():
                     raise PlanError("no CUDA GPU is visible; pass --device cpu")
