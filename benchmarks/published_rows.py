@@ -67,9 +67,6 @@ VPP_FREE_SOURCES = ("llama3",)
 """Sources whose interleaving is stated but not its degree (Llama 3 section 3.3.2: an interleaved schedule): an empty
 vpp is left to the search there; elsewhere it is 1."""
 
-UNSHARDED_BETWEEN_PASSES = ("llama3",)
-"""Sources whose FSDP keeps parameters unsharded between forward and backward (runs.csv caveats, Llama 3)."""
-
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
 """Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
 
@@ -126,10 +123,6 @@ def pins_of(r: dict, notes: list[str]) -> Pins:
     vpp = _int(r["vpp"])
     if vpp is None and (int(r["pp"]) == 1 or not r["row_id"].startswith(VPP_FREE_SOURCES)):
         vpp = 1  # runs.csv: empty means no interleaving stated (NeMo's VP 1 is written empty; torchtitan's rows 1F1B)
-    if sharding == "full" and r["row_id"].startswith(UNSHARDED_BETWEEN_PASSES):
-        sharding = "optimizer+grads"
-        notes.append("FSDP without re-sharding after forward planned as sharding 'optimizer+grads' (parameters whole "
-                     "between forward and backward, gradients and optimizer state sharded)")
     recompute = r["recompute"].strip() or None
     if recompute and r["row_id"].startswith(RECOMPUTE_FREE_SOURCES):
         notes.append(f"recompute '{recompute}' is the source's own set (DeepSeek-V3: RMSNorm, MLA up-projections and "
