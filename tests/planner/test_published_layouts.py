@@ -105,3 +105,15 @@ def test_korthikanti_full_recompute_over_present_work(rows):
                                  ("kor22-06", "kor22-05", 94.42 / 71.49)):
         ratio = pr.plan_row(by_id[full], meg).prediction.step_s / pr.plan_row(by_id[sel], meg).prediction.step_s
         assert ratio == pytest.approx(published, rel=0.04), (full, ratio, published)
+
+
+def test_torchtitan_rows_as_run(rows):
+    """torchtitan at commit 9dec370 (the benchmarked version): a local batch is one pass without PP and is split into
+    PP-degree micro-batches with PP; with PP its FSDP2 does not re-shard after forward and PyTorch's pipeline stage
+    reduces FSDP gradients on the last micro-batch only (one gather, one reduce-scatter a step: 'optimizer')."""
+    by_id, _ = rows
+    for rid, mb, sharding in (("titan24-01", 2, "full"), ("titan24-04", 16, "full"), ("titan24-06", 4, "optimizer"),
+                              ("titan24-07", 4, "optimizer"), ("titan24-08", 1, "optimizer"),
+                              ("titan24-11", 1, "optimizer")):
+        pins = by_id[rid].pins
+        assert (pins.micro_batch, pins.sharding) == (mb, sharding), rid
