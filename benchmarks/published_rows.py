@@ -9,7 +9,7 @@ picked up without a change here once the kind and its profile exist (planner.clu
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,8 +67,11 @@ VPP_FREE_SOURCES = ("llama3",)
 """Sources whose interleaving is stated but not its degree (Llama 3 section 3.3.2: an interleaved schedule): an empty
 vpp is left to the search there; elsewhere it is 1."""
 
-UNSHARDED_BETWEEN_PASSES = ("llama3",)
-"""Sources whose FSDP keeps parameters unsharded between forward and backward (runs.csv caveats, Llama 3)."""
+SYNCHRONOUS_TP_SOURCES = ("nar21", "titan24")
+"""Sources whose runtime issues every TP collective on the critical path when the TP overlap is off, unlike the
+megatron target's Megatron-LM (RuntimeTarget.tp_backward_beside_gemms): Narayanan 2021's Megatron-LM predates the
+asynchronous backward collectives (arXiv 2104.04473 of April 2021; Megatron-LM commit cf7efd4f5a of 2021-08-30);
+torchtitan's TP (DTensor) overlaps nothing without AsyncTP (arXiv 2410.06511 section 3.2, AsyncTP is the overlap)."""
 
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
 """Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
@@ -126,10 +129,6 @@ def pins_of(r: dict, notes: list[str]) -> Pins:
     vpp = _int(r["vpp"])
     if vpp is None and (int(r["pp"]) == 1 or not r["row_id"].startswith(VPP_FREE_SOURCES)):
         vpp = 1  # runs.csv: empty means no interleaving stated (NeMo's VP 1 is written empty; torchtitan's rows 1F1B)
-    if sharding == "full" and r["row_id"].startswith(UNSHARDED_BETWEEN_PASSES):
-        sharding = "optimizer+grads"
-        notes.append("FSDP without re-sharding after forward planned as sharding 'optimizer+grads' (parameters whole "
-                     "between forward and backward, gradients and optimizer state sharded)")
     recompute = r["recompute"].strip() or None
     if recompute and r["row_id"].startswith(RECOMPUTE_FREE_SOURCES):
         notes.append(f"recompute '{recompute}' is the source's own set (DeepSeek-V3: RMSNorm, MLA up-projections and "
@@ -201,13 +200,22 @@ def deciding_term(prediction, over: bool = False) -> str:
     return largest
 
 
+def row_target(row: PublishedRow, target):
+    """`target` as the row's runtime ran: without the asynchronous backward TP collectives for the sources that
+    predate or lack them (SYNCHRONOUS_TP_SOURCES)."""
+    if getattr(target, "tp_backward_beside_gemms", False) and row.row_id.startswith(SYNCHRONOUS_TP_SOURCES):
+        return replace(target, tp_backward_beside_gemms=False)
+    return target
+
+
 def plan_row(row: PublishedRow, target, free: bool = False, profile: Profile | None = None):
     """The best plan of `row` for `target`: pinned to the published layout, or (free) searched with only its
     precision kept. Raises planner.errors.PlanError (NoFitError when no layout fits in memory)."""
     from planner.search import search
 
     pins = Pins(fp8=row.pins.fp8, cuda_graph=False) if free else row.pins
-    result = search(row.model, row.shape, row.cluster, profile or row.profile(), pins, top_k=1, target=target)
+    result = search(row.model, row.shape, row.cluster, profile or row.profile(), pins, top_k=1,
+                    target=row_target(row, target))
     return result.plans[0]
 
 
@@ -216,8 +224,8 @@ def repredict(row: PublishedRow, plan, target, profile: Profile, play: bool = Tr
     pipeline by the schedule's closed form (planner/cost/step.py, CostModel.predict)."""
     from planner.cost import CostModel
 
-    return CostModel(row.model, row.shape, plan.layout, row.cluster, profile, target=target).predict(plan.stages,
-                                                                                                    play=play)
+    return CostModel(row.model, row.shape, plan.layout, row.cluster, profile,
+                     target=row_target(row, target)).predict(plan.stages, play=play)
 
 
 def tokens_per_s_per_gpu(row: PublishedRow, prediction) -> float:

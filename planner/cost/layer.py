@@ -214,7 +214,11 @@ class LayerTerms:
             tp_f = n_pairs * (ag + rs)
             tp_b = n_pairs * (2 * ag + rs)
             comm_tp_f = exposed_s(tp_f, fwd, frac, lay.overlap_tp)
-            comm_tp_b = exposed_s(tp_b, bwd, frac, lay.overlap_tp)
+            if lay.overlap_tp or not self.target.tp_backward_beside_gemms:
+                comm_tp_b = exposed_s(tp_b, bwd, frac, lay.overlap_tp)
+            else:  # the output gradient's gather exposed; the input's re-gather and the input gradient's
+                # reduce-scatter beside the input- and weight-gradient GEMMs (RuntimeTarget.tp_backward_beside_gemms)
+                comm_tp_b = n_pairs * ag + exposed_s(n_pairs * (ag + rs), bwd, frac, True)
         else:
             comm_tp_f = comm_tp_b = 0.0
         # context parallel: cp-1 ring steps pass K and V forward; backward passes K, V and dK, dV

@@ -11,6 +11,8 @@ RuntimeTarget is the identity and changes nothing.
   casts our runtime runs as separate passes);
 - TP communication with sequence parallelism overlapped by userbuffers (--tp-comm-overlap): at most
   `tp_hidden_fraction` of it hidden behind the GEMMs beside it (fitted; the profile's fraction is our runtime's);
+  without it, the backward's asynchronous column-parallel collectives still hide behind its GEMMs at that fraction
+  (`tp_backward_beside_gemms`) and the rest is exposed;
 - DP overlap with the distributed optimizer (--overlap-grad-reduce / --overlap-param-gather) in buckets of
   `dp_bucket_params` parameters (Megatron's default 40M): the gradient reduction of the last bucket (the first
   layers, reduced after backward ends) and the parameter gather of the first bucket (before forward starts) are
@@ -69,6 +71,15 @@ class RuntimeTarget:
     whose all-to-alls hide behind the experts at ep_hidden_fraction."""
     fp8_wgrad: bool = False
     """Weight-gradient GEMMs in FP8 too when the layout is FP8."""
+    tp_backward_beside_gemms: bool = False
+    """Whether, with the TP overlap off (Layout.overlap_tp False), the backward's column-parallel collectives still
+    run beside its GEMMs: Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication issues the re-gather of the
+    sequence-parallel input asynchronously beside the input-gradient GEMM and the input gradient's reduce-scatter
+    (all-reduce without sequence parallelism) beside the weight-gradient GEMM (commit cf7efd4f5a, 2021-08-30, and
+    02bb1f5c86, 2022-03-02); the forward's collectives and the backward's gather of the output gradient stay on
+    the critical path. Korthikanti et al. 2022 (arXiv 2205.05198) section 6.2: full recompute costs 39% rather than
+    33% "due to an optimization in the backward pass where we overlap all-reduce communication with the linear
+    weight's gradient computation". False: every TP collective is exposed when the overlap is off (ours)."""
     cuda_graph: bool = True
     """Whether the runtime can capture the step as a CUDA graph (ours can where legal; Megatron is run eagerly)."""
     provenance: dict = field(default_factory=dict, compare=False, hash=False)
@@ -144,7 +155,8 @@ def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_
     per layer, FP8 weight gradients, eager execution."""
     return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
                          dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
-                         two_chunk_dispatch=False, fp8_wgrad=True, cuda_graph=False, provenance=dict(provenance or {}))
+                         two_chunk_dispatch=False, fp8_wgrad=True, cuda_graph=False, tp_backward_beside_gemms=True,
+                         provenance=dict(provenance or {}))
 
 
 def megatron_from_dict(d: dict, source: str) -> RuntimeTarget:
