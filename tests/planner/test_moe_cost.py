@@ -139,12 +139,15 @@ def test_rows_per_expert_by_hand(ep, rows):
 
 @pytest.mark.parametrize("ep", [1, 2, 8])
 def test_grouped_gemm_is_local_experts_times_the_small_gemm(ep):
-    """The local experts' fc1 and fc2 each cost (local experts) x the table time of one expert's GEMM at its rows
+    """Without measured grouped GEMMs in the profile (the fallback; tests/planner/test_grouped_gemm.py has the measured
+    path), the local experts' fc1 and fc2 each cost (local experts) x the table time of one expert's GEMM at its rows
     (forward; dgrad + wgrad backward), plus one launch per grouped kernel, not one per expert; the layer's MoE compute
     is the router's GEMM, those grouped GEMMs and the row passes, times the expert efficiency."""
+    from dataclasses import replace
     spec = resolve_model(QWEN3_MOE)
     lay = Layout(dp=8, ep=ep, micro_batch=1)
-    cm = CostModel(spec, TrainingShape(4096, 64), lay, ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=8), PROF)
+    prof = replace(PROF, grouped_points=[])
+    cm = CostModel(spec, TrainingShape(4096, 64), lay, ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=8), prof)
     local, rows, h, f = 128 // ep, 4096 * 8 * ep // 128, spec.hidden, spec.ffn_hidden
     assert f == 768
     launch = PROF.gemm_launch_s
@@ -159,7 +162,7 @@ def test_grouped_gemm_is_local_experts_times_the_small_gemm(ep):
     # the layer's compute holds exactly those grouped GEMMs, times the expert efficiency: the same layer with them
     # priced at nothing differs by that much
     without = CostModel(spec, TrainingShape(4096, 64), lay, ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=8),
-                        PROF)
+                        prof)
     without._grouped_gemm_fwd_bwd_s = lambda *shape: (0.0, 0.0)
     eff = PROF.eff("expert")
     assert cm.layer.fwd_compute_s - without.layer.fwd_compute_s == pytest.approx(want_f * eff, rel=1e-9)

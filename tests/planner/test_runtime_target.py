@@ -23,6 +23,7 @@ from tests.planner.conftest import REPO, assert_one_sentence_error, run_cli
 # step time (s) and peak memory (GiB) of each case with the shipped h200-sxm profile at main commit 94b3934
 # (2026-12-03), before the prediction target existed; the same figures come out with the physics-modelled
 # collectives of commit 4db5964, which change groups beyond two GPUs only; two re-recorded on purpose where marked
+# (the MoE case at commit c965f7c, once the profile held measured grouped GEMMs)
 BEFORE = [
     ("gpt-1.3b", 1, dict(micro_batch=4, sharding="none", cuda_graph=False), "none", (2048, 64),
      2.0915104280577834, 35.732948303222656),
@@ -33,7 +34,7 @@ BEFORE = [
     ("gpt-6.7b", 2, dict(dp=2, micro_batch=2, sharding="optimizer", overlap_dp=True), "selective", (2048, 32),
      2.4947421870863407, 85.32577514648438),
     ("mixtral-8x7b", 2, dict(dp=2, ep=2, micro_batch=1, sharding="optimizer", overlap_ep=True), "full", (4096, 8),
-     4.323893960111024, 399.7093048095703),  # experts priced at their rows per EP degree (issue 31)
+     4.783535918937081, 399.7093048095703),  # experts from the measured grouped GEMMs (planner/profile/grouped.py)
 ]
 
 
