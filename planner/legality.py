@@ -87,7 +87,7 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
     return None
 
 
-GROUPED_GEMM_GPUS = ("h200-sxm", "h100-sxm", "h800")
+GROUPED_GEMM_GPUS = ("h200-sxm", "h100-sxm", "h100-96gb", "h800")
 """GPU kinds where the MoE experts run as grouped GEMMs with their row counts on the device (Hopper:
 runtime/parallel/expert.py, grouped_mm_supported); elsewhere the expert loop reads the counts on the host."""
 

@@ -77,7 +77,9 @@ def gpu_kind_of_device(name: str) -> str:
     if "H200" in n:
         return "h200-nvl" if "NVL" in n else "h200-sxm"
     if "H100" in n:
-        return "h100-pcie" if "PCIE" in n else ("h100-nvl" if "NVL" in n else "h100-sxm")
+        if "PCIE" in n or "NVL" in n:
+            return "h100-pcie" if "PCIE" in n else "h100-nvl"
+        return "h100-96gb" if "96GB" in n else "h100-sxm"
     if "A100" in n and "80GB" in n:
         return "a100-80gb"
     return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-") or "unknown-gpu"

@@ -92,6 +92,9 @@ NODES: dict[str, NodePhysics] = {
 NODES["h800"] = NodePhysics("h800", 200.0, 0.81, 0.711, 0.836, 25.6e-6 / 14, nvls_eff=0.608,
                             nvls_latency_s=25.6e-6, rows=(14, 21, 24, 30, 55),
                             note="H100's fractions over H800's 200 GB/s per direction (no H800 nccl-tests row)")
+# H100 SXM 96 GB HBM2e: the H100 SXM die with the same NVLink 4 and NVSwitch, only the HBM differs: H100's figures.
+NODES["h100-96gb"] = replace(NODES["h100-sxm"], gpu="h100-96gb",
+                             note="H100 SXM's figures: same NVLink 4 (NV18) and NVSwitch; only the HBM differs")
 
 
 NET_EFF = 0.94

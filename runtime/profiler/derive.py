@@ -1,4 +1,4 @@
-"""Derive an h100-sxm profile from a measured h200-sxm one, every derived figure labelled derived.
+"""Derive an h100-sxm (or h100-96gb) profile from a measured h200-sxm one, every derived figure labelled derived.
 
 H100 SXM5 and H200 SXM share the GH100 die: 132 SMs, the same clocks and the same 989 TFLOP/s dense bf16, and
 the same NVLink 4 (NV18, 900 GB/s bidirectional). They differ in HBM: 3.35 TB/s (80 GB HBM3) against 4.8 TB/s
@@ -9,6 +9,8 @@ the same NVLink 4 (NV18, 900 GB/s bidirectional). They differ in HBM: 3.35 TB/s 
 - copy bandwidth scales by 3.35 / 4.8, the optimizer step (memory bound) by 4.8 / 3.35; elementwise efficiency
   (a fraction of the copy bandwidth) is kept;
 - collectives and overlap are kept (same NVLink, same NCCL).
+The H100 SXM with 96 GB HBM2e (torchtitan's benchmark GPU, its docs/performance.md at commit 9dec370: "96GB HBM2e
+with 2.4 TB/sec") is the same die and NVLink with 2.4 TB/s HBM, derived the same way (profiles/build_h100_96gb_profile.py).
 
     python -m runtime.profiler.derive profiles/h200-sxm.json --out profiles/h100-sxm.json
 """
@@ -23,15 +25,18 @@ from pathlib import Path
 from planner.errors import PlanError
 from planner.profile import Profile
 
-HBM_TB_PER_S = {"h200-sxm": 4.8, "h100-sxm": 3.35}
+HBM_TB_PER_S = {"h200-sxm": 4.8, "h100-sxm": 3.35, "h100-96gb": 2.4}
 SOURCE = ("NVIDIA H100 SXM5 / H200 SXM datasheets: same GH100 SMs and clocks (989 dense bf16 TFLOP/s), same NVLink 4 "
           "NV18; HBM 3.35 vs 4.8 TB/s")
+SOURCES = {"h100-96gb": SOURCE + "; H100 SXM 96 GB HBM2e at 2.4 TB/s: torchtitan docs/performance.md (commit 9dec370)"}
+"""The datasheet line each target's derived parts cite (SOURCE unless named here)."""
 
 
 def derive(src: Profile, target: str = "h100-sxm") -> Profile:
     if src.gpu not in HBM_TB_PER_S or target not in HBM_TB_PER_S:
         raise PlanError(f"can derive only between {', '.join(HBM_TB_PER_S)}; the profile is for '{src.gpu}'")
     r = HBM_TB_PER_S[src.gpu] / HBM_TB_PER_S[target]   # > 1 when the target's HBM is slower
+    source = SOURCES.get(target, SOURCE)
     copy_bw = src.copy_bandwidth_bytes_per_s / r
     def scaled(m, n, k, t, out_bytes):
         # phi: the share of the time the GEMM's HBM traffic (bf16 operands, its output) takes at copy bandwidth
@@ -50,13 +55,13 @@ def derive(src: Profile, target: str = "h100-sxm") -> Profile:
         "gpu_name": f"{target} (derived, not measured)",
         "parts": [
             {"part": "gemm", "status": "derived",
-             "how": f"{src.gpu} times x (1 + phi ({r:.3f} - 1)), phi = HBM-traffic share of the time", "source": SOURCE},
-            {"part": "attention", "status": "derived", "how": f"{src.gpu} rates kept (compute bound)", "source": SOURCE},
-            {"part": "copy_bandwidth", "status": "derived", "how": f"{src.gpu} x {1 / r:.3f}", "source": SOURCE},
-            {"part": "elementwise_efficiency", "status": "derived", "how": f"{src.gpu} fraction kept", "source": SOURCE},
-            {"part": "optimizer_s_per_param", "status": "derived", "how": f"{src.gpu} x {r:.3f}", "source": SOURCE},
+             "how": f"{src.gpu} times x (1 + phi ({r:.3f} - 1)), phi = HBM-traffic share of the time", "source": source},
+            {"part": "attention", "status": "derived", "how": f"{src.gpu} rates kept (compute bound)", "source": source},
+            {"part": "copy_bandwidth", "status": "derived", "how": f"{src.gpu} x {1 / r:.3f}", "source": source},
+            {"part": "elementwise_efficiency", "status": "derived", "how": f"{src.gpu} fraction kept", "source": source},
+            {"part": "optimizer_s_per_param", "status": "derived", "how": f"{src.gpu} x {r:.3f}", "source": source},
             {"part": "collectives", "status": "derived",
-             "how": f"{src.gpu} fits kept (same NVLink 4 NV18); measured flags cleared", "source": SOURCE},
+             "how": f"{src.gpu} fits kept (same NVLink 4 NV18); measured flags cleared", "source": source},
             {"part": "overlap_hidden_fraction", "status": "derived", "how": f"{src.gpu} values kept"},
         ],
     }
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m runtime.profiler.derive", description=__doc__.split("\n")[0])
     p.add_argument("source", help="measured profile (h200-sxm)")
     p.add_argument("--out", "-o", required=True)
-    p.add_argument("--target", default="h100-sxm")
+    p.add_argument("--target", default="h100-sxm", help=f"one of {', '.join(HBM_TB_PER_S)}")
     p.add_argument("--force", action="store_true")
     a = p.parse_args(argv)
     try:

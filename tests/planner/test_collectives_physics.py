@@ -79,7 +79,7 @@ def test_hierarchical_group_uses_its_nics_in_parallel():
     assert slow_nic == pytest.approx(8 * physics.NET_EFF * 12.5, rel=0.02)
 
 
-@pytest.mark.parametrize("name", ["h200-sxm", "h200-sxm-calibrated", "h100-sxm", "a100-80gb"])
+@pytest.mark.parametrize("name", ["h200-sxm", "h200-sxm-calibrated", "h100-sxm", "h100-96gb", "a100-80gb"])
 def test_shipped_profiles_carry_the_physics_entries(name):
     """The shipped profiles' modelled 4/8-GPU entries are the physics model's, labelled modelled with their rows."""
     path = Path(__file__).resolve().parents[2] / "profiles" / f"{name}.json"
