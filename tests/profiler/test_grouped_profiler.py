@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from planner.profile import Profile
+from planner.profile import Profile, shipped_profile_path
 from planner.profile.grouped import GROUPED_DIRECTIONS
 from runtime.profiler import grouped
 
@@ -56,6 +56,9 @@ def test_bad_shape_and_nothing_to_copy(tmp_path, capsys):
                          "--shape", "4,x,32"]) == 2
     err = capsys.readouterr().err
     assert "is not EXPERTS,N,K" in err and "Traceback" not in err
-    assert grouped.main(["--profile", "h100-sxm", "--out", str(tmp_path / "b.json"), "--copy-from", "h200-sxm"]) == 2
+    from dataclasses import replace
+    bare = tmp_path / "bare.json"
+    replace(Profile.load(shipped_profile_path("h200-sxm")), grouped_points=[]).save(bare)
+    assert grouped.main(["--profile", "h100-sxm", "--out", str(tmp_path / "b.json"), "--copy-from", str(bare)]) == 2
     assert "has no grouped GEMMs to copy" in capsys.readouterr().err
     assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
