@@ -202,9 +202,15 @@ def deciding_term(prediction, over: bool = False) -> str:
 
 def row_target(row: PublishedRow, target):
     """`target` as the row's runtime ran: without the asynchronous backward TP collectives for the sources that
-    predate or lack them (SYNCHRONOUS_TP_SOURCES)."""
+    predate or lack them (SYNCHRONOUS_TP_SOURCES); with Megatron-Core's batch-level EP A2A overlap where the row's
+    `ep_overlap` says the run used it (RuntimeTarget.ep_a2a_beside_layer; benchmarks/published/README.md gives each
+    row's source config). Our own runtime's target ('ours') is returned unchanged."""
+    if getattr(target, "name", "ours") == "ours":
+        return target
     if getattr(target, "tp_backward_beside_gemms", False) and row.row_id.startswith(SYNCHRONOUS_TP_SOURCES):
-        return replace(target, tp_backward_beside_gemms=False)
+        target = replace(target, tp_backward_beside_gemms=False)
+    if _flag(row.raw.get("ep_overlap", "")):
+        target = replace(target, ep_a2a_beside_layer=True)
     return target
 
 

@@ -3,7 +3,8 @@ expert-parallel communication beside them (LayerCosts), and the embedding and ou
 from __future__ import annotations
 
 from planner import memory as mem
-from planner.cost.terms import BF16, FP32, EndCosts, LayerCosts, cached_property, exposed_s, two_chunk_exposed_s
+from planner.cost.terms import (BF16, FP32, EndCosts, LayerCosts, cached_property, ep_beside_layer_exposed_s, exposed_s,
+                                two_chunk_exposed_s)
 
 
 class LayerTerms:
@@ -180,8 +181,9 @@ class LayerTerms:
             a2a = self.group_collective_s("all_to_all", BF16 * routed * h / chunks, lay.ep,
                                           self.strides["ep"]) * prof.eff("ep")
             if chunks == 1:
-                comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4,
-                                           self.target.ep_fraction(prof.overlap_hidden_fraction.get("ep", 0.0)), True)
+                ep_frac = self.target.ep_fraction(prof.overlap_hidden_fraction.get("ep", 0.0))
+                if not self._ep_beside_layer:
+                    comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, ep_frac, True)
             else:  # each chunk's transfers beside the other chunk's experts: the schedule's own timeline
                 experts_f, experts_b = (e1f + e2f) / chunks * xe, (e1b + e2b) / chunks * xe
                 comm["ep"] = two_chunk_exposed_s(a2a, experts_f) + two_chunk_exposed_s(a2a, experts_b)
@@ -203,6 +205,10 @@ class LayerTerms:
         fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel = (x * ce for x in (fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel))
         compute_f = fwd + attn_f + ew_f + moe_f
         compute_b = bwd + attn_b + ew_b + moe_b
+        if m.is_moe and self.dispatch_chunks == 1 and self._ep_beside_layer:
+            # the target's EP A2A overlap: the transfers beside the other micro-batch's whole layer
+            comm["ep"] = ep_beside_layer_exposed_s(a2a, compute_f - moe_f, compute_b - moe_b, moe_f + moe_b,
+                                                   ep_frac)
         # tensor parallel (sequence parallel): forward all-gathers before QKV and FC1, reduce-scatters after
         # out-proj and FC2; backward mirrors them and re-gathers the saved sharded inputs for wgrad
         if t > 1:

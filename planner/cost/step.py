@@ -31,7 +31,8 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
         # search shares them
         self._shared = shared if shared is not None else {}
         self.layer_key = (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.overlap_tp, layout.fp8,
-                          layout.grad_dtype, self.dispatch_chunks, self.stacks_expert_weights, target,
+                          layout.grad_dtype, self.dispatch_chunks, self._ep_beside_layer, self.stacks_expert_weights,
+                          target,
                           layout.cuda_graph and getattr(profile, "graph_kernel_s", None) is not None)
         """What a layer's price depends on: the key of its memo in `shared`."""
 
@@ -45,6 +46,15 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
     def dispatch_chunks(self) -> int:
         """Chunks an MoE layer dispatches its tokens in (runtime/parallel/expert.py, MoEMLP.dispatch_chunks)."""
         return 2 if self.lay.overlap_ep and self.lay.ep > 1 and self.m.is_moe and self.target.two_chunk_dispatch else 1
+
+    @property
+    def _ep_beside_layer(self) -> bool:
+        """Whether an MoE layer's one dispatch prices its all-to-alls beside the other micro-batch's whole layer
+        (RuntimeTarget.ep_a2a_beside_layer): the target runs that overlap and the layout admits Megatron's
+        combined 1F1B schedule (no pipeline, or an interleaved one: TransformerConfig asserts a virtual pipeline
+        size when PP > 1)."""
+        return (self.target.ep_a2a_beside_layer and self.m.is_moe and self.lay.ep > 1
+                and (self.lay.pp == 1 or self.lay.vpp > 1))
 
     def _memo(self, name, fn):
         k = (name, self.layer_key)

@@ -17,7 +17,9 @@ RuntimeTarget is the identity and changes nothing.
   `dp_bucket_params` parameters (Megatron's default 40M): the gradient reduction of the last bucket (the first
   layers, reduced after backward ends) and the parameter gather of the first bucket (before forward starts) are
   exposed; of the rest at most `dp_hidden_fraction` hides behind the compute beside it (fitted);
-- MoE all-to-alls: one dispatch per layer (no two-chunk dispatch of ours), at most `ep_hidden_fraction` hidden behind the expert compute beside them (fitted);
+- MoE all-to-alls: one dispatch per layer (no two-chunk dispatch of ours), at most `ep_hidden_fraction` hidden behind
+  the expert compute beside them (fitted), or, where the run used Megatron-Core's batch-level EP overlap
+  (`ep_a2a_beside_layer`, set per published row), beside the other micro-batch's whole layer at that fraction;
 - its pipeline schedules (1F1B, interleaved 1F1B): the same schedule play as ours (planner/schedule.py);
 - eager execution (no CUDA graph): the host issues each layer's kernels, `host_layer_s` per layer and micro-batch
   (forward and backward, a stated figure times the fitted `host_factor`); a stage runs at the slower of the GPU
@@ -66,6 +68,18 @@ class RuntimeTarget:
     fp8_gemm_factor: float = 1.0
     """The runtime's FP8 GEMM time over the profile's FP8 GEMMs (ours quantises both operands per call with current
     scaling, runtime/parallel/fp8.py; TE's delayed scaling fuses the casts into the kernels before)."""
+    ep_a2a_beside_layer: bool = False
+    """Whether the one MoE dispatch's all-to-alls run beside the other micro-batch's whole layer (Megatron-Core's
+    batch-level EP A2A overlap, --overlap-moe-expert-parallel-comm --delay-wgrad-compute; Megatron-Bridge's
+    moe_a2a_overlap): the combined 1F1B schedule runs one micro-batch's layer forward beside another's backward on
+    two streams, "comm_stream: combine_bwd | dispatch_fwd->dispatch_bwd | combine_fwd" beside "comp_stream:
+    pre_dispatch_fwd | mlp_bwd->mlp_bwd_dw->mlp_fwd | pre_dispatch_bwd" (Megatron-LM
+    megatron/core/models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run, at d98e8a64dd;
+    added in ae1c88296f, 2025-08-01). Priced by planner/cost/terms.ep_beside_layer_exposed_s at ep_hidden_fraction
+    per window, where the layout admits the schedule (no pipeline or an interleaved one: TransformerConfig asserts a
+    virtual pipeline size when PP > 1); False: the all-to-alls hide behind the experts only (a quarter of the
+    layer's expert compute each). A trait of the run, set per published row (benchmarks/published_rows.row_target),
+    not a fitted factor."""
     two_chunk_dispatch: bool = True
     """Whether MoE tokens may be dispatched in two overlapped chunks (Layout.overlap_ep; ours); else one dispatch
     whose all-to-alls hide behind the experts at ep_hidden_fraction."""

@@ -43,6 +43,19 @@ def two_chunk_exposed_s(transfer_s: float, experts_s: float) -> float:
     return 2 * transfer_s + 2 * max(experts_s, transfer_s) - 2 * experts_s
 
 
+def ep_beside_layer_exposed_s(a2a_s: float, dense_f_s: float, dense_b_s: float, experts_fb_s: float,
+                              hidden_fraction: float) -> float:
+    """What a MoE layer's four all-to-alls (`a2a_s` each: dispatch and combine, forward and backward) add to a
+    micro-batch when the forward of one micro-batch runs beside the backward of another (Megatron-Core's EP A2A
+    overlap, RuntimeTarget.ep_a2a_beside_layer): the backward's combine beside the forward's dense part (attention
+    to router, `dense_f_s`), both dispatches beside the experts of both passes (`experts_fb_s`), the forward's
+    combine beside the backward's dense part (`dense_b_s`); in each window at most `hidden_fraction` of the
+    transfers hides (exposed_s)."""
+    return (exposed_s(a2a_s, dense_f_s, hidden_fraction, True)
+            + exposed_s(2 * a2a_s, experts_fb_s, hidden_fraction, True)
+            + exposed_s(a2a_s, dense_b_s, hidden_fraction, True))
+
+
 @dataclass(frozen=True)
 class LayerCosts:
     """One transformer layer, one micro-batch, one rank; seconds."""

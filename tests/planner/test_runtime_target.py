@@ -4,6 +4,7 @@ target existed, `megatron` is saved in and read from the plan file, named in eve
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from planner.cluster import ClusterSpec
 from planner.cost import CostModel, evaluate
 from planner.cost.targets import OURS, RuntimeTarget, load_target
-from planner.cost.terms import exposed_s
+from planner.cost.terms import ep_beside_layer_exposed_s, exposed_s
 from planner.errors import PlanError
 from planner.model import resolve_model
 from planner.plan import Layout, Plan, StagePlan, TrainingShape, even_stages
@@ -228,3 +229,38 @@ def test_shipped_factors_name_their_fit_rows():
     with open(REPO / "benchmarks" / "published" / "runs.csv") as f:
         split = {r["row_id"]: r["split"] for r in csv.DictReader(f)}
     assert used and all(split[r] == "fit" for r in used)
+
+
+def test_ep_beside_layer_rule_by_hand():
+    # four all-to-alls of 1.0 s: the backward's combine beside 0.3 s of forward dense compute, both dispatches beside
+    # 1.5 s of experts, the forward's combine beside 0.6 s of backward dense compute
+    assert ep_beside_layer_exposed_s(1.0, 0.3, 0.6, 1.5, 0.5) == pytest.approx((1 - 0.3) + (2 - 1.0) + (1 - 0.5))
+    assert ep_beside_layer_exposed_s(1.0, 0.3, 0.6, 1.5, 1.0) == pytest.approx((1 - 0.3) + (2 - 1.5) + (1 - 0.6))
+    assert ep_beside_layer_exposed_s(1.0, 0.3, 0.6, 1.5, 0.0) == pytest.approx(4.0)
+    assert ep_beside_layer_exposed_s(0.1, 5.0, 5.0, 5.0, 1.0) == 0.0
+
+
+@pytest.mark.parametrize("pp,vpp,applies", [(1, 1, True), (2, 2, True), (2, 1, False)])
+def test_ep_beside_layer_only_where_the_schedule_runs(profile, pp, vpp, applies):
+    # Megatron's combined 1F1B needs no pipeline or an interleaved one; elsewhere today's rule (experts only).
+    # One GPU per node on a 1 GB/s network: the all-to-alls outlast every compute window, so with everything
+    # hideable (fraction 1) the new rule hides the layer's whole forward and backward compute, the old one the
+    # experts' only
+    m = resolve_model("mixtral-8x7b")
+    lay = Layout(pp=pp, vpp=vpp, ep=2, dp=2, micro_batch=1, sharding="optimizer", overlap_ep=False)
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=2 * pp, gpus_per_node=1, inter_node_gb_per_s=1.0)
+    base = RuntimeTarget("t", ep_hidden_fraction=1.0, two_chunk_dispatch=False)
+    beside = replace(base, ep_a2a_beside_layer=True)
+
+    def layer(t):
+        return CostModel(m, TrainingShape(4096, 8), lay, cluster, profile, target=t).layer
+
+    old, new = layer(base), layer(beside)
+    whole = layer(replace(base, ep_hidden_fraction=0.0)).comm_by_dim_s["ep"]  # four whole all-to-alls
+    assert layer(replace(beside, ep_hidden_fraction=0.0)).comm_by_dim_s["ep"] == pytest.approx(whole, rel=1e-12)
+    assert (new.fwd_compute_s, new.bwd_compute_s) == (old.fwd_compute_s, old.bwd_compute_s)
+    experts_s = whole - old.comm_by_dim_s["ep"]  # the old rule hid the experts' time, all of it
+    assert 0 < experts_s < old.fwd_compute_s + old.bwd_compute_s
+    expected = whole - (old.fwd_compute_s + old.bwd_compute_s) if applies else old.comm_by_dim_s["ep"]
+    assert new.comm_by_dim_s["ep"] == pytest.approx(expected, rel=1e-9)
+    assert new.fwd_comm_s - old.fwd_comm_s == pytest.approx((new.comm_by_dim_s["ep"] - old.comm_by_dim_s["ep"]) / 2)
