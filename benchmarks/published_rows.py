@@ -209,8 +209,8 @@ def row_target(row: PublishedRow, target):
         return target
     if getattr(target, "tp_backward_beside_gemms", False) and row.row_id.startswith(SYNCHRONOUS_TP_SOURCES):
         target = replace(target, tp_backward_beside_gemms=False)
-    if _flag(row.raw.get("ep_overlap", "")):
-        target = replace(target, ep_a2a_beside_layer=True)
+    if getattr(target, "ep_a2a_beside_layer", False) and not _flag(row.raw.get("ep_overlap", "")):
+        target = replace(target, ep_a2a_beside_layer=False)  # ran without Megatron's batch-level EP overlap
     return target
 
 

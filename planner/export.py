@@ -229,9 +229,17 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
     if not lay.overlap_pp and lay.pp > 1:
         add("--no-overlap-p2p-communication")
     if lay.overlap_ep and lay.ep > 1:
-        notes.append("the plan dispatches MoE tokens in two chunks whose all-to-alls overlap the other chunk's "
-                     "experts (this runtime's); Megatron's --overlap-moe-expert-parallel-comm overlaps across "
-                     "micro-batches instead and is not exported")
+        # Megatron-Core's batch-level EP overlap (v0.14+): one micro-batch's all-to-alls beside another's layer. Its
+        # TransformerConfig wants no pipeline or an interleaved one, and no full recompute
+        if (lay.pp == 1 or lay.vpp > 1) and not any(s.full_recompute_layers for s in st):
+            add("--overlap-moe-expert-parallel-comm")
+            add("--delay-wgrad-compute")
+            notes.append("the plan overlaps the MoE all-to-alls (ours: two chunks per dispatch); Megatron-Core 0.14 "
+                         "and later run them beside another micro-batch's layer with these two flags")
+        else:
+            notes.append("the plan dispatches MoE tokens in two chunks whose all-to-alls overlap the other chunk's "
+                         "experts (this runtime's); Megatron's --overlap-moe-expert-parallel-comm needs no pipeline "
+                         "or an interleaved one and no full recompute, so it is not exported")
     if lay.cuda_graph:
         # not exported as a flag: Megatron's CUDA graphs capture per layer through Transformer Engine, not the
         # whole step, and their flags have changed between releases

@@ -182,7 +182,9 @@ class LayerTerms:
                                           self.strides["ep"]) * prof.eff("ep")
             if chunks == 1:
                 ep_frac = self.target.ep_fraction(prof.overlap_hidden_fraction.get("ep", 0.0))
-                if not self._ep_beside_layer:
+                if not self._ep_beside_layer:  # the dispatch not overlapped: behind the experts at most
+                    if self.target.ep_hidden_without_overlap is not None:
+                        ep_frac = self.target.ep_hidden_without_overlap
                     comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, ep_frac, True)
             else:  # each chunk's transfers beside the other chunk's experts: the schedule's own timeline
                 experts_f, experts_b = (e1f + e2f) / chunks * xe, (e1b + e2b) / chunks * xe

@@ -52,8 +52,8 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
         """Whether an MoE layer's one dispatch prices its all-to-alls beside the other micro-batch's whole layer
         (RuntimeTarget.ep_a2a_beside_layer): the target runs that overlap and the layout admits Megatron's
         combined 1F1B schedule (no pipeline, or an interleaved one: TransformerConfig asserts a virtual pipeline
-        size when PP > 1)."""
-        return (self.target.ep_a2a_beside_layer and self.m.is_moe and self.lay.ep > 1
+        size when PP > 1) and the plan turns it on (Layout.overlap_ep)."""
+        return (self.target.ep_a2a_beside_layer and self.lay.overlap_ep and self.m.is_moe and self.lay.ep > 1
                 and (self.lay.pp == 1 or self.lay.vpp > 1))
 
     def _memo(self, name, fn):

@@ -17,9 +17,11 @@ RuntimeTarget is the identity and changes nothing.
   `dp_bucket_params` parameters (Megatron's default 40M): the gradient reduction of the last bucket (the first
   layers, reduced after backward ends) and the parameter gather of the first bucket (before forward starts) are
   exposed; of the rest at most `dp_hidden_fraction` hides behind the compute beside it (fitted);
-- MoE all-to-alls: one dispatch per layer (no two-chunk dispatch of ours), at most `ep_hidden_fraction` hidden behind
-  the expert compute beside them (fitted), or, where the run used Megatron-Core's batch-level EP overlap
-  (`ep_a2a_beside_layer`, set per published row), beside the other micro-batch's whole layer at that fraction;
+- MoE all-to-alls: one dispatch per layer (no two-chunk dispatch of ours), exposed (`ep_hidden_without_overlap` 0:
+  the alltoall dispatcher runs them in order with the experts), or with Megatron-Core's batch-level EP overlap
+  (`ep_a2a_beside_layer`; the plan's Layout.overlap_ep, which the search picks where it pays and `plan export`
+  writes as --overlap-moe-expert-parallel-comm --delay-wgrad-compute) beside the other micro-batch's whole layer,
+  `ep_hidden_fraction` of each window hidden (fitted);
 - its pipeline schedules (1F1B, interleaved 1F1B): the same schedule play as ours (planner/schedule.py);
 - eager execution (no CUDA graph): the host issues each layer's kernels, `host_layer_s` per layer and micro-batch
   (forward and backward, a stated figure times the fitted `host_factor`); a stage runs at the slower of the GPU
@@ -77,9 +79,15 @@ class RuntimeTarget:
     megatron/core/models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run, at d98e8a64dd;
     added in ae1c88296f, 2025-08-01). Priced by planner/cost/terms.ep_beside_layer_exposed_s at ep_hidden_fraction
     per window, where the layout admits the schedule (no pipeline or an interleaved one: TransformerConfig asserts a
-    virtual pipeline size when PP > 1); False: the all-to-alls hide behind the experts only (a quarter of the
-    layer's expert compute each). A trait of the run, set per published row (benchmarks/published_rows.row_target),
-    not a fitted factor."""
+    virtual pipeline size when PP > 1) and the plan turns it on (Layout.overlap_ep: the search picks it where it
+    pays; `plan export --to megatron` writes the two flags); False: the all-to-alls hide behind the experts only (a
+    quarter of the layer's expert compute each). Megatron's target can (megatron_target); a published row that ran
+    without it is planned without (benchmarks/published_rows.row_target). A trait, not a fitted factor."""
+    ep_hidden_without_overlap: float | None = None
+    """Share of the all-to-alls hidden behind the experts when the layer's dispatch is not overlapped (Layout.
+    overlap_ep off, or the schedule does not admit it); None: ep_hidden_fraction. Megatron: 0, since its alltoall
+    dispatcher runs router, permute, dispatch, experts, combine and unpermute in order on one stream
+    (megatron/core/transformer/moe/moe_layer.py, MoELayer.forward); the fitted fraction is the batch-level overlap's."""
     two_chunk_dispatch: bool = True
     """Whether MoE tokens may be dispatched in two overlapped chunks (Layout.overlap_ep; ours); else one dispatch
     whose all-to-alls hide behind the experts at ep_hidden_fraction."""
@@ -145,7 +153,7 @@ class RuntimeTarget:
         fitted = self.provenance.get("fitted_on", "")
         return (f"megatron (Megatron-Core + Transformer Engine, eager; compute x{self.compute_factor:.3f}, TP overlap "
                 f"hides {self.tp_hidden_fraction:.0%}, DP overlap hides {self.dp_hidden_fraction:.0%} beyond a "
-                f"{self.dp_bucket_params / 1e6:.0f}M-parameter bucket, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, EP overlap hides {self.ep_hidden_fraction:.0%}, host {self.host_layer_s * self.host_factor * 1e3:.2f}"
+                f"{self.dp_bucket_params / 1e6:.0f}M-parameter bucket, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, batch-level EP overlap hides {self.ep_hidden_fraction:.0%} (without it none), host {self.host_layer_s * self.host_factor * 1e3:.2f}"
                 f" ms per layer and micro-batch" + (f"; fitted on {fitted}" if fitted else "") + ")")
 
 
@@ -170,6 +178,7 @@ def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_
     return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
                          dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
                          two_chunk_dispatch=False, fp8_wgrad=True, cuda_graph=False, tp_backward_beside_gemms=True,
+                         ep_a2a_beside_layer=True, ep_hidden_without_overlap=0.0,
                          provenance=dict(provenance or {}))
 
 

@@ -32,8 +32,9 @@ equal to the best step could be a tie, and ties go to the first layout in layout
 
 
 def _cheaper_dispatch(cm: CostModel, model, shape, cluster, profile, shared) -> CostModel:
-    """The layout's MoE dispatch, at once or in two overlapped chunks (Layout.overlap_ep), whichever costs a
-    layer less: smaller expert GEMMs and one more round of host work against hidden all-to-alls. Only the MoE
+    """The layout's MoE dispatch overlapped or not (Layout.overlap_ep: ours in two chunks, Megatron's beside the other
+    micro-batch's layer), whichever costs a layer less: for ours, smaller expert GEMMs and one more round of host
+    work against hidden all-to-alls. Only the MoE
     layer differs between the two, so the choice needs no search of its own."""
     lay = cm.lay
     # the choice depends only on what prices the MoE layer (the layer memo's key, which holds the dispatch chunks):
@@ -104,7 +105,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
             continue
         stats.layouts_legal += 1
         cm = CostModel(model, shape, lay, cluster, profile, shared, target)
-        if lay.ep > 1 and "ep" not in pins.no_overlap and target.two_chunk_dispatch:
+        if lay.ep > 1 and "ep" not in pins.no_overlap and (target.two_chunk_dispatch or target.ep_a2a_beside_layer):
             cm = _cheaper_dispatch(cm, model, shape, cluster, profile, shared)
             lay = cm.lay
         candidates.append(_Candidate(lay, cm, compute_bound_s(cm, shape, pins.recompute)))

@@ -247,7 +247,7 @@ def test_ep_beside_layer_only_where_the_schedule_runs(profile, pp, vpp, applies)
     # hideable (fraction 1) the new rule hides the layer's whole forward and backward compute, the old one the
     # experts' only
     m = resolve_model("mixtral-8x7b")
-    lay = Layout(pp=pp, vpp=vpp, ep=2, dp=2, micro_batch=1, sharding="optimizer", overlap_ep=False)
+    lay = Layout(pp=pp, vpp=vpp, ep=2, dp=2, micro_batch=1, sharding="optimizer", overlap_ep=True)
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=2 * pp, gpus_per_node=1, inter_node_gb_per_s=1.0)
     base = RuntimeTarget("t", ep_hidden_fraction=1.0, two_chunk_dispatch=False)
     beside = replace(base, ep_a2a_beside_layer=True)
@@ -264,3 +264,31 @@ def test_ep_beside_layer_only_where_the_schedule_runs(profile, pp, vpp, applies)
     expected = whole - (old.fwd_compute_s + old.bwd_compute_s) if applies else old.comm_by_dim_s["ep"]
     assert new.comm_by_dim_s["ep"] == pytest.approx(expected, rel=1e-9)
     assert new.fwd_comm_s - old.fwd_comm_s == pytest.approx((new.comm_by_dim_s["ep"] - old.comm_by_dim_s["ep"]) / 2)
+
+
+def test_megatron_exposes_its_all_to_alls_unless_the_plan_overlaps_them(profile):
+    """Megatron's alltoall dispatcher runs its all-to-alls in order with the experts: without the batch-level overlap
+    (Layout.overlap_ep off) all four are exposed, whatever the fitted fraction; with it they hide beside the layer."""
+    m = resolve_model("mixtral-8x7b")
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=1, inter_node_gb_per_s=25.0)
+    meg = load_target("megatron")
+    assert meg.ep_a2a_beside_layer and meg.ep_hidden_without_overlap == 0.0
+
+    def layer(t, overlap):
+        lay = Layout(ep=2, dp=2, micro_batch=1, sharding="optimizer", overlap_ep=overlap)
+        return CostModel(m, TrainingShape(4096, 8), lay, cluster, profile, target=t).layer
+
+    whole = layer(replace(meg, ep_hidden_fraction=0.0, ep_a2a_beside_layer=False), False).comm_by_dim_s["ep"]
+    assert layer(meg, False).comm_by_dim_s["ep"] == pytest.approx(whole, rel=1e-12)
+    assert layer(meg, True).comm_by_dim_s["ep"] < whole
+
+
+def test_megatron_search_turns_the_ep_overlap_on_and_export_writes_it(profile):
+    from planner.export import megatron_args
+    m = resolve_model("mixtral-8x7b")
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=16, gpus_per_node=8)
+    plan = search(m, TrainingShape(4096, 64), cluster, profile, Pins(tp=1, pp=1, ep=8), top_k=1,
+                  target=load_target("megatron")).plans[0]
+    assert plan.layout.overlap_ep and plan.layout.ep == 8
+    args = megatron_args(plan).args
+    assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
