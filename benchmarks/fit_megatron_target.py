@@ -50,8 +50,10 @@ FREE_FACTORS = {
 """Each free factor and the range it is fitted in."""
 assert tuple(FREE_FACTORS) == MEGATRON_FACTORS
 
-START = {"compute_factor": 1.0, "tp_hidden_fraction": 0.5, "dp_hidden_fraction": 0.5, "ep_hidden_fraction": 0.0,
+START = {"compute_factor": 1.0, "tp_hidden_fraction": 0.5, "dp_hidden_fraction": 0.5, "ep_hidden_fraction": 0.5,
          "fp8_gemm_factor": 1.0, "host_factor": 1.0}
+"""Where the fit starts. EP starts above 0: a plan decides its EP overlap (Layout.overlap_ep) by whether it pays, and
+at 0 it pays nothing, so the first layouts would leave it off and the fraction could not be fitted."""
 SCALE = 0.1
 """The robust loss's scale on log errors: rows within about 10% count as squares, rows further off grow linearly
 (soft L1), so that a row the model cannot express (an attention kind, a dispatcher) does not drag the others."""
