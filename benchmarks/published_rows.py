@@ -26,6 +26,16 @@ HEAD_DIM = {"GPT-OSS-120B": 64, "Qwen3-235B-A22B": 128}
 """Per-head width of the rows whose head_dim is not hidden / heads (runs.csv has no such column): the released
 config.json files (openai/gpt-oss-120b head_dim 64; Qwen/Qwen3-235B-A22B head_dim 128)."""
 
+MLA_KV_GROUPS = 8
+"""KV groups of the grouped-query attention that stands for DeepSeek-V3's multi-head latent attention (empty kv_heads).
+MLA's weights per layer (DeepSeek-V3 config.json: hidden 7168, 128 heads, q_lora_rank 1536, kv_lora_rank 512,
+qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128): q down 7168 x 1536, q up 1536 x 128 x 192, kv down
+7168 x 576, kv up 512 x 128 x 256, out 128 x 128 x 7168 = 187M. Multi-head attention with 128-wide heads counts
+7168 x 3 x 16384 + 16384 x 7168 = 470M (2.5x; so 2.5x the weights' states and their GEMM time); with 8 KV groups
+7168 x (16384 + 2 x 1024) + 16384 x 7168 = 249M, and q, k, v saved per token 18432 wide against 49152 (Megatron-Core
+recomputes MLA's up-projections under recompute_modules 'mla_up_proj' and keeps the latents). 8 groups divide every
+TP degree the search tries up to 8."""
+
 VOCAB_MULTIPLE = 1024
 """Vocabularies are padded to a multiple of 128 x 8 (Megatron's --make-vocab-size-divisible-by 128 times the largest TP
 degree searched), so that every TP degree divides them (GPT-3's 50257 -> 51200)."""
@@ -92,13 +102,16 @@ def model_of(r: dict, notes: list[str]) -> ModelSpec:
                      "GPT family kept)")
     heads = int(r["heads"])
     kv = _int(r["kv_heads"], heads)
+    if not r["kv_heads"].strip():
+        kv = MLA_KV_GROUPS
     experts = _int(r["num_experts"], 1)
     ffn = _int(r["moe_ffn_hidden"]) if experts > 1 else _int(r["ffn_hidden"])
     if experts > 1 and r["ffn_hidden"].strip():
         notes.append(f"dense layers (FFN {r['ffn_hidden']}) priced as MoE layers like the rest (the model spec has "
                      "one layer kind)")
     if not r["kv_heads"].strip():
-        notes.append("MLA (compressed latent KV) approximated as multi-head attention with 128-wide heads")
+        notes.append(f"MLA (compressed latent KV) approximated as grouped-query attention with 128-wide heads and "
+                     f"{MLA_KV_GROUPS} KV groups (attention weights 249M per layer against MLA's 187M)")
     hidden = int(r["hidden"])
     head_dim = HEAD_DIM.get(r["model"], 0)
     if not r["kv_heads"].strip():

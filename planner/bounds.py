@@ -132,7 +132,8 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
     per_layer_act = {"none": acts.none_bytes, "selective": acts.selective_bytes}.get(recompute or "",
                                                                                    acts.full_bytes)
     total_dense, total_expert = cm.params_of(m.num_layers, True, True)
-    mean_lb = (mem.state_bytes(total_dense, total_expert, lay) + m.num_layers * per_layer_act) / lay.pp \
+    mean_lb = (mem.state_bytes(total_dense, total_expert, lay, cm.target.expert_states_over_tp)
+               + m.num_layers * per_layer_act) / lay.pp \
         + mem.fsdp_gather_bytes(m, lay)
     # a rank with any fully recomputed layer also holds one layer's activations while it rematerialises them, so
     # free recompute is bounded by the lesser of all-selective and all-full with that transient

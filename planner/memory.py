@@ -186,11 +186,18 @@ def bytes_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES) -
     return (weight + FP32_BYTES + optim) / d  # full: FSDP2 keeps the sharded gradient in the fp32 parameter's dtype
 
 
-def state_bytes(dense_params: float, expert_params: float, lay: Layout) -> float:
+def expert_shard_ranks(lay: Layout, over_tp: bool = False) -> int:
+    """Ranks that share one expert's states: DP x CP / EP (ours, whose TP peers each keep the same experts whole and
+    step them alike); over_tp (a runtime whose expert-data-parallel group spans TP too: Megatron-Core with expert
+    tensor parallel 1, RuntimeTarget.expert_states_over_tp) TP x DP x CP / EP."""
+    return lay.dp * lay.cp * (lay.tp if over_tp else 1) // lay.ep
+
+
+def state_bytes(dense_params: float, expert_params: float, lay: Layout, experts_over_tp: bool = False) -> float:
     d = lay.dp * lay.cp
     g = grad_bytes(lay)
     return (dense_params * bytes_per_param(lay.sharding, d, g)
-            + expert_params * bytes_per_param(lay.sharding, d // lay.ep, g))
+            + expert_params * bytes_per_param(lay.sharding, expert_shard_ranks(lay, experts_over_tp), g))
 
 
 DP_BUCKET_ELEMENTS = 40_000_000

@@ -53,7 +53,8 @@ class MemoryTermsOfRanks:
         last = any(j == lay.pp * lay.vpp - 1 for j, _ in rank_stages)
         root = (mem.embedding_params_local(m, lay.tp) if first else 0.0) \
             + (mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0)
-        base = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, root) \
+        base = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp) \
+            + mem.fsdp_gather_bytes(m, lay, root) \
             + mem.cublas_workspace_bytes(lay, self.cluster.gpu)
         acts = self.activations
         last = lay.pp * lay.vpp - 1
@@ -111,7 +112,7 @@ class MemoryTermsOfRanks:
         m, lay, shape = self.m, self.lay, self.shape
         num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
         S = lay.pp * lay.vpp
-        state_l = mem.state_bytes(*self.per_layer_params, lay)
+        state_l = mem.state_bytes(*self.per_layer_params, lay, self.target.expert_states_over_tp)
         transient = self.activations.working_bytes + mem.dp_reduction_transient_bytes(
             0.0, 0.0, lay, mem.largest_layer_param_local(m, lay.tp), mem.largest_param_local(m, lay.tp))
         every_mb = mem.rotary_table_bytes(m, shape, lay)
@@ -125,7 +126,8 @@ class MemoryTermsOfRanks:
             inflight = max(mem.in_flight_peaks(r, lay, num_micro), key=lambda h: (min(h), sum(h)))
             first, last = r == 0, r == lay.pp - 1  # stage 0 is rank 0's chunk 0; the last stage rank pp-1's last
             dense, expert = self.params_of(0, first, last)
-            f = mem.state_bytes(dense, expert, lay) + mem.fsdp_gather_bytes(m, lay, dense) + workspace
+            f = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp) \
+                + mem.fsdp_gather_bytes(m, lay, dense) + workspace
             for c, k in enumerate(inflight):
                 j = c * lay.pp + r
                 per_mb = every_mb + (hop_mb if j != S - 1 else head_kept)
@@ -145,7 +147,7 @@ class MemoryTermsOfRanks:
         acts = self.activations
         dense_l, expert_l = self.per_layer_params
         static, fixed = self.rank_memory_parts([(j, StagePlan(0)) for j in js])
-        state_l = mem.state_bytes(dense_l, expert_l, lay)
+        state_l = mem.state_bytes(dense_l, expert_l, lay, self.target.expert_states_over_tp)
         return MemoryTerms(
             base_bytes=static, state_per_layer_bytes=state_l, peaks=mem.in_flight_peaks(rank, lay, num_micro),
             fixed_per_mb_bytes=fixed,

@@ -102,6 +102,13 @@ class RuntimeTarget:
     the critical path. Korthikanti et al. 2022 (arXiv 2205.05198) section 6.2: full recompute costs 39% rather than
     33% "due to an optimization in the backward pass where we overlap all-reduce communication with the linear
     weight's gradient computation". False: every TP collective is exposed when the overlap is off (ours)."""
+    expert_states_over_tp: bool = False
+    """Whether the distributed optimizer shards the experts' states over the TP ranks too (memory.expert_shard_ranks):
+    Megatron-Core with expert tensor parallel 1 (the Megatron-Bridge MoE configs' etp 1) lays its expert-parallel
+    and expert-data-parallel groups over TP x DP x CP, expert_data_parallel_size = world / (ETP x EP x PP)
+    (megatron/core/parallel_state.py, initialize_model_parallel, at d98e8a64dd), and shards the experts' buffers
+    over that group (megatron/core/distributed/distributed_data_parallel.py, intra_expt_dp_group). False: ours,
+    whose TP peers each keep a rank's experts and their optimizer states whole."""
     cuda_graph: bool = True
     """Whether the runtime can capture the step as a CUDA graph (ours can where legal; Megatron is run eagerly)."""
     provenance: dict = field(default_factory=dict, compare=False, hash=False)
@@ -174,11 +181,11 @@ MEGATRON_FACTORS = ("compute_factor", "tp_hidden_fraction", "dp_hidden_fraction"
 def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_PARAMS,
                     host_layer_s: float = MEGATRON_HOST_LAYER_S, provenance: dict | None = None) -> RuntimeTarget:
     """The megatron RuntimeTarget with these free factors (MEGATRON_FACTORS) and its fixed traits: one MoE dispatch
-    per layer, FP8 weight gradients, eager execution."""
+    per layer, FP8 weight gradients, eager execution, the experts' states sharded over TP x DP x CP / EP (ETP 1)."""
     return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
                          dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
                          two_chunk_dispatch=False, fp8_wgrad=True, cuda_graph=False, tp_backward_beside_gemms=True,
-                         ep_a2a_beside_layer=True, ep_hidden_without_overlap=0.0,
+                         ep_a2a_beside_layer=True, ep_hidden_without_overlap=0.0, expert_states_over_tp=True,
                          provenance=dict(provenance or {}))
 
 

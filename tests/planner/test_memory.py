@@ -55,6 +55,22 @@ def test_state_bytes_shards_experts_over_expert_data_parallel_ranks():
     assert mem.state_bytes(100, 10, lay) == 100 * 9 + 10 * 12
 
 
+def test_megatron_shards_expert_states_over_tp_too():
+    # Megatron-Core with expert tensor parallel 1: expert data parallel = TP x DP x CP / EP. TP 2, DP 64, EP 64 (the
+    # DeepSeek-V3 run of Megatron-Bridge on 1024 H100): 2 ranks share an expert's states there, 1 in ours
+    lay = Layout(tp=2, dp=64, ep=64, sharding="optimizer", grad_dtype="bf16")
+    assert mem.expert_shard_ranks(lay) == 1
+    assert mem.expert_shard_ranks(lay, over_tp=True) == 2
+    # dense over 64 ranks: 2 + 2 + 12 / 64 B; experts: ours 2 + 2 + 12 = 16 B, Megatron's 2 + 2 + 12 / 2 = 10 B
+    assert mem.state_bytes(640, 10, lay) == 640 * (4 + 12 / 64) + 10 * 16
+    assert mem.state_bytes(640, 10, lay, experts_over_tp=True) == 640 * (4 + 12 / 64) + 10 * 10
+    from planner.cost.targets import OURS, megatron_target
+    assert not OURS.expert_states_over_tp
+    assert megatron_target({k: 1.0 for k in ("compute_factor", "tp_hidden_fraction", "dp_hidden_fraction",
+                                             "ep_hidden_fraction", "fp8_gemm_factor", "host_factor")}
+                           ).expert_states_over_tp
+
+
 # tiny GPT: hidden 64, 4 heads, ffn 128, LayerNorm (mean and rstd: 8 B per token), micro-batch 2 x seq 32
 SHAPE = TrainingShape(seq_len=32, global_batch=8)
 
