@@ -3,8 +3,24 @@ expert-parallel communication beside them (LayerCosts), and the embedding and ou
 from __future__ import annotations
 
 from planner import memory as mem
+from planner.cluster import place_group
 from planner.cost.terms import (BF16, FP32, EndCosts, LayerCosts, cached_property, ep_beside_layer_exposed_s, exposed_s,
                                 two_chunk_exposed_s)
+
+
+def dispatch_remote_nodes(top_k: int, nodes: int, node_limit: int = 0) -> float:
+    """Expected remote nodes one token is sent to when its top_k experts are routed uniformly over `nodes` nodes
+    (each holding an equal share of the experts) and a per-node dispatch sends it once per destination node:
+    distinct nodes D = nodes x (1 - (1 - 1/nodes)^top_k), capped at `node_limit` where the routing limits it
+    (0: none), of which (nodes - 1)/nodes are not the token's own node (by symmetry). E.g. top 8 over 8 nodes:
+    D = 5.25, 4.59 remote; limited to 4 nodes: 3.5 remote, against 7 of the 8 copies remote for a plain
+    all-to-all."""
+    if nodes <= 1:
+        return 0.0
+    distinct = nodes * (1 - (1 - 1 / nodes) ** top_k)
+    if node_limit > 0:
+        distinct = min(distinct, node_limit)
+    return distinct * (nodes - 1) / nodes
 
 
 class LayerTerms:
@@ -67,6 +83,30 @@ class LayerTerms:
         m, lay = self.m, self.lay
         routed = self.tokens / lay.tp * m.top_k
         return max(1, round(routed * lay.ep / m.num_experts / self.dispatch_chunks))
+
+    def _ep_all_to_all_s(self, tokens: float, chunks: int) -> float:
+        """One all-to-all of the MoE dispatch (or combine) of one of `chunks` chunks of this rank's `tokens`
+        tokens, each to top_k experts spread over the EP group. A plain all-to-all moves every routed copy (tokens x top_k x hidden, bf16) and
+        the group's placement prices it (CommTerms.group_collective_s). With the target's per-node dispatch
+        (RuntimeTarget.ep_dispatch_per_node: DeepEP, DeepSeek-V3's kernels) a token crosses the network once per
+        remote destination node (dispatch_remote_nodes) and the node's NVLink carries its copies to the GPUs that
+        hold its experts, (g - 1)/g of the routed copies for g ranks of the group per node; the two pipeline
+        against each other (the slower bounds) and their latencies add, as physics.spanning_s prices an
+        all-to-all spanning nodes."""
+        m, lay = self.m, self.lay
+        routed_bytes = BF16 * (tokens * m.top_k) * m.hidden / chunks
+        place = place_group(self.cluster, lay.ep, self.strides["ep"])
+        if not self.target.ep_dispatch_per_node or place.link == "nvlink" or place.ranks_per_node <= 1:
+            return self.group_collective_s("all_to_all", routed_bytes, lay.ep, self.strides["ep"])
+        g = place.ranks_per_node
+        nodes = max(lay.ep // g, 2)
+        net = self._network_fit("all_to_all", nodes)
+        intra = self.prof.collective("all_to_all", g, "nvlink")
+        remote = dispatch_remote_nodes(m.top_k, nodes, self.target.ep_node_limit)
+        net_bytes = BF16 * tokens / chunks * m.hidden * remote
+        t_net = net_bytes / net.bus_bandwidth_bytes_per_s
+        t_intra = routed_bytes * (g - 1) / g / intra.bus_bandwidth_bytes_per_s
+        return intra.latency_s + net.latency_s + max(t_net, t_intra)
 
     def _grouped_gemm_fwd_bwd_s(self, experts: int, rows: int, n: int, k: int) -> tuple[float, float]:
         """(forward, backward) seconds of one grouped GEMM of `experts` experts of `rows` rows each, [rows,k]x[k,n]
@@ -178,8 +218,7 @@ class LayerTerms:
             moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * xe
             moe_b = (rb + e1b + e2b + stack_s + rows_b_s) * xe
             # dispatch and combine all-to-alls, each way in forward and again in backward
-            a2a = self.group_collective_s("all_to_all", BF16 * routed * h / chunks, lay.ep,
-                                          self.strides["ep"]) * prof.eff("ep")
+            a2a = self._ep_all_to_all_s(tok_t, chunks) * prof.eff("ep")
             if chunks == 1:
                 ep_frac = self.target.ep_fraction(prof.overlap_hidden_fraction.get("ep", 0.0))
                 if not self._ep_beside_layer:  # the dispatch not overlapped: behind the experts at most

@@ -109,6 +109,18 @@ class RuntimeTarget:
     (megatron/core/parallel_state.py, initialize_model_parallel, at d98e8a64dd), and shards the experts' buffers
     over that group (megatron/core/distributed/distributed_data_parallel.py, intra_expt_dp_group). False: ours,
     whose TP peers each keep a rank's experts and their optimizer states whole."""
+    ep_dispatch_per_node: bool = False
+    """Whether the MoE dispatch sends each token once per destination node over the network and fans it out to
+    that node's GPUs over NVLink (DeepEP's internode normal kernels, Megatron-Core's flex dispatcher with
+    moe_enable_deepep; DeepSeek-V3's own kernels, arXiv 2412.19437 section 3.2.2: "it will first be transmitted via
+    IB to the GPUs with the same in-node index on its target nodes", then "forwarded via NVLink"). Priced by
+    planner/cost/layer.py LayerTerms._ep_all_to_all_s. False: a plain NCCL all-to-all of every routed token copy
+    (Megatron's alltoall dispatcher; ours). A trait of the run, set per published row (benchmarks/published_rows.
+    row_target, runs.csv column `ep_dispatch`)."""
+    ep_node_limit: int = 0
+    """Most nodes one token is dispatched to (node-limited routing: DeepSeek-V3 caps it at 4, section 3.2.2; its
+    group-limited router, 8 groups of which 4 are picked, maps a group to a node when the EP group spans 8 nodes);
+    0: no limit. Only read with ep_dispatch_per_node."""
     cuda_graph: bool = True
     """Whether the runtime can capture the step as a CUDA graph (ours can where legal; Megatron is run eagerly)."""
     provenance: dict = field(default_factory=dict, compare=False, hash=False)

@@ -1,0 +1,54 @@
+"""The per-node deduplicated MoE dispatch (RuntimeTarget.ep_dispatch_per_node, planner/cost/layer.py
+_ep_all_to_all_s): a token crosses the network once per remote destination node, capped by the routing's node
+limit, and the node's NVLink fans its copies out; off, the plain all-to-all prices every routed copy."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.cluster import ClusterSpec
+from planner.cost import CostModel
+from planner.cost.layer import dispatch_remote_nodes
+from planner.cost.targets import load_target
+from planner.cost.terms import BF16
+from planner.model import resolve_model
+from planner.plan import Layout, TrainingShape
+
+
+def test_remote_nodes_by_hand():
+    # top 8 over 8 nodes: (7/8)^8 = 0.34360891580581665, distinct 8 x 0.65639... = 5.2511286735534668,
+    # remote 7/8 of it = 4.594737589359283
+    assert dispatch_remote_nodes(8, 8) == pytest.approx(4.594737589359283, rel=1e-12)
+    assert dispatch_remote_nodes(8, 8, node_limit=4) == pytest.approx(3.5, rel=1e-12)  # 4 x 7/8
+    assert dispatch_remote_nodes(8, 8, node_limit=6) == pytest.approx(4.594737589359283, rel=1e-12)  # not binding
+    assert dispatch_remote_nodes(1, 2) == pytest.approx(0.5)  # one expert: its node is remote half the time
+    assert dispatch_remote_nodes(8, 1) == 0.0
+
+
+def _model(profile, per_node: bool, limit: int = 0):
+    m = resolve_model("mixtral-8x7b")
+    target = replace(load_target("megatron"), ep_dispatch_per_node=per_node, ep_node_limit=limit)
+    lay = Layout(ep=8, micro_batch=1, sharding="optimizer")
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=4)
+    return m, CostModel(m, TrainingShape(4096, 8), lay, cluster, profile, target=target)
+
+
+def test_per_node_dispatch_by_hand(profile):
+    m, cm = _model(profile, True)
+    tokens = 4096.0
+    # EP 8 = 2 nodes x 4 ranks; top 2 of 8 experts over 2 nodes: distinct 2 x (1 - 1/4) = 1.5, remote 0.75
+    net = cm._network_fit("all_to_all", 2)
+    intra = cm.prof.collective("all_to_all", 4, "nvlink")
+    t_net = BF16 * tokens * m.hidden * 0.75 / net.bus_bandwidth_bytes_per_s
+    t_intra = BF16 * tokens * 2 * m.hidden * 3 / 4 / intra.bus_bandwidth_bytes_per_s
+    want = intra.latency_s + net.latency_s + max(t_net, t_intra)
+    assert cm._ep_all_to_all_s(tokens, 1) == pytest.approx(want, rel=1e-12)
+    assert cm._ep_all_to_all_s(tokens, 2) < want  # half the tokens per chunk
+    # off: the plain all-to-all of every routed copy, as the group's placement prices it
+    _, plain = _model(profile, False)
+    assert plain._ep_all_to_all_s(tokens, 1) == pytest.approx(
+        plain.group_collective_s("all_to_all", BF16 * tokens * 2 * m.hidden, 8, plain.strides["ep"]), rel=1e-12)
+    # the plain all-to-all sends half the copies (4 of 8 ranks off-node) over the NICs: 1 x hidden per token
+    # against the per-node 0.75 x hidden, so the per-node dispatch is cheaper
+    assert cm._ep_all_to_all_s(tokens, 1) < plain._ep_all_to_all_s(tokens, 1)
