@@ -218,7 +218,7 @@ def row_target(row: PublishedRow, target):
     predate or lack them (SYNCHRONOUS_TP_SOURCES); with Megatron-Core's batch-level EP A2A overlap where the row's
     `ep_overlap` says the run used it (RuntimeTarget.ep_a2a_beside_layer; benchmarks/published/README.md gives each
     row's source config); with the per-node deduplicated dispatch and its node limit where `ep_dispatch` is
-    'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_node_limit). Our own runtime's target ('ours') is returned unchanged."""
+    'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_route_groups, ep_group_limit). Our own runtime's target ('ours') is returned unchanged."""
     if getattr(target, "name", "ours") == "ours":
         return target
     if getattr(target, "tp_backward_beside_gemms", False) and row.row_id.startswith(SYNCHRONOUS_TP_SOURCES):
@@ -226,8 +226,9 @@ def row_target(row: PublishedRow, target):
     if getattr(target, "ep_a2a_beside_layer", False) and not _flag(row.raw.get("ep_overlap", "")):
         target = replace(target, ep_a2a_beside_layer=False)  # ran without Megatron's batch-level EP overlap
     if row.raw.get("ep_dispatch", "") == "per_node":  # DeepEP / DeepSeek-V3's kernels: once per node over IB
-        limit = row.raw.get("ep_node_limit", "")
-        target = replace(target, ep_dispatch_per_node=True, ep_node_limit=int(limit) if limit else 0)
+        groups, limit = (row.raw.get(k, "") for k in ("ep_route_groups", "ep_group_limit"))
+        target = replace(target, ep_dispatch_per_node=True, ep_route_groups=int(groups) if groups else 0,
+                         ep_group_limit=int(limit) if limit else 0)
     return target
 
 

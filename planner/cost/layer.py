@@ -8,18 +8,20 @@ from planner.cost.terms import (BF16, FP32, EndCosts, LayerCosts, cached_propert
                                 two_chunk_exposed_s)
 
 
-def dispatch_remote_nodes(top_k: int, nodes: int, node_limit: int = 0) -> float:
+def dispatch_remote_nodes(top_k: int, nodes: int, groups: int = 0, group_limit: int = 0) -> float:
     """Expected remote nodes one token is sent to when its top_k experts are routed uniformly over `nodes` nodes
     (each holding an equal share of the experts) and a per-node dispatch sends it once per destination node:
-    distinct nodes D = nodes x (1 - (1 - 1/nodes)^top_k), capped at `node_limit` where the routing limits it
-    (0: none), of which (nodes - 1)/nodes are not the token's own node (by symmetry). E.g. top 8 over 8 nodes:
-    D = 5.25, 4.59 remote; limited to 4 nodes: 3.5 remote, against 7 of the 8 copies remote for a plain
-    all-to-all."""
+    distinct nodes D = nodes x (1 - (1 - 1/nodes)^top_k), of which (nodes - 1)/nodes are not the token's own node
+    (by symmetry). A group-limited router (the experts in `groups` contiguous groups, a token's experts from at
+    most `group_limit` of them; 0: no limit) caps D at group_limit x max(1, nodes / groups) nodes: a group lies
+    on nodes / groups nodes when the EP group spans more nodes than groups, else inside one node. E.g. top 8 over
+    8 nodes: D = 5.25, 4.59 remote; 4 of 8 groups: at most 4 nodes, 3.5 remote; against 7 of the 8 copies
+    remote for a plain all-to-all."""
     if nodes <= 1:
         return 0.0
     distinct = nodes * (1 - (1 - 1 / nodes) ** top_k)
-    if node_limit > 0:
-        distinct = min(distinct, node_limit)
+    if groups > 0 and group_limit > 0:
+        distinct = min(distinct, group_limit * max(1.0, nodes / groups))
     return distinct * (nodes - 1) / nodes
 
 
@@ -102,7 +104,7 @@ class LayerTerms:
         nodes = max(lay.ep // g, 2)
         net = self._network_fit("all_to_all", nodes)
         intra = self.prof.collective("all_to_all", g, "nvlink")
-        remote = dispatch_remote_nodes(m.top_k, nodes, self.target.ep_node_limit)
+        remote = dispatch_remote_nodes(m.top_k, nodes, self.target.ep_route_groups, self.target.ep_group_limit)
         net_bytes = BF16 * tokens / chunks * m.hidden * remote
         t_net = net_bytes / net.bus_bandwidth_bytes_per_s
         t_intra = routed_bytes * (g - 1) / g / intra.bus_bandwidth_bytes_per_s

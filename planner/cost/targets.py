@@ -117,10 +117,13 @@ class RuntimeTarget:
     planner/cost/layer.py LayerTerms._ep_all_to_all_s. False: a plain NCCL all-to-all of every routed token copy
     (Megatron's alltoall dispatcher; ours). A trait of the run, set per published row (benchmarks/published_rows.
     row_target, runs.csv column `ep_dispatch`)."""
-    ep_node_limit: int = 0
-    """Most nodes one token is dispatched to (node-limited routing: DeepSeek-V3 caps it at 4, section 3.2.2; its
-    group-limited router, 8 groups of which 4 are picked, maps a group to a node when the EP group spans 8 nodes);
-    0: no limit. Only read with ep_dispatch_per_node."""
+    ep_route_groups: int = 0
+    """The router's expert groups (group-limited routing; DeepSeek-V3: 8, its config's n_group); 0: none. Only read
+    with ep_dispatch_per_node."""
+    ep_group_limit: int = 0
+    """Most groups one token's experts come from (DeepSeek-V3: 4, topk_group; at EP 64 over 8 nodes a group is a
+    node's experts, hence "each token ... dispatched to at most 4 nodes", arXiv 2412.19437 section 3.2.2); 0: no
+    limit. The node cap this gives: planner/cost/layer.py dispatch_remote_nodes."""
     cuda_graph: bool = True
     """Whether the runtime can capture the step as a CUDA graph (ours can where legal; Megatron is run eagerly)."""
     provenance: dict = field(default_factory=dict, compare=False, hash=False)

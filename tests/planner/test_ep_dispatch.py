@@ -20,15 +20,20 @@ def test_remote_nodes_by_hand():
     # top 8 over 8 nodes: (7/8)^8 = 0.34360891580581665, distinct 8 x 0.65639... = 5.2511286735534668,
     # remote 7/8 of it = 4.594737589359283
     assert dispatch_remote_nodes(8, 8) == pytest.approx(4.594737589359283, rel=1e-12)
-    assert dispatch_remote_nodes(8, 8, node_limit=4) == pytest.approx(3.5, rel=1e-12)  # 4 x 7/8
-    assert dispatch_remote_nodes(8, 8, node_limit=6) == pytest.approx(4.594737589359283, rel=1e-12)  # not binding
+    assert dispatch_remote_nodes(8, 8, groups=8, group_limit=4) == pytest.approx(3.5, rel=1e-12)  # 4 x 7/8
+    assert dispatch_remote_nodes(8, 8, groups=8, group_limit=6) == pytest.approx(4.594737589359283, rel=1e-12)
+    # 16 nodes, 8 groups of 2 nodes each: at most 4 x 2 = 8 nodes, above 16 x (1 - (15/16)^8) = 6.4525, so the
+    # uniform figure stands: 6.4525 x 15/16 = 6.0492 remote
+    assert dispatch_remote_nodes(8, 16, groups=8, group_limit=4) == pytest.approx(
+        16 * (1 - (15 / 16) ** 8) * 15 / 16, rel=1e-12)
+    assert dispatch_remote_nodes(8, 16, groups=8, group_limit=2) == pytest.approx(4 * 15 / 16, rel=1e-12)
     assert dispatch_remote_nodes(1, 2) == pytest.approx(0.5)  # one expert: its node is remote half the time
     assert dispatch_remote_nodes(8, 1) == 0.0
 
 
-def _model(profile, per_node: bool, limit: int = 0):
+def _model(profile, per_node: bool):
     m = resolve_model("mixtral-8x7b")
-    target = replace(load_target("megatron"), ep_dispatch_per_node=per_node, ep_node_limit=limit)
+    target = replace(load_target("megatron"), ep_dispatch_per_node=per_node)
     lay = Layout(ep=8, micro_batch=1, sharding="optimizer")
     cluster = ClusterSpec(gpu="h200-sxm", num_gpus=8, gpus_per_node=4)
     return m, CostModel(m, TrainingShape(4096, 8), lay, cluster, profile, target=target)
