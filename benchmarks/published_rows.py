@@ -218,7 +218,8 @@ def row_target(row: PublishedRow, target):
     predate or lack them (SYNCHRONOUS_TP_SOURCES); with Megatron-Core's batch-level EP A2A overlap where the row's
     `ep_overlap` says the run used it (RuntimeTarget.ep_a2a_beside_layer; benchmarks/published/README.md gives each
     row's source config); with the per-node deduplicated dispatch and its node limit where `ep_dispatch` is
-    'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_route_groups, ep_group_limit). Our own runtime's target ('ours') is returned unchanged."""
+    'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_route_groups, ep_group_limit). Our own runtime's target
+    ('ours') is returned unchanged."""
     if getattr(target, "name", "ours") == "ours":
         return target
     if getattr(target, "tp_backward_beside_gemms", False) and row.row_id.startswith(SYNCHRONOUS_TP_SOURCES):

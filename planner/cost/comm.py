@@ -55,8 +55,12 @@ class CommTerms:
     @cached_property
     def strides(self) -> dict:
         lay = self.lay
+        # expert groups: ours, consecutive ranks of dp x cp, spaced by tp; with expert tensor parallel 1 (Megatron's
+        # ETP 1, RuntimeTarget.expert_states_over_tp) consecutive ranks of tp x dp x cp: its expert rank generator
+        # orders tp-cp-ep-dp-pp with cp 1 and the expert TP of 1 (megatron/core/parallel_state.py,
+        # initialize_model_parallel), so an EP group of 64 at TP 2 fills 8 nodes rather than spanning 16
         return {"tp": 1, "cp": lay.tp, "dp": lay.tp * lay.cp, "pp": lay.tp * lay.cp * lay.dp,
-                "ep": lay.tp}  # expert groups: consecutive ranks of dp x cp, spaced by tp
+                "ep": 1 if self.target.expert_states_over_tp else lay.tp}
 
 
     @cached_property

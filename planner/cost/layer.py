@@ -88,13 +88,13 @@ class LayerTerms:
 
     def _ep_all_to_all_s(self, tokens: float, chunks: int) -> float:
         """One all-to-all of the MoE dispatch (or combine) of one of `chunks` chunks of this rank's `tokens`
-        tokens, each to top_k experts spread over the EP group. A plain all-to-all moves every routed copy (tokens x top_k x hidden, bf16) and
-        the group's placement prices it (CommTerms.group_collective_s). With the target's per-node dispatch
-        (RuntimeTarget.ep_dispatch_per_node: DeepEP, DeepSeek-V3's kernels) a token crosses the network once per
-        remote destination node (dispatch_remote_nodes) and the node's NVLink carries its copies to the GPUs that
-        hold its experts, (g - 1)/g of the routed copies for g ranks of the group per node; the two pipeline
-        against each other (the slower bounds) and their latencies add, as physics.spanning_s prices an
-        all-to-all spanning nodes."""
+        tokens, each to top_k experts spread over the EP group. A plain all-to-all moves every routed copy
+        (tokens x top_k x hidden, bf16) and the group's placement prices it (CommTerms.group_collective_s). With
+        the target's per-node dispatch (RuntimeTarget.ep_dispatch_per_node: DeepEP, DeepSeek-V3's kernels) a token
+        crosses the network once per remote destination node (dispatch_remote_nodes) and the node's NVLink carries
+        its copies to the GPUs that hold its experts, (g - 1)/g of the routed copies for g ranks of the group per
+        node; the two pipeline against each other (the slower bounds) and their latencies add, as
+        physics.spanning_s prices an all-to-all spanning nodes."""
         m, lay = self.m, self.lay
         routed_bytes = BF16 * (tokens * m.top_k) * m.hidden / chunks
         place = place_group(self.cluster, lay.ep, self.strides["ep"])

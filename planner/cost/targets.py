@@ -107,8 +107,9 @@ class RuntimeTarget:
     Megatron-Core with expert tensor parallel 1 (the Megatron-Bridge MoE configs' etp 1) lays its expert-parallel
     and expert-data-parallel groups over TP x DP x CP, expert_data_parallel_size = world / (ETP x EP x PP)
     (megatron/core/parallel_state.py, initialize_model_parallel, at d98e8a64dd), and shards the experts' buffers
-    over that group (megatron/core/distributed/distributed_data_parallel.py, intra_expt_dp_group). False: ours,
-    whose TP peers each keep a rank's experts and their optimizer states whole."""
+    over that group (megatron/core/distributed/distributed_data_parallel.py, intra_expt_dp_group). The same layout
+    makes an EP group consecutive ranks (stride 1, planner/cost/comm.py strides), where ours spaces it by TP.
+    False: ours, whose TP peers each keep a rank's experts and their optimizer states whole."""
     ep_dispatch_per_node: bool = False
     """Whether the MoE dispatch sends each token once per destination node over the network and fans it out to
     that node's GPUs over NVLink (DeepEP's internode normal kernels, Megatron-Core's flex dispatcher with
