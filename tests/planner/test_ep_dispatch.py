@@ -57,3 +57,18 @@ def test_per_node_dispatch_by_hand(profile):
     # the plain all-to-all sends half the copies (4 of 8 ranks off-node) over the NICs: 1 x hidden per token
     # against the per-node 0.75 x hidden, so the per-node dispatch is cheaper
     assert cm._ep_all_to_all_s(tokens, 1) < plain._ep_all_to_all_s(tokens, 1)
+
+
+def test_megatron_expert_groups_are_consecutive_ranks(profile):
+    # TP 2, EP 8 on 16 GPUs of 8 a node: ours spaces the EP group by TP (ranks 0, 2, ..., 14: two nodes of 4);
+    # Megatron with ETP 1 takes consecutive ranks (0-7: one node), so its all-to-all stays on NVLink
+    m = resolve_model("mixtral-8x7b")
+    lay = Layout(tp=2, ep=8, micro_batch=1, sharding="optimizer")
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=16, gpus_per_node=8)
+    ours = CostModel(m, TrainingShape(4096, 16), lay, cluster, profile)
+    meg = CostModel(m, TrainingShape(4096, 16), lay, cluster, profile, target=load_target("megatron"))
+    assert (ours.strides["ep"], meg.strides["ep"]) == (2, 1)
+    nbytes = BF16 * 2048 * 2 * m.hidden
+    assert meg._ep_all_to_all_s(2048, 1) == pytest.approx(profile.collective_s("all_to_all", nbytes, 8, "nvlink"),
+                                                          rel=1e-12)
+    assert ours._ep_all_to_all_s(2048, 1) > meg._ep_all_to_all_s(2048, 1)  # half its copies over the NICs
