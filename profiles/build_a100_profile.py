@@ -28,7 +28,7 @@ from planner.profile import Profile, physics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from build_modelled_collectives import remodel  # noqa: E402
+from build_modelled_collectives import remodel, write_new_profile  # noqa: E402
 
 A100_CSV = "benchmarks/published/a100.csv"
 GEMM_A100_TFLOPS, GEMM_H100_TFLOPS = 271.2, 794.5          # a100.csv rows 8, 37
@@ -95,7 +95,8 @@ def derive(src: Profile) -> Profile:
                   overlap_hidden_fraction=dict(src.overlap_hidden_fraction), kernel_launch_s=src.kernel_launch_s,
                   extras=extras, host=src.host)
     assert physics.NODES["a100-80gb"].nvlink_gb_per_s == NVLINK_A100_GB_S
-    return remodel(out)
+    from runtime.profiler.grouped import copied_from
+    return copied_from(remodel(out), src) if src.grouped_points else remodel(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,18 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(HERE / "a100-80gb.json"))
     p.add_argument("--force", action="store_true")
     a = p.parse_args(argv)
-    try:
-        out = Path(a.out)
-        if out.exists() and not a.force:
-            raise PlanError(f"'{out}' exists; pass --force to overwrite it")
-        prof = derive(Profile.load(Path(a.source)))
-        prof.save(out)
-        Profile.load(out)
-    except PlanError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"wrote {out}: a100-80gb derived from {a.source} by published ratios")
-    return 0
+    return write_new_profile(lambda: derive(Profile.load(Path(a.source))), Path(a.out), a.force,
+                             f"a100-80gb derived from {a.source} by published ratios")
 
 
 if __name__ == "__main__":

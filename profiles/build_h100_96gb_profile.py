@@ -6,8 +6,8 @@ with 2.4 TB/sec", "the default 500W power limit"): the H100 SXM die, clocks and 
   the share of it its HBM traffic takes, copy bandwidth and the optimizer step by the HBM ratio, attention kept.
 - Collectives: the H200's 2-GPU NVLink points kept (same NVLink 4), every other group and the network from the
   physics model (planner/profile/physics.py, H100 SXM's fractions: same NVLink 4 and NVSwitch).
-- Grouped GEMMs: the H200's measured grouped-over-dense ratios copied (python -m runtime.profiler.grouped
-  --copy-from), applied to this profile's own dense GEMMs.
+- Grouped GEMMs: the H200's measured grouped-over-dense ratios copied (runtime/profiler/derive.py, through
+  runtime.profiler.grouped.copied_from), applied to this profile's own dense GEMMs.
 - Not modelled: the 500 W power limit (the H100 SXM's default is 700 W). No measured clock-against-power data
   exists here, so compute-bound kernels keep the H200's (700 W) rates and this profile is faster than a 500 W card.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from planner.errors import PlanError
@@ -25,7 +24,7 @@ from planner.profile import Profile
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from build_modelled_collectives import remodel  # noqa: E402
+from build_modelled_collectives import remodel, write_new_profile  # noqa: E402
 
 GPU = "h100-96gb"
 POWER_NOTE = ("torchtitan ran these H100s at 'the default 500W power limit' (docs/performance.md, commit 9dec370); "
@@ -34,7 +33,7 @@ POWER_NOTE = ("torchtitan ran these H100s at 'the default 500W power limit' (doc
 
 
 def derive(src: Profile) -> Profile:
-    """The kernels and collectives of the profile; the grouped GEMMs are copied in main()."""
+    """The kernels, collectives and grouped GEMMs of the profile (runtime/profiler/derive.py carries the last)."""
     from runtime.profiler.derive import derive as derive_hbm
 
     if src.gpu != "h200-sxm":
@@ -49,27 +48,9 @@ def derive(src: Profile) -> Profile:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runtime.profiler import grouped
-
     argv = sys.argv[1:] if argv is None else argv
-    out = HERE / f"{GPU}.json"
     measured = Path(os.path.relpath(HERE / "h200-sxm.json"))   # recorded as given: profiles/h200-sxm.json from the root
-    try:
-        if out.exists() and "--force" not in argv:
-            raise PlanError(f"'{out}' exists; pass --force to overwrite it")
-        with tempfile.TemporaryDirectory() as tmp:
-            base, done = Path(tmp) / "base.json", Path(tmp) / f"{GPU}.json"
-            derive(Profile.load(measured)).save(base)
-            if grouped.main(["--profile", str(base), "--out", str(done), "--copy-from", str(measured)]):
-                raise PlanError("copying the grouped GEMMs failed (see above)")
-            Profile.load(done)
-            os.replace(done, out)
-        Profile.load(out)
-    except PlanError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"wrote {out}")
-    return 0
+    return write_new_profile(lambda: derive(Profile.load(measured)), HERE / f"{GPU}.json", "--force" in argv)
 
 
 if __name__ == "__main__":

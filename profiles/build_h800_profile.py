@@ -15,7 +15,7 @@ from planner.profile import Profile
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from build_modelled_collectives import remodel  # noqa: E402
+from build_modelled_collectives import remodel, write_new_profile  # noqa: E402
 
 
 def derive(src: Profile) -> Profile:
@@ -26,22 +26,17 @@ def derive(src: Profile) -> Profile:
             "parts": [{"part": "kernels", "status": "modelled", "how": "h100-sxm figures kept (same GH100 die, HBM3)"},
                       {"part": "collectives/nvlink", "status": "modelled",
                        "how": "physics model over 200 GB/s per direction at every group size"}]}
-    return remodel(replace(src, gpu="h800", provenance=prov, collectives=[]))
+    out = remodel(replace(src, gpu="h800", provenance=prov, collectives=[]))
+    if not src.grouped_points:
+        return out
+    from runtime.profiler.grouped import copied_from
+    return copied_from(out, src)  # h100-sxm's grouped GEMMs, with their record of where they were measured
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    out = HERE / "h800.json"
-    try:
-        if out.exists() and "--force" not in argv:
-            raise PlanError(f"'{out}' exists; pass --force to overwrite it")
-        derive(Profile.load(HERE / "h100-sxm.json")).save(out)
-        Profile.load(out)
-    except PlanError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"wrote {out}")
-    return 0
+    return write_new_profile(lambda: derive(Profile.load(HERE / "h100-sxm.json")), HERE / "h800.json",
+                             "--force" in argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,21 @@ from planner.errors import PlanError
 from planner.profile import Profile
 from planner.profile.physics import remodel_collectives as remodel
 
+def write_new_profile(make, out: Path, force: bool, done: str = "") -> int:
+    """The derivation scripts' shared end: refuse an existing `out` without --force, save make()'s profile, read it
+    back; one sentence on stderr and 1 on a PlanError, else 0 and `wrote OUT[: done]`."""
+    try:
+        if out.exists() and not force:
+            raise PlanError(f"'{out}' exists; pass --force to overwrite it")
+        make().save(out)
+        Profile.load(out)
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}" + (f": {done}" if done else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python profiles/build_modelled_collectives.py", description=__doc__.split("\n")[0])
     p.add_argument("profiles", nargs="+")

@@ -69,12 +69,16 @@ def derive(src: Profile, target: str = "h100-sxm") -> Profile:
     from dataclasses import replace
     colls = [replace(c, measured=False) for c in colls]
     extras = {"derived": True, "hbm_ratio": r, "source_extras_keys": sorted(src.extras)}
-    return Profile(gpu=target, provenance=prov, gemm_points=gemm, wgrad_points=wgrad, fp8_points=fp8,
-                   attention_points=copy.deepcopy(src.attention_points), copy_bandwidth_bytes_per_s=copy_bw,
-                   elementwise_efficiency=src.elementwise_efficiency,
-                   optimizer_s_per_param=src.optimizer_s_per_param * r, collectives=colls,
-                   overlap_hidden_fraction=dict(src.overlap_hidden_fraction), kernel_launch_s=src.kernel_launch_s,
-                   extras=extras)
+    out = Profile(gpu=target, provenance=prov, gemm_points=gemm, wgrad_points=wgrad, fp8_points=fp8,
+                  attention_points=copy.deepcopy(src.attention_points), copy_bandwidth_bytes_per_s=copy_bw,
+                  elementwise_efficiency=src.elementwise_efficiency,
+                  optimizer_s_per_param=src.optimizer_s_per_param * r, collectives=colls,
+                  overlap_hidden_fraction=dict(src.overlap_hidden_fraction), kernel_launch_s=src.kernel_launch_s,
+                  extras=extras)
+    if not src.grouped_points:
+        return out
+    from runtime.profiler.grouped import copied_from
+    return copied_from(out, src)  # the MoE experts' grouped-over-dense ratios, labelled derived
 
 
 def main(argv: list[str] | None = None) -> int:

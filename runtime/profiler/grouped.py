@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -144,6 +145,31 @@ def part_record(points, names: list[str], at_cap: bool, seconds: float, where: d
             **{k: where.get(k) for k in ("date", "gpu_name", "driver", "cuda", "torch", "git_commit")}}
 
 
+def _with_points(base: Profile, points: list[GroupedGemmPoint], part: dict) -> Profile:
+    """base with these grouped GEMMs, its provenance's grouped part replaced by `part`."""
+    prov = copy.deepcopy(base.provenance)
+    prov["parts"] = [p for p in prov.get("parts", []) if p.get("part") != PART] + [part]
+    return replace(base, provenance=prov, grouped_points=list(points), source_path="")
+
+
+def copied_from(base: Profile, src: Profile, src_name: str = "") -> Profile:
+    """base with the grouped GEMMs of src (named src_name in the provenance, default its file relative to the working
+    folder), labelled derived: a ratio of two GEMMs on one GPU, which base's own dense GEMMs then scale. Where src's
+    own points were copied, its record (which names the measured origin) is carried as it is."""
+    src_name = src_name or (os.path.relpath(src.source_path) if src.source_path else src.gpu)
+    if not src.grouped_points:
+        raise PlanError(f"'{src_name}' has no grouped GEMMs to copy")
+    record = next((p for p in reversed(src.provenance.get("parts", [])) if p.get("part") == PART), {})
+    if record.get("status") == "derived":
+        return _with_points(base, src.grouped_points, dict(record))
+    return _with_points(base, src.grouped_points, {
+        "part": PART, "status": "derived",
+        "how": f"{len(src.grouped_points)} grouped-over-dense GEMM ratios copied from {src_name} "
+               f"({src.gpu}, measured {record.get('date', '?')} at {record.get('git_commit', '?')}): "
+               f"a ratio of two GEMMs on one GPU, applied to this profile's own dense GEMMs "
+               f"(python -m runtime.profiler.grouped --copy-from)"})
+
+
 def _parse_shape(text: str) -> tuple[int, int, int]:
     try:
         e, n, k = (int(v) for v in text.split(","))
@@ -175,18 +201,8 @@ def main(argv=None) -> int:
         if Path(args.out).exists():
             raise PlanError(f"'{args.out}' already exists")
         base = _load(args.profile)
-        prov = copy.deepcopy(base.provenance)
         if args.copy_from:
-            src = _load(args.copy_from)
-            if not src.grouped_points:
-                raise PlanError(f"'{args.copy_from}' has no grouped GEMMs to copy")
-            points = list(src.grouped_points)
-            measured = next((p for p in reversed(src.provenance.get("parts", [])) if p.get("part") == PART), {})
-            part = {"part": PART, "status": "derived",
-                    "how": f"{len(points)} grouped-over-dense GEMM ratios copied from {args.copy_from} "
-                           f"({src.gpu}, measured {measured.get('date', '?')} at {measured.get('git_commit', '?')}): "
-                           f"a ratio of two GEMMs on one GPU, applied to this profile's own dense GEMMs "
-                           f"(python -m runtime.profiler.grouped --copy-from)"}
+            out = copied_from(base, _load(args.copy_from), args.copy_from)
         else:
             from planner.model.catalogue import CATALOGUE, resolve_model
             specs = [resolve_model(m) for m in args.model] or [s for s in CATALOGUE.values() if s.is_moe]
@@ -206,16 +222,15 @@ def main(argv=None) -> int:
                       file=sys.stderr, flush=True)
             points = measure(shapes, device, cap, progress=say)
             names = [spec.name for spec in specs] + [f"[{n}x{k}] x{e}" for e, n, k in map(_parse_shape, args.shape)]
-            part = part_record(points, names, cap, time.time() - t0, environment.describe(device, 1))
-        prov["parts"] = [p for p in prov.get("parts", []) if p.get("part") != PART] + [part]
-        out = replace(base, provenance=prov, grouped_points=points, source_path="")
+            out = _with_points(base, points, part_record(points, names, cap, time.time() - t0,
+                                                         environment.describe(device, 1)))
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         out.save(Path(args.out))
         Profile.load(Path(args.out))  # what was written reads back
     except PlanError as exc:
         print(f"grouped: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out}: {len(points)} grouped GEMM points", file=sys.stderr)
+    print(f"wrote {args.out}: {len(out.grouped_points)} grouped GEMM points", file=sys.stderr)
     return 0
 
 
