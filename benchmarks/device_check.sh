@@ -6,6 +6,7 @@
 # env          the GPU, driver, CUDA, torch and NCCL versions -> $OUT/env.json
 # cuda-tests   the test files that run on CUDA (Triton's CPU-interpreter cases are left to CI) -> $OUT/cuda-tests.xml (JUnit), .log
 # validation:SET  benchmarks/validation/SET/run.sh (plan validate of every plan of the set) -> $OUT/validation.csv, .plans.jsonl, .log
+# attention-backends  cuDNN against flash (FA2) attention at the power cap -> $OUT/attention-backends/ (benchmarks/attention_backends.py)
 # trace:PLAN   a training run of PLAN with step 6 under torch.profiler -> $OUT/trace-<name>.txt (kernel tables)
 #
 # Wheels carried in .whl/ (OR-Tools and what it needs beyond the device's image) are installed first when present.
@@ -48,6 +49,11 @@ PY
         set_name="${part#validation:}"
         OUT="$OUT" STEPS="${STEPS:-10}" WARMUP="${WARMUP:-4}" PYTHON=python3 bash "benchmarks/validation/$set_name/run.sh" > "$OUT/validation-run.txt" 2>&1
         echo "validation $set_name ${SECONDS}s: $(grep -c . "$OUT/validation.csv" 2>/dev/null) lines"
+        ;;
+    attention-backends)
+        timeout 300 python3 benchmarks/attention_backends.py --out "$OUT/attention-backends" --at-power-cap \
+            > "$OUT/attention-backends.log" 2>&1
+        echo "attention-backends rc=$? ${SECONDS}s"
         ;;
     trace:*)
         plan="${part#trace:}"; name="$(basename "$plan" .json)"
