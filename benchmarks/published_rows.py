@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS_CSV = REPO / "benchmarks" / "published" / "runs.csv"
 
 from planner.cluster import GPU_KINDS, ClusterSpec  # noqa: E402
+from planner.cost.targets import attention_fa2  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
 from planner.plan import TrainingShape  # noqa: E402
 from planner.profile import Profile, load_profile  # noqa: E402
@@ -82,6 +83,24 @@ SYNCHRONOUS_TP_SOURCES = ("nar21", "titan24")
 megatron target's Megatron-LM (RuntimeTarget.tp_backward_beside_gemms): Narayanan 2021's Megatron-LM predates the
 asynchronous backward collectives (arXiv 2104.04473 of April 2021; Megatron-LM commit cf7efd4f5a of 2021-08-30);
 torchtitan's TP (DTensor) overlaps nothing without AsyncTP (arXiv 2410.06511 section 3.2, AsyncTP is the overlap)."""
+
+PYTORCH_TP_OVERLAP_SOURCES = ("titan24",)
+"""Sources whose TP overlap is PyTorch's own, not Megatron's userbuffers: torchtitan's AsyncTP (arXiv 2410.06511
+section 3.2; torch.distributed's micro-pipelined all-gather-matmul and matmul-reduce-scatter over symmetric memory).
+Planned at the TP fraction the profile measured for our runtime's PyTorch overlap (RuntimeTarget.tp_hidden_fraction
+None), not the megatron target's fitted one."""
+
+FA2_SOURCES = ("titan24",)
+"""Sources whose attention ran FlashAttention-2 (RuntimeTarget.attention_fwd_factor, planner.cost.targets.
+attention_fa2): torchtitan at 9dec370 calls F.scaled_dot_product_attention (torchtitan/models/llama/model.py) with
+torch 1963fc8 (2024-12-23), whose SDPA tried flash first on H100 (cuDNN made opt-in by pytorch/pytorch#138522,
+2024-10-21); with context parallel it pins the flash and efficient backends (torchtitan/utils.py,
+get_train_context)."""
+
+PYTORCH_CP_SOURCES = ("titan24",)
+"""Sources whose context parallel is PyTorch's experimental context_parallel as torchtitan ran it: K and V expanded to
+the query heads before attention, gathered in one all-gather per pass (RuntimeTarget.cp_kv_expanded,
+cp_kv_all_gather)."""
 
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
 """Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
@@ -218,7 +237,8 @@ def row_target(row: PublishedRow, target):
     predate or lack them (SYNCHRONOUS_TP_SOURCES); with Megatron-Core's batch-level EP A2A overlap where the row's
     `ep_overlap` says the run used it (RuntimeTarget.ep_a2a_beside_layer; benchmarks/published/README.md gives each
     row's source config); with the per-node deduplicated dispatch and its node limit where `ep_dispatch` is
-    'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_route_groups, ep_group_limit). Our own runtime's target
+    'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_route_groups, ep_group_limit); PyTorch's TP overlap at the
+    profile's fraction (PYTORCH_TP_OVERLAP_SOURCES) and FlashAttention-2 (FA2_SOURCES) for torchtitan. Our own runtime's target
     ('ours') is returned unchanged."""
     if getattr(target, "name", "ours") == "ours":
         return target
@@ -226,6 +246,12 @@ def row_target(row: PublishedRow, target):
         target = replace(target, tp_backward_beside_gemms=False)
     if getattr(target, "ep_a2a_beside_layer", False) and not _flag(row.raw.get("ep_overlap", "")):
         target = replace(target, ep_a2a_beside_layer=False)  # ran without Megatron's batch-level EP overlap
+    if row.row_id.startswith(PYTORCH_TP_OVERLAP_SOURCES):
+        target = replace(target, tp_hidden_fraction=None)  # PyTorch's AsyncTP, priced as our runtime's overlap
+    if row.row_id.startswith(FA2_SOURCES):
+        target = attention_fa2(target)
+    if row.row_id.startswith(PYTORCH_CP_SOURCES):
+        target = replace(target, cp_kv_expanded=True, cp_kv_all_gather=True)
     if row.raw.get("ep_dispatch", "") == "per_node":  # DeepEP / DeepSeek-V3's kernels: once per node over IB
         groups, limit = (row.raw.get(k, "") for k in ("ep_route_groups", "ep_group_limit"))
         target = replace(target, ep_dispatch_per_node=True, ep_route_groups=int(groups) if groups else 0,

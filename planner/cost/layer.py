@@ -151,8 +151,9 @@ class LayerTerms:
         # attention core: this rank's heads over its share of the sequence (the ring covers the rest)
         s = self.shape.seq_len
         ring = prof.eff("ring") if lay.cp > 1 else 1.0  # calibrated: the ring's blocks and merges
-        attn_f = ring * prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, False)
-        attn_b = ring * prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, True)
+        attn_f, attn_b = (ring * self.target.attention_s(
+            prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, bwd), bwd)
+            for bwd in (False, True))
         # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel
         # (bytes as the profiler counts them): the norms with the residual adds fused in (runtime/norm.py;
         # pre-norm: the attention norm alone, the MLP norm with the add before it, the layer's last add on
@@ -272,11 +273,19 @@ class LayerTerms:
             comm_tp_f = comm_tp_b = 0.0
         # context parallel: cp-1 ring steps pass K and V forward; backward passes K, V and dK, dV
         if lay.cp > 1:
-            kv_bytes = BF16 * 2 * lay.micro_batch * (m.num_kv_heads // t) * (s // lay.cp) * m.head_dim
+            kv_heads = m.num_heads if self.target.cp_kv_expanded else m.num_kv_heads
+            kv_bytes = BF16 * 2 * lay.micro_batch * (kv_heads // t) * (s // lay.cp) * m.head_dim
             step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
             frac = prof.overlap_hidden_fraction.get("cp", 0.0)
-            cp_f = exposed_s((lay.cp - 1) * step, attn_f, frac, True)
-            cp_b = exposed_s(2 * (lay.cp - 1) * step, attn_b, frac, True)
+            if self.target.cp_kv_all_gather:  # one gather beside the local block; dK, dV around the ring
+                gather = self.group_collective_s("all_gather", kv_bytes * lay.cp, lay.cp, self.strides["cp"]) \
+                    * prof.eff("cp")
+                cp_f = exposed_s(gather, attn_f / lay.cp, frac, True)
+                cp_b = exposed_s(gather, attn_b / lay.cp, frac, True) \
+                    + exposed_s((lay.cp - 1) * step, attn_b * (lay.cp - 1) / lay.cp, frac, True)
+            else:
+                cp_f = exposed_s((lay.cp - 1) * step, attn_f, frac, True)
+                cp_b = exposed_s(2 * (lay.cp - 1) * step, attn_b, frac, True)
         else:
             cp_f = cp_b = 0.0
         comm["tp"], comm["cp"] = comm_tp_f + comm_tp_b, cp_f + cp_b

@@ -125,6 +125,23 @@ class RuntimeTarget:
     """Most groups one token's experts come from (DeepSeek-V3: 4, topk_group; at EP 64 over 8 nodes a group is a
     node's experts, hence "each token ... dispatched to at most 4 nodes", arXiv 2412.19437 section 3.2.2); 0: no
     limit. The node cap this gives: planner/cost/layer.py dispatch_remote_nodes."""
+    cp_kv_expanded: bool = False
+    """Whether K and V reach the context-parallel exchange already expanded to the query heads (torchtitan at 9dec370
+    repeats the KV heads before F.scaled_dot_product_attention, torchtitan/models/llama/model.py, so its CP moves
+    heads / kv_heads times the bytes); False: K and V travel with their own heads (ours, Megatron's)."""
+    cp_kv_all_gather: bool = False
+    """Whether the forward gathers every rank's K and V in one all-gather issued beside the first (local) block,
+    the rest of the ring's blocks waiting for it (PyTorch's experimental context_parallel with its default
+    rotate method 'allgather', torch 2.6 torch/distributed/tensor/experimental/_attention.py, _AllGatherRotater);
+    the backward gathers them again the same way and passes dK, dV around the ring beside the blocks. False: K and V
+    pass around the ring one step beside each block (ours, Megatron's)."""
+    attention_fwd_factor: float = 1.0
+    """The runtime's attention kernel's forward time over the profile's (the runtime's SDPA, cuDNN's fused attention
+    on Hopper). A run that used another kernel is priced at its measured ratio: FlashAttention-2, which torch's SDPA
+    picked on H100 from 2.5.1 to 2.8 and PyTorch's context parallel ran until 2025, at profiles/targets/
+    attention-fa2.json (measured by benchmarks/attention_backends.py; `attention_fa2`). 1: the profile's kernel."""
+    attention_bwd_factor: float = 1.0
+    """The same for the attention backward."""
     cuda_graph: bool = True
     """Whether the runtime can capture the step as a CUDA graph (ours can where legal; Megatron is run eagerly)."""
     provenance: dict = field(default_factory=dict, compare=False, hash=False)
@@ -133,6 +150,10 @@ class RuntimeTarget:
     def kernel_s(self, ours_s: float) -> float:
         """GPU time of kernels that take `ours_s` in our runtime."""
         return ours_s * self.compute_factor
+
+    def attention_s(self, ours_s: float, backward: bool) -> float:
+        """The runtime's attention kernel that takes `ours_s` as the profile measured it."""
+        return ours_s * (self.attention_bwd_factor if backward else self.attention_fwd_factor)
 
     def gemm_s(self, table: str, ours_s: float) -> float:
         """A GEMM from the profile's `table` ('mm', 'wgrad', 'fp8') that takes `ours_s` in our runtime."""
@@ -214,6 +235,26 @@ def megatron_from_dict(d: dict, source: str) -> RuntimeTarget:
 
 
 _LOADED: dict[str, RuntimeTarget] = {}
+
+FA2_FILE = "attention-fa2"
+
+
+def attention_fa2(target: RuntimeTarget, path: Path | None = None) -> RuntimeTarget:
+    """`target` with its attention kernel priced as FlashAttention-2: the profile's attention times the measured
+    FA2-over-runtime ratios of profiles/targets/attention-fa2.json (or `path`)."""
+    from dataclasses import replace
+
+    p = Path(path) if path is not None else target_file(FA2_FILE)
+    try:
+        d = json.loads(p.read_text())
+        fwd, bwd = float(d["fa2_over_runtime_fwd"]), float(d["fa2_over_runtime_bwd"])
+    except FileNotFoundError:
+        raise PlanError(f"the FlashAttention-2 ratios are missing ({p}); run benchmarks/attention_backends.py") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise PlanError(f"{p} is not a valid attention-ratio file ({exc.__class__.__name__}: {exc})") from None
+    if not (0.2 <= fwd <= 10 and 0.2 <= bwd <= 10):
+        raise PlanError(f"{p}: FA2 ratios {fwd}, {bwd} are outside 0.2-10, not a measured kernel ratio")
+    return replace(target, attention_fwd_factor=fwd, attention_bwd_factor=bwd)
 
 
 def load_target(name: str, path: Path | None = None) -> RuntimeTarget:
