@@ -292,3 +292,61 @@ def test_megatron_search_turns_the_ep_overlap_on_and_export_writes_it(profile):
     assert plan.layout.overlap_ep and plan.layout.ep == 8
     args = megatron_args(plan).args
     assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
+
+
+def test_attention_factors_scale_only_the_attention_core(profile):
+    """A target whose attention kernel is slower (RuntimeTarget.attention_fwd_factor / _bwd_factor) adds exactly the
+    extra attention time to the layer, forward and backward, and nothing else."""
+    kw, seq_gb = dict(micro_batch=1, cuda_graph=False), (4096, 8)
+    base = _cost(profile, "llama3-8b", 1, kw, seq_gb, RuntimeTarget("t")).layer
+    slow = _cost(profile, "llama3-8b", 1, kw, seq_gb,
+                 RuntimeTarget("t", attention_fwd_factor=1.5, attention_bwd_factor=2.0)).layer
+    m = resolve_model("llama3-8b")
+    attn = [profile.attention_s(1, m.num_heads, 4096, 4096, m.head_dim, True, bwd) * profile.eff("compute")
+            for bwd in (False, True)]
+    assert slow.fwd_compute_s - base.fwd_compute_s == pytest.approx(0.5 * attn[0], rel=1e-9)
+    assert slow.bwd_compute_s - base.bwd_compute_s == pytest.approx(1.0 * attn[1], rel=1e-9)
+    assert slow.selective_recompute_s - base.selective_recompute_s == pytest.approx(0.5 * attn[0], rel=1e-9)
+
+
+def test_fa2_ratio_file_is_read_and_checked(tmp_path):
+    from planner.cost.targets import attention_fa2
+
+    shipped = attention_fa2(load_target("megatron"))
+    assert shipped.attention_fwd_factor > 1 and shipped.attention_bwd_factor > 1  # FA2 is slower than cuDNN's
+    assert shipped.compute_factor == load_target("megatron").compute_factor
+    p = tmp_path / "fa2.json"
+    p.write_text(json.dumps({"fa2_over_runtime_fwd": 1.25, "fa2_over_runtime_bwd": 1.5}))
+    t = attention_fa2(OURS, p)
+    assert (t.attention_fwd_factor, t.attention_bwd_factor) == (1.25, 1.5)
+    for bad in ("{", json.dumps({"fa2_over_runtime_fwd": 1.2}), json.dumps({"fa2_over_runtime_fwd": 50,
+                                                                            "fa2_over_runtime_bwd": 1})):
+        p.write_text(bad)
+        with pytest.raises(PlanError) as e:
+            attention_fa2(OURS, p)
+        assert str(e.value).startswith(str(p)) and "\n" not in str(e.value)
+    with pytest.raises(PlanError, match="missing"):
+        attention_fa2(OURS, tmp_path / "absent.json")
+
+
+def test_all_gather_context_parallel_by_hand(profile):
+    """PyTorch's all-gather CP (RuntimeTarget.cp_kv_all_gather, cp_kv_expanded): the forward's one gather of every
+    rank's expanded K and V hides only behind the local block; the backward gathers again the same way and passes
+    dK, dV one ring step beside each of the other blocks."""
+    kw, seq_gb = dict(cp=4, micro_batch=1, cuda_graph=False), (32768, 4)
+    t = RuntimeTarget("t", cp_kv_expanded=True, cp_kv_all_gather=True)
+    cm = _cost(profile, "llama3-8b", 4, kw, seq_gb, t)
+    m, L = resolve_model("llama3-8b"), cm.layer
+    kv_bytes = 2 * 2 * m.num_heads * (32768 // 4) * m.head_dim  # bf16 K and V with the query heads
+    gather = cm.group_collective_s("all_gather", 4 * kv_bytes, 4, cm.strides["cp"]) * profile.eff("cp")
+    step = cm.group_collective_s("send_recv", kv_bytes, 4, cm.strides["cp"]) * profile.eff("cp")
+    frac = profile.overlap_hidden_fraction.get("cp", 0.0)
+    ring = profile.eff("ring") * profile.eff("compute")
+    attn_f, attn_b = (ring * profile.attention_s(1, m.num_heads, 8192, 32768, m.head_dim, True, bwd)
+                      for bwd in (False, True))
+    want = exposed_s(gather, attn_f / 4, frac, True) + exposed_s(gather, attn_b / 4, frac, True) \
+        + exposed_s(3 * step, attn_b * 3 / 4, frac, True)
+    assert L.comm_by_dim_s["cp"] == pytest.approx(want, rel=1e-9)
+    # the ring of K/V heads (ours) moves kv_heads / heads of those bytes
+    ours = _cost(profile, "llama3-8b", 4, kw, seq_gb, RuntimeTarget("t")).layer.comm_by_dim_s["cp"]
+    assert ours < L.comm_by_dim_s["cp"]
