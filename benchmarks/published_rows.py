@@ -102,6 +102,12 @@ PYTORCH_CP_SOURCES = ("titan24",)
 the query heads before attention, gathered in one all-gather per pass (RuntimeTarget.cp_kv_expanded,
 cp_kv_all_gather)."""
 
+EXPOSED_ALL_GATHER_CP_SOURCES = ("llama3",)
+"""Sources whose context parallel gathers K and V (with their own, GQA, heads) in one all-gather on the critical path:
+Llama 3 section 3.3.2, "we first all-gather the key (K) and value (V) tensors, and then compute attention output for
+the local query (Q) tensor chunk. Although the all-gather communication latency is exposed in the critical path, we
+still adopt this approach" (RuntimeTarget.cp_kv_all_gather, cp_hidden_fraction 0)."""
+
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
 """Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
 
@@ -238,7 +244,8 @@ def row_target(row: PublishedRow, target):
     `ep_overlap` says the run used it (RuntimeTarget.ep_a2a_beside_layer; benchmarks/published/README.md gives each
     row's source config); with the per-node deduplicated dispatch and its node limit where `ep_dispatch` is
     'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_route_groups, ep_group_limit); PyTorch's TP overlap at the
-    profile's fraction (PYTORCH_TP_OVERLAP_SOURCES) and FlashAttention-2 (FA2_SOURCES) for torchtitan. Our own runtime's target
+    profile's fraction (PYTORCH_TP_OVERLAP_SOURCES), FlashAttention-2 (FA2_SOURCES) and PyTorch's context parallel
+    (PYTORCH_CP_SOURCES) for torchtitan; Llama 3's exposed all-gather context parallel (EXPOSED_ALL_GATHER_CP_SOURCES). Our own runtime's target
     ('ours') is returned unchanged."""
     if getattr(target, "name", "ours") == "ours":
         return target
@@ -252,6 +259,8 @@ def row_target(row: PublishedRow, target):
         target = attention_fa2(target)
     if row.row_id.startswith(PYTORCH_CP_SOURCES):
         target = replace(target, cp_kv_expanded=True, cp_kv_all_gather=True)
+    if row.row_id.startswith(EXPOSED_ALL_GATHER_CP_SOURCES):
+        target = replace(target, cp_kv_all_gather=True, cp_hidden_fraction=0.0)
     if row.raw.get("ep_dispatch", "") == "per_node":  # DeepEP / DeepSeek-V3's kernels: once per node over IB
         groups, limit = (row.raw.get(k, "") for k in ("ep_route_groups", "ep_group_limit"))
         target = replace(target, ep_dispatch_per_node=True, ep_route_groups=int(groups) if groups else 0,

@@ -276,7 +276,7 @@ class LayerTerms:
             kv_heads = m.num_heads if self.target.cp_kv_expanded else m.num_kv_heads
             kv_bytes = BF16 * 2 * lay.micro_batch * (kv_heads // t) * (s // lay.cp) * m.head_dim
             step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
-            frac = prof.overlap_hidden_fraction.get("cp", 0.0)
+            frac = self.target.cp_fraction(prof.overlap_hidden_fraction.get("cp", 0.0))
             if self.target.cp_kv_all_gather:  # one gather beside the local block; dK, dV around the ring
                 gather = self.group_collective_s("all_gather", kv_bytes * lay.cp, lay.cp, self.strides["cp"]) \
                     * prof.eff("cp")

@@ -125,6 +125,10 @@ class RuntimeTarget:
     """Most groups one token's experts come from (DeepSeek-V3: 4, topk_group; at EP 64 over 8 nodes a group is a
     node's experts, hence "each token ... dispatched to at most 4 nodes", arXiv 2412.19437 section 3.2.2); 0: no
     limit. The node cap this gives: planner/cost/layer.py dispatch_remote_nodes."""
+    cp_hidden_fraction: float | None = None
+    """Share of the context-parallel K/V traffic hidden behind the attention blocks beside it; None: the profile's
+    (our ring's). Llama 3's all-gather CP: 0 (arXiv 2407.21783 section 3.3.2, "the all-gather communication latency
+    is exposed in the critical path")."""
     cp_kv_expanded: bool = False
     """Whether K and V reach the context-parallel exchange already expanded to the query heads (torchtitan at 9dec370
     repeats the KV heads before F.scaled_dot_product_attention, torchtitan/models/llama/model.py, so its CP moves
@@ -161,6 +165,9 @@ class RuntimeTarget:
 
     def tp_fraction(self, profile_fraction: float) -> float:
         return profile_fraction if self.tp_hidden_fraction is None else self.tp_hidden_fraction
+
+    def cp_fraction(self, profile_fraction: float) -> float:
+        return profile_fraction if self.cp_hidden_fraction is None else self.cp_hidden_fraction
 
     def ep_fraction(self, profile_fraction: float) -> float:
         return profile_fraction if self.ep_hidden_fraction is None else self.ep_hidden_fraction
