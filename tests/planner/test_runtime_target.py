@@ -350,3 +350,15 @@ def test_all_gather_context_parallel_by_hand(profile):
     # the ring of K/V heads (ours) moves kv_heads / heads of those bytes
     ours = _cost(profile, "llama3-8b", 4, kw, seq_gb, RuntimeTarget("t")).layer.comm_by_dim_s["cp"]
     assert ours < L.comm_by_dim_s["cp"]
+
+
+def test_exposed_all_gather_context_parallel(profile):
+    """Llama 3's CP (cp_kv_all_gather with cp_hidden_fraction 0): every gather and ring step on the critical path,
+    K and V with their own heads."""
+    kw, seq_gb = dict(cp=4, micro_batch=1, cuda_graph=False), (32768, 4)
+    cm = _cost(profile, "llama3-8b", 4, kw, seq_gb, RuntimeTarget("t", cp_kv_all_gather=True, cp_hidden_fraction=0.0))
+    m = resolve_model("llama3-8b")
+    kv_bytes = 2 * 2 * m.num_kv_heads * (32768 // 4) * m.head_dim
+    gather = cm.group_collective_s("all_gather", 4 * kv_bytes, 4, cm.strides["cp"]) * profile.eff("cp")
+    step = cm.group_collective_s("send_recv", kv_bytes, 4, cm.strides["cp"]) * profile.eff("cp")
+    assert cm.layer.comm_by_dim_s["cp"] == pytest.approx(2 * gather + 3 * step, rel=1e-9)
