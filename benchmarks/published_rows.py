@@ -108,6 +108,10 @@ Llama 3 section 3.3.2, "we first all-gather the key (K) and value (V) tensors, a
 the local query (Q) tensor chunk. Although the all-gather communication latency is exposed in the critical path, we
 still adopt this approach" (RuntimeTarget.cp_kv_all_gather, cp_hidden_fraction 0)."""
 
+DUAL_PIPE_SOURCES = ("dsv3",)
+"""Sources whose pipeline is DeepSeek-V3's DualPipe (RuntimeTarget.dual_pipe; arXiv 2412.19437 section 3.2.1): its
+forward and backward chunks of two micro-batches overlap, hiding the all-to-alls as the batch-level overlap does."""
+
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
 """Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
 
@@ -261,6 +265,8 @@ def row_target(row: PublishedRow, target):
         target = replace(target, cp_kv_expanded=True, cp_kv_all_gather=True)
     if row.row_id.startswith(EXPOSED_ALL_GATHER_CP_SOURCES):
         target = replace(target, cp_kv_all_gather=True, cp_hidden_fraction=0.0)
+    if row.row_id.startswith(DUAL_PIPE_SOURCES):
+        target = replace(target, dual_pipe=True, ep_a2a_beside_layer=True)
     if row.raw.get("ep_dispatch", "") == "per_node":  # DeepEP / DeepSeek-V3's kernels: once per node over IB
         groups, limit = (row.raw.get(k, "") for k in ("ep_route_groups", "ep_group_limit"))
         target = replace(target, ep_dispatch_per_node=True, ep_route_groups=int(groups) if groups else 0,

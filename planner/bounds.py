@@ -21,6 +21,8 @@ def compute_bound_s(cm: CostModel, shape: TrainingShape, recompute: str | None =
     extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute or "", 0.0)
     exposed_host = cm.stage_expert_host_s(StagePlan(1)) if lay.ep > 1 else 0.0
     total = cm.m.num_layers * (L.fwd_bwd_s + extra + exposed_host)
+    if cm.dual_pipe:  # every rank runs half the micro-batches through each of its two stages: m total / pp at least
+        return num_micro * total / lay.pp
     return pipeline_lower_bound_s(lay.pp, num_micro, total, L.fwd_bwd_s, 0.0)
 
 
@@ -115,9 +117,12 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
     total = max(gpu_total, m.num_layers * host_layer) + m.num_layers * exposed_host
     # a lower bound of the played schedule (CostModel.predict, the step a plan reports and is ranked by) over
     # every split: each stage holds at least one layer (schedule.pipeline_lower_bound_s)
-    pipe = pipeline_lower_bound_s(lay.pp, num_micro, total, L.fwd_bwd_s, cm.p2p_s)
-    pipe = max(pipe, whole_layers_bound_s(cm, num_micro, L.fwd_bwd_s + pinned_extra, host_layer,
-                                          exposed_host))
+    if cm.dual_pipe:  # DualPipe (CostModel.dual_pipe): the busiest rank's work alone, no fill (compute_bound_s)
+        pipe = num_micro * total / lay.pp
+    else:
+        pipe = pipeline_lower_bound_s(lay.pp, num_micro, total, L.fwd_bwd_s, cm.p2p_s)
+        pipe = max(pipe, whole_layers_bound_s(cm, num_micro, L.fwd_bwd_s + pinned_extra, host_layer,
+                                              exposed_host))
     # data-parallel traffic and optimizer of a rank with the fewest layers the busiest rank can hold, without the
     # embedding and head (which sit on one rank each)
     bound_layers = max(m.num_layers // stages, 1) * lay.vpp

@@ -42,7 +42,7 @@ class MemoryTermsOfRanks:
         end-of-backward peak: its reduce-scatter outputs, one per bucket, held until the step; it now reduces in
         place, memory.dp_reduction_transient_bytes.)"""
         static, per_mb = self.rank_memory_parts(rank_stages)
-        return static + mem.peak_in_flight_bytes(mem.in_flight_peaks(rank, self.lay, num_micro), per_mb)
+        return static + mem.peak_in_flight_bytes(self.in_flight_peaks(rank, num_micro), per_mb)
 
     def rank_memory_parts(self, rank_stages: list[tuple[int, StagePlan]]) -> tuple[float, list[float]]:
         """rank_memory_bytes in two parts: (bytes held whatever the schedule's moment (states, workspaces, the
@@ -123,13 +123,13 @@ class MemoryTermsOfRanks:
         for r in range(lay.pp):
             # the rank holds at least what it holds at one moment of the schedule: the one whose scarcest chunk
             # holds the most micro-batches (every layer of the rank is then counted at least that often)
-            inflight = max(mem.in_flight_peaks(r, lay, num_micro), key=lambda h: (min(h), sum(h)))
-            first, last = r == 0, r == lay.pp - 1  # stage 0 is rank 0's chunk 0; the last stage rank pp-1's last
+            inflight = max(self.in_flight_peaks(r, num_micro), key=lambda h: (min(h), sum(h)))
+            chunks = self.rank_chunks(r)
+            first, last = 0 in chunks, S - 1 in chunks  # the embedding's and the head's rank
             dense, expert = self.params_of(0, first, last)
             f = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp) \
                 + mem.fsdp_gather_bytes(m, lay, dense) + workspace
-            for c, k in enumerate(inflight):
-                j = c * lay.pp + r
+            for j, k in zip(chunks, inflight):
                 per_mb = every_mb + (hop_mb if j != S - 1 else head_kept)
                 if j == 0:
                     per_mb += mem.embedding_activation_bytes(m, shape, lay)
@@ -143,13 +143,13 @@ class MemoryTermsOfRanks:
         more if any layer is fully recomputed (its rematerialised activations during backward) (see
         rank_memory_bytes)."""
         lay = self.lay
-        js = list(range(rank, lay.pp * lay.vpp, lay.pp))
+        js = self.rank_chunks(rank)
         acts = self.activations
         dense_l, expert_l = self.per_layer_params
         static, fixed = self.rank_memory_parts([(j, StagePlan(0)) for j in js])
         state_l = mem.state_bytes(dense_l, expert_l, lay, self.target.expert_states_over_tp)
         return MemoryTerms(
-            base_bytes=static, state_per_layer_bytes=state_l, peaks=mem.in_flight_peaks(rank, lay, num_micro),
+            base_bytes=static, state_per_layer_bytes=state_l, peaks=self.in_flight_peaks(rank, num_micro),
             fixed_per_mb_bytes=fixed,
             none_bytes=acts.none_bytes, sel_saving_bytes=acts.none_bytes - acts.selective_bytes,
             full_saving_bytes=acts.none_bytes - acts.full_bytes)

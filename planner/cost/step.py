@@ -54,7 +54,36 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
         combined 1F1B schedule (no pipeline, or an interleaved one: TransformerConfig asserts a virtual pipeline
         size when PP > 1) and the plan turns it on (Layout.overlap_ep)."""
         return (self.target.ep_a2a_beside_layer and self.lay.overlap_ep and self.m.is_moe and self.lay.ep > 1
-                and (self.lay.pp == 1 or self.lay.vpp > 1))
+                and (self.lay.pp == 1 or self.lay.vpp > 1 or self.dual_pipe))
+
+    @property
+    def num_micro(self) -> int:
+        return self.shape.global_batch // (self.lay.micro_batch * self.lay.dp)
+
+    @property
+    def dual_pipe(self) -> bool:
+        """Whether the pipeline runs DualPipe (RuntimeTarget.dual_pipe): the target runs it and the layout admits it
+        (an even PP >= 2, no interleaving, an even number of at least PP micro-batches, half entering at each end)."""
+        lay, n = self.lay, self.num_micro
+        return (self.target.dual_pipe and lay.pp >= 2 and lay.pp % 2 == 0 and lay.vpp == 1 and n >= lay.pp
+                and n % 2 == 0)
+
+    def rank_chunks(self, rank: int) -> list[int]:
+        """The (virtual) stages pipeline rank `rank` holds: stages rank, rank + pp, ... (1F1B and interleaved
+        1F1B); under DualPipe stage rank and stage pp - 1 - rank."""
+        lay = self.lay
+        if self.dual_pipe:
+            return [rank, lay.pp - 1 - rank]
+        return list(range(rank, lay.pp * lay.vpp, lay.pp))
+
+    def in_flight_peaks(self, rank: int, num_micro: int) -> tuple[tuple[int, ...], ...]:
+        """The micro-batches each of the rank's chunks (rank_chunks) holds at each moment that can be its peak
+        (memory.in_flight_peaks); under DualPipe its two opposite 1F1B pipelines of half the micro-batches each at
+        their peaks together, pp - rank and rank + 1 (Table 2's "PP+1")."""
+        if self.dual_pipe:
+            half = num_micro // 2
+            return ((min(self.lay.pp - rank, half), min(rank + 1, half)),)
+        return mem.in_flight_peaks(rank, self.lay, num_micro)
 
     def _memo(self, name, fn):
         k = (name, self.layer_key)
@@ -103,9 +132,11 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
         num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
         per_rank_t, mems, dp_t, opt_t, tpg_t = [], [], [], [], []
         times = [self.stage_time_s(j, st) for j, st in enumerate(stages)]
+        dual = self.dual_pipe
+        share = 0.5 if dual else 1.0  # under DualPipe a micro-batch passes one of the rank's two stages
         for r in range(lay.pp):
-            rs = [(j, stages[j]) for j in range(len(stages)) if j % lay.pp == r]
-            t_r = sum(times[j] for j, _ in rs)
+            rs = [(j, stages[j]) for j in self.rank_chunks(r)]
+            t_r = share * sum(times[j] for j, _ in rs)
             per_rank_t.append(t_r)
             mems.append(self.rank_memory_bytes(r, rs, num_micro))
             dense, expert = self.rank_params(rs)
@@ -119,6 +150,14 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
         t_max = max(per_rank_t)
         if lay.pp == 1:
             pipe = ideal = num_micro * t_max
+        elif dual:
+            # Table 2: bubble (PP/2 - 1)(F&B + B - 3W) of the slowest rank's chunks: F&B = F + B (the pair's
+            # compute runs back to back; what overlaps is communication), W, the weight-gradient part of B, taken
+            # as half of it (a backward's GEMMs split evenly into input and weight gradients); hops hidden
+            r = per_rank_t.index(t_max)
+            f = share * sum(times[j] * self.stage_fwd_share(j, stages[j]) for j in self.rank_chunks(r))
+            b = t_max - f
+            pipe = ideal = num_micro * t_max + (lay.pp / 2 - 1) * (f + 2 * b - 3 * b / 2)
         else:
             ideal = closed_form_s(per_rank_t, num_micro, lay.vpp)  # equal chunks, free hops
             if not play:
@@ -133,15 +172,15 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
         step = pipe + max(ends_t) + max(opt_t)
         # breakdown along the slowest rank
         r = per_rank_t.index(t_max)
-        rs = [(j, stages[j]) for j in range(len(stages)) if j % lay.pp == r]
+        rs = [(j, stages[j]) for j in self.rank_chunks(r)]
         L = self.layer
-        layers = sum(st.layers for _, st in rs)
-        recompute = sum(st.full_recompute_layers * L.full_recompute_s + st.selective_recompute_layers * L.selective_recompute_s
-                        for _, st in rs)
-        ends = sum((self.ends.embedding_s if j == 0 else 0.0)
-                   + (self.ends.head_s if j == len(stages) - 1 else 0.0) for j, _ in rs)
-        head_comm = sum(self.ends.head_comm_s for j, _ in rs if j == len(stages) - 1)
-        host_bound = num_micro * sum(self.stage_time_s(j, st) - self.stage_gpu_s(j, st) for j, st in rs)
+        layers = share * sum(st.layers for _, st in rs)
+        recompute = share * sum(st.full_recompute_layers * L.full_recompute_s
+                                + st.selective_recompute_layers * L.selective_recompute_s for _, st in rs)
+        ends = share * sum((self.ends.embedding_s if j == 0 else 0.0)
+                           + (self.ends.head_s if j == len(stages) - 1 else 0.0) for j, _ in rs)
+        head_comm = share * sum(self.ends.head_comm_s for j, _ in rs if j == len(stages) - 1)
+        host_bound = num_micro * share * sum(self.stage_time_s(j, st) - self.stage_gpu_s(j, st) for j, st in rs)
         breakdown = {
             "compute": num_micro * (layers * (L.fwd_compute_s + L.bwd_compute_s) + ends),
             "host": host_bound,

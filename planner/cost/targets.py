@@ -146,6 +146,14 @@ class RuntimeTarget:
     attention-fa2.json (measured by benchmarks/attention_backends.py; `attention_fa2`). 1: the profile's kernel."""
     attention_bwd_factor: float = 1.0
     """The same for the attention backward."""
+    dual_pipe: bool = False
+    """Whether the pipeline runs DeepSeek-V3's DualPipe (arXiv 2412.19437 section 3.2.1, Figure 5, Table 2) where the
+    layout admits it (an even PP of at least 2, no interleaving, an even number of at least PP micro-batches;
+    CostModel.dual_pipe): micro-batches enter from both ends, rank r holds stage r and stage PP-1-r ("2x"
+    parameters), each rank's chunks hold PP - r and r + 1 micro-batches at the peak ("PP+1" activations), the bubble
+    is (PP/2 - 1)(F&B + B - 3W), and a forward chunk runs beside another micro-batch's backward chunk so that "both
+    all-to-all and PP communication can be fully hidden" (the MoE all-to-alls priced as beside the other
+    micro-batch's layer, ep_a2a_beside_layer's rule; hops free). False: the 1F1B schedules of planner/schedule.py."""
     cuda_graph: bool = True
     """Whether the runtime can capture the step as a CUDA graph (ours can where legal; Megatron is run eagerly)."""
     provenance: dict = field(default_factory=dict, compare=False, hash=False)

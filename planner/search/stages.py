@@ -35,6 +35,8 @@ def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
     lay, m = cm.lay, cm.m
     P, V, S = lay.pp, lay.vpp, lay.pp * lay.vpp
     num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+    if cm.dual_pipe:
+        return _greedy_dual_pipe(cm, num_micro, limit_bytes, recompute_pin)
     L = cm.layer
     one = {"full": StagePlan(1, 1, 0), "selective": StagePlan(1, 0, 1)}.get(recompute_pin or "", StagePlan(1))
     gpu_layer = L.fwd_bwd_s + {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute_pin or "", 0.0)
@@ -58,25 +60,64 @@ def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
         counts = [n_rank[r] // V] * V
         for c in sorted(range(V), key=lambda c: (inflight[c], -c))[: n_rank[r] % V]:
             counts[c] += 1
-        full = counts[:] if recompute_pin == "full" else [0] * V
-        sel = counts[:] if recompute_pin == "selective" else [0] * V
-        if recompute_pin is None:
-            # selective first on the chunks holding the most micro-batches, then full where that is not enough
-            # (inflight[c] is chunk c's most at any moment: at the rank's peak it can hold fewer, so a chunk is
-            # topped up until the rank fits or the chunk is all recomputed)
-            for c in sorted(range(V), key=lambda c: -inflight[c]):
-                while sel[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
-                    sel[c] = min(counts[c], sel[c] + math.ceil(over / (inflight[c] * max(terms.sel_saving_bytes, 1.0))))
-            for c in sorted(range(V), key=lambda c: -inflight[c]):
-                while full[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
-                    extra = terms.full_saving_bytes - terms.sel_saving_bytes  # selective -> full
-                    full[c] += min(counts[c] - full[c], math.ceil((over + (0 if any(full) else terms.none_bytes))
-                                                                  / (inflight[c] * max(extra, 1.0))))
-                    sel[c] = min(sel[c], counts[c] - full[c])
-        if terms.bytes(counts, full, sel) > limit_bytes:
+        fitted = _recompute_to_fit(terms, counts, recompute_pin, limit_bytes)
+        if fitted is None:
             return None
         for c, j in enumerate(js):
-            stages[j] = StagePlan(counts[c], full[c], sel[c])
+            stages[j] = StagePlan(counts[c], fitted[0][c], fitted[1][c])
+    return stages  # type: ignore[return-value]
+
+
+def _recompute_to_fit(terms, counts: list[int], recompute_pin: str | None,
+                      limit_bytes: float) -> tuple[list[int], list[int]] | None:
+    """(full, selective) recompute counts per chunk of one rank holding `counts` layers: the pin's, or selective
+    first on the chunks holding the most micro-batches, then full where that is not enough (inflight[c] is chunk
+    c's most at any moment: at the rank's peak it can hold fewer, so a chunk is topped up until the rank fits or the
+    chunk is all recomputed); None when the rank does not fit."""
+    V = len(counts)
+    inflight = terms.in_flight
+    full = counts[:] if recompute_pin == "full" else [0] * V
+    sel = counts[:] if recompute_pin == "selective" else [0] * V
+    if recompute_pin is None:
+        for c in sorted(range(V), key=lambda c: -inflight[c]):
+            while sel[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
+                sel[c] = min(counts[c], sel[c] + math.ceil(over / (inflight[c] * max(terms.sel_saving_bytes, 1.0))))
+        for c in sorted(range(V), key=lambda c: -inflight[c]):
+            while full[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
+                extra = terms.full_saving_bytes - terms.sel_saving_bytes  # selective -> full
+                full[c] += min(counts[c] - full[c], math.ceil((over + (0 if any(full) else terms.none_bytes))
+                                                              / (inflight[c] * max(extra, 1.0))))
+                sel[c] = min(sel[c], counts[c] - full[c])
+    if terms.bytes(counts, full, sel) > limit_bytes:
+        return None
+    return full, sel
+
+
+def _greedy_dual_pipe(cm: CostModel, num_micro: int, limit_bytes: float,
+                      recompute_pin: str | None) -> list[StagePlan] | None:
+    """greedy_stages under DualPipe (CostModel.dual_pipe): ranks r and pp-1-r hold the same two stages, so layers
+    go one at a time to the pair of stages whose sum stays least (the ends' embedding and head counted), then each
+    pair recomputes to fit as greedy_stages' ranks do."""
+    P, m = cm.lay.pp, cm.m
+    end_s = [cm.stage_time_s(j, StagePlan(0)) for j in range(P)]
+    per_layer = cm.stage_time_s(1, StagePlan(1)) - cm.stage_time_s(1, StagePlan(0))
+    counts = [1] * P
+    heap = [(end_s[p] + end_s[P - 1 - p] + 2 * per_layer, p) for p in range(P // 2)]
+    heapq.heapify(heap)
+    for _ in range(m.num_layers - P):  # a layer to the lightest pair, inside it to the lighter stage
+        t, p = heapq.heappop(heap)
+        j = min((p, P - 1 - p), key=lambda j: (end_s[j] + counts[j] * per_layer, j))
+        counts[j] += 1
+        heapq.heappush(heap, (t + per_layer, p))
+    stages: list[StagePlan | None] = [None] * P
+    for r in range(P // 2):
+        js = cm.rank_chunks(r)
+        fitted = _recompute_to_fit(cm.memory_terms(r, num_micro), [counts[j] for j in js], recompute_pin,
+                                   limit_bytes)
+        if fitted is None:
+            return None
+        for c, j in enumerate(js):
+            stages[j] = StagePlan(counts[j], fitted[0][c], fitted[1][c])
     return stages  # type: ignore[return-value]
 
 
@@ -137,7 +178,7 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
     horizon = per_layer_max * m.num_layers + sum(max(g, h) for g, h in zip(gpu0, host0)) + 1
     T = []
     for r in range(P):
-        js = [j for j in range(S) if j % P == r]
+        js = cm.rank_chunks(r)
         stage_t = []
         for j in js:
             gpu = t_layer * n[j] + t_full * f[j] + t_sel * s[j] + gpu0[j]
@@ -264,7 +305,7 @@ def enumerate_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
         counts = [b - a for a, b in zip((0,) + cuts, cuts + (L,))]
         for choice in itertools.product(*(_stage_choices(n, recompute_pin) for n in counts)):
             stages = [StagePlan(n, f, s) for n, (f, s) in zip(counts, choice)]
-            if any(cm.rank_memory_bytes(r, [(j, st) for j, st in enumerate(stages) if j % P == r], num_micro)
+            if any(cm.rank_memory_bytes(r, [(j, stages[j]) for j in cm.rank_chunks(r)], num_micro)
                    > limit_bytes for r in range(P)):
                 continue
             step = cm.predict(stages).step_s

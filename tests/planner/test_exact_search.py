@@ -12,6 +12,7 @@ import pytest
 from planner import memory as mem
 from planner.cluster import ClusterSpec
 from planner.cost import CostModel
+from planner.cost.targets import OURS, RuntimeTarget
 from planner.legality import layout_violation
 from planner.model import tiny_model
 from planner.plan import StagePlan, TrainingShape
@@ -56,16 +57,16 @@ def _splits(L: int, S: int, recompute: str | None):
             yield [StagePlan(n, f, s) for n, (f, s) in zip(counts, choice)]
 
 
-def _every_plan(model, shape, cluster, prof, pins):
+def _every_plan(model, shape, cluster, prof, pins, target=OURS):
     """(step, busiest rank's bytes, layout, stages) of every legal layout, split and recompute choice, played."""
     out = []
     for lay in enumerate_layouts(model, shape, cluster, pins):
         if layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node):
             continue
-        cm = CostModel(model, shape, lay, cluster, prof)
+        cm = CostModel(model, shape, lay, cluster, prof, target=target)
         num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
         for stages in _splits(model.num_layers, lay.pp * lay.vpp, pins.recompute):
-            peak = max(cm.rank_memory_bytes(r, [(j, st) for j, st in enumerate(stages) if j % lay.pp == r], num_micro)
+            peak = max(cm.rank_memory_bytes(r, [(j, stages[j]) for j in cm.rank_chunks(r)], num_micro)
                        for r in range(lay.pp))
             out.append((cm.predict(stages).step_s, peak, lay, stages))
     return out
@@ -131,6 +132,37 @@ def test_exact_search_equals_brute_force_on_random_small_cases(profile):
         interleaved += brute[1].vpp > 1
         recomputed += any(s.full_recompute_layers or s.selective_recompute_layers for s in brute[2])
     assert tight > 20 and interleaved > 10 and recomputed > 10  # memory, virtual stages and recompute exercised
+
+
+def test_dual_pipe_search_equals_brute_force(profile):
+    """A DualPipe target (RuntimeTarget.dual_pipe): the search's bounds stay below every plan and its splits match
+    brute force, on random small cases where the pipeline is deep enough for DualPipe to apply."""
+    rng = random.Random(7)
+    target = RuntimeTarget("dual", dual_pipe=True)
+    compared = dual = 0
+    while compared < 30:
+        model, shape, cluster, pins = _random_case(rng)
+        if cluster.num_gpus < 4:
+            continue
+        pins = replace(pins, vpp=None, pp=rng.choice([2, 4]))  # a pipeline, so that DualPipe is in play
+        every = _every_plan(model, shape, cluster, profile, pins, target)
+        free = _brute_force(every, float("inf"))
+        if free is None:
+            continue
+        peak = max(CostModel(model, shape, free[1], cluster, profile, target=target).predict(free[2]).memory_gib_per_rank)
+        headroom = mem.memory_limit_bytes(cluster.kind.memory_gib) / mem.GIB - peak * rng.uniform(0.6, 1.05)
+        if not 0 <= headroom < cluster.kind.memory_gib:
+            continue
+        cluster = replace(cluster, memory_headroom_gib=headroom)
+        brute = _brute_force(every, mem.plan_memory_limit_bytes(cluster))
+        if brute is None:
+            continue
+        res = search(model, shape, cluster, profile, pins, top_k=1, exact=True, target=target)
+        got = res.plans[0]
+        assert got.prediction.step_s == pytest.approx(brute[0], rel=1e-9), (pins, brute, got)
+        compared += 1
+        dual += CostModel(model, shape, brute[1], cluster, profile, target=target).dual_pipe
+    assert dual > 5  # DualPipe itself won in enough of them
 
 
 def test_every_dimension_pinned_evaluates_that_layout(profile):

@@ -362,3 +362,35 @@ def test_exposed_all_gather_context_parallel(profile):
     gather = cm.group_collective_s("all_gather", 4 * kv_bytes, 4, cm.strides["cp"]) * profile.eff("cp")
     step = cm.group_collective_s("send_recv", kv_bytes, 4, cm.strides["cp"]) * profile.eff("cp")
     assert cm.layer.comm_by_dim_s["cp"] == pytest.approx(2 * gather + 3 * step, rel=1e-9)
+
+
+def test_dual_pipe_by_hand(profile):
+    """DualPipe (RuntimeTarget.dual_pipe; DeepSeek-V3 Table 2): rank r runs half the micro-batches through stage r
+    and half through stage pp-1-r, the bubble is (pp/2 - 1)(F + 2B - 3W) with W = B/2, both stages' states sit on
+    the rank and its chunks hold pp - r and r + 1 micro-batches at the peak; an odd pipeline or an interleaved one
+    runs 1F1B as before."""
+    kw, seq_gb = dict(pp=4, micro_batch=1, cuda_graph=False, sharding="none"), (2048, 16)
+    cm = _cost(profile, "gpt-1.3b", 4, kw, seq_gb, RuntimeTarget("t", dual_pipe=True))
+    assert cm.dual_pipe and cm.rank_chunks(1) == [1, 2] and cm.rank_chunks(3) == [3, 0]
+    stages = [StagePlan(5), StagePlan(7), StagePlan(6), StagePlan(6)]
+    times = [cm.stage_time_s(j, st) for j, st in enumerate(stages)]
+    per_rank = [(times[r] + times[3 - r]) / 2 for r in range(4)]
+    r = per_rank.index(max(per_rank))
+    f = sum(times[j] * cm.stage_fwd_share(j, stages[j]) for j in cm.rank_chunks(r)) / 2
+    b = per_rank[r] - f
+    p = cm.predict(stages)
+    assert p.breakdown_s["bubble"] == pytest.approx((4 / 2 - 1) * (f + 2 * b - 1.5 * b), rel=1e-9)
+    static, per_mb = cm.rank_memory_parts([(1, stages[1]), (2, stages[2])])
+    assert cm.in_flight_peaks(1, 16) == ((3, 2),)
+    assert p.memory_gib_per_rank[1] * mem_gib_bytes() == pytest.approx(static + 3 * per_mb[0] + 2 * per_mb[1], rel=1e-9)
+    for kw2 in (dict(kw, pp=3), dict(kw, vpp=2)):  # no DualPipe: 1F1B's play, as ours
+        a = _cost(profile, "gpt-1.3b", kw2["pp"], kw2, seq_gb, RuntimeTarget("t", dual_pipe=True))
+        assert not a.dual_pipe
+        st = even_stages(24, kw2["pp"] * kw2.get("vpp", 1), "none")
+        assert a.predict(st).step_s == _cost(profile, "gpt-1.3b", kw2["pp"], kw2, seq_gb,
+                                             RuntimeTarget("t")).predict(st).step_s
+
+
+def mem_gib_bytes() -> float:
+    from planner.memory import GIB
+    return GIB
