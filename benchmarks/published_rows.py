@@ -227,6 +227,9 @@ DECIDING_TERMS = {"tp_comm": "exposed TP comm", "dp_comm": "exposed DP comm", "p
                   "recompute": "memory (recompute)", "optimizer": "optimizer"}
 """The breakdown's parts beyond compute, as a miss names the one that decided it."""
 
+SMALL_PART = 0.05
+"""A part beyond compute smaller than this share of the step does not decide a miss: the label names compute."""
+
 
 def deciding_term(prediction, over: bool = False) -> str:
     """The part of a predicted step that decided a miss, as a label: the largest part beyond compute (planner.breakdown's
@@ -236,9 +239,11 @@ def deciding_term(prediction, over: bool = False) -> str:
     parts = {k: prediction.breakdown_s.get(k, 0.0) for k in DECIDING_TERMS}
     k = max(parts, key=parts.get)
     largest = f"{DECIDING_TERMS[k]} ({parts[k] / prediction.step_s:.0%} of the step)"
+    compute = prediction.breakdown_s.get("compute", 0.0) / prediction.step_s
     if over:
-        compute = prediction.breakdown_s.get("compute", 0.0) / prediction.step_s
         return f"unpriced time: compute {compute:.0%} of the predicted step; largest other part {largest}"
+    if parts[k] < SMALL_PART * prediction.step_s:  # nothing beyond compute decides: the kernels' time itself
+        return f"compute ({compute:.0%} of the step; largest other part {largest})"
     return largest
 
 
