@@ -67,6 +67,10 @@ class _GroupedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, offs, per_group, placeholders, *weights):
         ctx.per_group, ctx.placeholders = per_group, placeholders
+        # the Parameters themselves: under activation checkpointing the saved copies lack main_grad, and the
+        # weight gradient fell back to a separate GEMM and an fp32 add per expert weight (a full-recompute MoE
+        # step on one H200 spent 14% of its time in those adds, 2026-12-03, commit 3036da2)
+        ctx.params = weights
         ctx.save_for_backward(x, offs, *weights)
         return torch._grouped_mm(x, _stack(weights, per_group).transpose(1, 2), offs=offs)
 
@@ -76,8 +80,8 @@ class _GroupedLinear(torch.autograd.Function):
         dy = dy.contiguous()  # the kernels reject stride-0 (expanded) gradients
         w = _stack(weights, ctx.per_group)                                   # [G, N, K]
         dx = torch._grouped_mm(dy, w, offs=offs)
-        claims = [claim_main_grad(p) for p in weights] if all(
-            getattr(p, "main_grad", None) is not None for p in weights) else None
+        claims = [claim_main_grad(p) for p in ctx.params] if all(
+            getattr(p, "main_grad", None) is not None for p in ctx.params) else None
         stacked = None
         if claims is not None and len({overwrite for _, overwrite in claims}) == 1:
             stacked = _adjacent_view([mg for mg, _ in claims], ctx.per_group)

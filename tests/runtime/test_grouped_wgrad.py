@@ -50,3 +50,32 @@ def test_grouped_wgrad_matches_per_expert_matmuls_interpreted(monkeypatch):
 def test_grouped_wgrad_matches_per_expert_matmuls_on_cuda():
     assert _check("cuda", torch.bfloat16, n=64, k=128) == []
     assert _check("cuda", torch.bfloat16, counts=(2048, 0, 1999, 2100, 0, 7, 2000, 2200), n=5632, k=2048) == []
+
+
+def test_experts_write_main_grad_under_activation_checkpointing():
+    """The grouped experts' weight gradient goes to the weights' main gradients (the optimizer's protocol,
+    tensor.claim_main_grad) also when the layer runs under torch.utils.checkpoint: there the tensors saved for
+    backward are copies without main_grad, and the gradient went to a separate tensor and a per-weight add
+    (found in a full-recompute MoE step on one H200, 2026-12-03)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from runtime.parallel.expert_mlp import _GroupedLinear
+
+    torch.manual_seed(0)
+    experts, n, k, counts = 3, 16, 8, torch.tensor([5, 0, 7])
+    x = torch.randn(int(counts.sum()), k, requires_grad=True)
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    weights = [torch.nn.Parameter(torch.randn(n, k)) for _ in range(experts)]
+    dy = torch.randn(x.size(0), n)
+    # reference: plain autograd gradients
+    _GroupedLinear.apply(x, offs, 1, True, *weights).backward(dy)
+    want = [w.grad.clone() for w in weights]
+    flat = torch.full((experts * n * k,), float("nan"))
+    for i, w in enumerate(weights):
+        w.grad = None
+        w.main_grad, w.main_grad_fresh = flat[i * n * k:(i + 1) * n * k].view(n, k), True
+    y = checkpoint(lambda inp: _GroupedLinear.apply(inp, offs, 1, True, *weights), x, use_reentrant=False)
+    y.backward(dy)
+    for w, g in zip(weights, want):
+        assert getattr(w, "grad_in_main_grad", False)
+        torch.testing.assert_close(w.main_grad, g, rtol=1e-5, atol=1e-5)
