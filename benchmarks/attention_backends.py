@@ -84,6 +84,7 @@ def write_target(csv_path: Path) -> int:
     prov_path = csv_path.parent / "provenance.json"
     prov = json.loads(prov_path.read_text()) if prov_path.exists() else {}
     ratios = fa2_ratios(csv_path)
+    source = str(csv_path.relative_to(ROOT)) if csv_path.is_relative_to(ROOT) else str(csv_path)
     doc = {"fa2_over_runtime_fwd": ratios["fwd"], "fa2_over_runtime_bwd": ratios["bwd"],
            "provenance": {"what": "time of torch's flash-attention kernel (FlashAttention-2) over the runtime's SDPA "
                                   "kernel (cuDNN fused attention), median over causal and non-causal cases at the "
@@ -91,9 +92,8 @@ def write_target(csv_path: Path) -> int:
                                   f"fwd {ratios['fwd_range']}, bwd {ratios['bwd_range']}",
                           "measured": {k: prov.get(k) for k in ("gpu_name", "hostname", "date", "git_commit", "torch",
                                                                  "cuda", "cudnn", "at_power_cap", "command") if k in prov},
-                          "from": str(csv_path.relative_to(ROOT)) if csv_path.is_relative_to(ROOT) else str(csv_path),
-                          "written_by": "python benchmarks/attention_backends.py --write-target "
-                                        + str(csv_path.relative_to(ROOT) if csv_path.is_relative_to(ROOT) else csv_path)}}
+                          "from": source,
+                          "written_by": f"python benchmarks/attention_backends.py --write-target {source}"}}
     if TARGET_FILE.exists() and json.loads(TARGET_FILE.read_text()) == doc:
         print(f"{TARGET_FILE.relative_to(ROOT)} unchanged")
         return 0

@@ -110,7 +110,7 @@ class MemoryTermsOfRanks:
         transient (the logits, on the last stage's rank), the fewest micro-batches any of its chunks holds at one
         moment of the schedule)) for memory_lower_bound_bytes; worked out once per layout."""
         m, lay, shape = self.m, self.lay, self.shape
-        num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+        num_micro = self.num_micro
         S = lay.pp * lay.vpp
         state_l = mem.state_bytes(*self.per_layer_params, lay, self.target.expert_states_over_tp)
         transient = self.activations.working_bytes + mem.dp_reduction_transient_bytes(

@@ -10,6 +10,7 @@ from planner.cost.host import HostTerms
 from planner.cost.layer import LayerTerms
 from planner.cost.rank_memory import MemoryTermsOfRanks
 from planner.cost.targets import OURS, RuntimeTarget
+from planner.cost.terms import cached_property
 from planner.model import ModelSpec
 from planner.plan import Layout, Plan, Prediction, StagePlan, TrainingShape
 from planner.profile import Profile
@@ -56,11 +57,12 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
         return (self.target.ep_a2a_beside_layer and self.lay.overlap_ep and self.m.is_moe and self.lay.ep > 1
                 and (self.lay.pp == 1 or self.lay.vpp > 1 or self.dual_pipe))
 
-    @property
+    @cached_property
     def num_micro(self) -> int:
+        """Micro-batches per step on each data-parallel rank."""
         return self.shape.global_batch // (self.lay.micro_batch * self.lay.dp)
 
-    @property
+    @cached_property
     def dual_pipe(self) -> bool:
         """Whether the pipeline runs DualPipe (RuntimeTarget.dual_pipe): the target runs it and the layout admits it
         (an even PP >= 2, no interleaving, an even number of at least PP micro-batches, half entering at each end)."""
@@ -129,7 +131,7 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
         form (planner/schedule.py, closed_form_s) with every hop on the path, instead of playing the schedule:
         the search scores its candidates that way (a play costs milliseconds) and plays the plans it keeps."""
         lay, m = self.lay, self.m
-        num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
+        num_micro = self.num_micro
         per_rank_t, mems, dp_t, opt_t, tpg_t = [], [], [], [], []
         times = [self.stage_time_s(j, st) for j, st in enumerate(stages)]
         dual = self.dual_pipe

@@ -44,7 +44,7 @@ def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
     # synchronisation exposes (stage_expert_host_s)
     host_layer = cm.stage_host_s(0, one) - cm.stage_host_s(0, StagePlan(0)) - cm.stage_expert_host_s(one)
     per_layer = max(gpu_layer, host_layer) + cm.stage_expert_host_s(one)
-    ends = [sum(cm.stage_time_s(j, StagePlan(0)) for j in range(r, S, P)) for r in range(P)]
+    ends = [sum(cm.stage_time_s(j, StagePlan(0)) for j in cm.rank_chunks(r)) for r in range(P)]
     n_rank = [V] * P
     heap = [(ends[r] + V * per_layer, r) for r in range(P)]
     heapq.heapify(heap)
@@ -54,7 +54,7 @@ def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
         heapq.heappush(heap, (t + per_layer, r))
     stages: list[StagePlan | None] = [None] * S
     for r in range(P):
-        js = list(range(r, S, P))
+        js = cm.rank_chunks(r)
         terms = cm.memory_terms(r, num_micro)
         inflight = terms.in_flight
         counts = [n_rank[r] // V] * V

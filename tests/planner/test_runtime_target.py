@@ -16,6 +16,7 @@ from planner.cost import CostModel, evaluate
 from planner.cost.targets import OURS, RuntimeTarget, load_target
 from planner.cost.terms import ep_beside_layer_exposed_s, exposed_s
 from planner.errors import PlanError
+from planner.memory import GIB
 from planner.model import resolve_model
 from planner.plan import Layout, Plan, StagePlan, TrainingShape, even_stages
 from planner.search import Pins, search
@@ -382,15 +383,10 @@ def test_dual_pipe_by_hand(profile):
     assert p.breakdown_s["bubble"] == pytest.approx((4 / 2 - 1) * (f + 2 * b - 1.5 * b), rel=1e-9)
     static, per_mb = cm.rank_memory_parts([(1, stages[1]), (2, stages[2])])
     assert cm.in_flight_peaks(1, 16) == ((3, 2),)
-    assert p.memory_gib_per_rank[1] * mem_gib_bytes() == pytest.approx(static + 3 * per_mb[0] + 2 * per_mb[1], rel=1e-9)
+    assert p.memory_gib_per_rank[1] * GIB == pytest.approx(static + 3 * per_mb[0] + 2 * per_mb[1], rel=1e-9)
     for kw2 in (dict(kw, pp=3), dict(kw, vpp=2)):  # no DualPipe: 1F1B's play, as ours
         a = _cost(profile, "gpt-1.3b", kw2["pp"], kw2, seq_gb, RuntimeTarget("t", dual_pipe=True))
         assert not a.dual_pipe
         st = even_stages(24, kw2["pp"] * kw2.get("vpp", 1), "none")
         assert a.predict(st).step_s == _cost(profile, "gpt-1.3b", kw2["pp"], kw2, seq_gb,
                                              RuntimeTarget("t")).predict(st).step_s
-
-
-def mem_gib_bytes() -> float:
-    from planner.memory import GIB
-    return GIB
