@@ -18,6 +18,7 @@ RUNS_CSV = REPO / "benchmarks" / "published" / "runs.csv"
 from planner.cluster import GPU_KINDS, ClusterSpec  # noqa: E402
 from planner.cost.targets import attention_fa2  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
+from planner.memory import Fp8ActivationCache  # noqa: E402
 from planner.plan import TrainingShape  # noqa: E402
 from planner.profile import Profile, load_profile  # noqa: E402
 from planner.profile.files import default_profile_path  # noqa: E402
@@ -100,7 +101,9 @@ get_train_context)."""
 PYTORCH_CP_SOURCES = ("titan24",)
 """Sources whose context parallel is PyTorch's experimental context_parallel as torchtitan ran it: K and V expanded to
 the query heads before attention, gathered in one all-gather per pass (RuntimeTarget.cp_kv_expanded,
-cp_kv_all_gather)."""
+cp_kv_all_gather; torchtitan 9dec370 sets the rotate method 'allgather', torchtitan/utils.py
+create_context_parallel_ctx), the blocks merged and dQ, dK, dV accumulated and passed in fp32 (cp_fp32_buffers; torch
+2.6's _ContextParallelOptions convert_to_f32 default, which torchtitan leaves alone)."""
 
 EXPOSED_ALL_GATHER_CP_SOURCES = ("llama3",)
 """Sources whose context parallel gathers K and V (with their own, GQA, heads) in one all-gather on the critical path:
@@ -111,6 +114,14 @@ still adopt this approach" (RuntimeTarget.cp_kv_all_gather, cp_hidden_fraction 0
 DUAL_PIPE_SOURCES = ("dsv3",)
 """Sources whose pipeline is DeepSeek-V3's DualPipe (RuntimeTarget.dual_pipe; arXiv 2412.19437 section 3.2.1): its
 forward and backward chunks of two micro-batches overlap, hiding the all-to-alls as the batch-level overlap does."""
+
+FP8_ACTIVATION_CACHE_SOURCES = ("dsv3",)
+"""Sources that stored activations as DeepSeek-V3 did (RuntimeTarget.fp8_activation_cache; arXiv 2412.19437 sections
+3.2.3 and 3.3.3): norms and MLA up-projections recomputed, Linear inputs cached in FP8 (the attention output in
+E5M6), SwiGLU outputs recomputed from their FP8 inputs. MLA's latents stand for q, k and v (MLA_LATENT_WIDTH)."""
+
+MLA_LATENT_WIDTH = 1536 + 512 + 64
+"""DeepSeek-V3 config.json: q_lora_rank + kv_lora_rank + qk_rope_head_dim, the up-projections' inputs kept per token."""
 
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
 """Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
@@ -254,7 +265,8 @@ def row_target(row: PublishedRow, target):
     row's source config); with the per-node deduplicated dispatch and its node limit where `ep_dispatch` is
     'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_route_groups, ep_group_limit); PyTorch's TP overlap at the
     profile's fraction (PYTORCH_TP_OVERLAP_SOURCES), FlashAttention-2 (FA2_SOURCES) and PyTorch's context parallel
-    (PYTORCH_CP_SOURCES) for torchtitan; Llama 3's exposed all-gather context parallel (EXPOSED_ALL_GATHER_CP_SOURCES). Our own runtime's target
+    (PYTORCH_CP_SOURCES) for torchtitan; Llama 3's exposed all-gather context parallel (EXPOSED_ALL_GATHER_CP_SOURCES);
+    DeepSeek-V3's DualPipe (DUAL_PIPE_SOURCES) and FP8 activation cache (FP8_ACTIVATION_CACHE_SOURCES). Our own runtime's target
     ('ours') is returned unchanged."""
     if getattr(target, "name", "ours") == "ours":
         return target
@@ -267,11 +279,13 @@ def row_target(row: PublishedRow, target):
     if row.row_id.startswith(FA2_SOURCES):
         target = attention_fa2(target)
     if row.row_id.startswith(PYTORCH_CP_SOURCES):
-        target = replace(target, cp_kv_expanded=True, cp_kv_all_gather=True)
+        target = replace(target, cp_kv_expanded=True, cp_kv_all_gather=True, cp_fp32_buffers=True)
     if row.row_id.startswith(EXPOSED_ALL_GATHER_CP_SOURCES):
         target = replace(target, cp_kv_all_gather=True, cp_hidden_fraction=0.0)
     if row.row_id.startswith(DUAL_PIPE_SOURCES):
         target = replace(target, dual_pipe=True, ep_a2a_beside_layer=True)
+    if row.row_id.startswith(FP8_ACTIVATION_CACHE_SOURCES):
+        target = replace(target, fp8_activation_cache=Fp8ActivationCache(mla_latent_width=MLA_LATENT_WIDTH))
     if row.raw.get("ep_dispatch", "") == "per_node":  # DeepEP / DeepSeek-V3's kernels: once per node over IB
         groups, limit = (row.raw.get(k, "") for k in ("ep_route_groups", "ep_group_limit"))
         target = replace(target, ep_dispatch_per_node=True, ep_route_groups=int(groups) if groups else 0,

@@ -261,6 +261,56 @@ class LayerActivations:
     its rematerialised activations)."""
 
 
+@dataclass(frozen=True)
+class Fp8ActivationCache:
+    """DeepSeek-V3's activation storage (arXiv 2412.19437): "We recompute all RMSNorm operations and MLA
+    up-projections during back-propagation" (section 3.2.3); "it is a natural choice to cache activations in FP8
+    format for the backward pass of the Linear operator", the inputs of the Linear after attention in a 12-bit
+    E5M6 format, and "we cache the inputs of the SwiGLU operator and recompute its output in the backward pass",
+    in FP8; the activation before the MoE up-projections is quantized to FP8 before the dispatch (section 3.3.3).
+    A run that stored its activations so is planned with these rules (fp8_cached_layer_activations) in place of
+    our runtime's."""
+    mla_latent_width: int = 0
+    """Elements per token that stand for q, k and v when the up-projections are recomputed: MLA's compressed query
+    and key-value and the rope key (DeepSeek-V3's config: q_lora_rank 1536 + kv_lora_rank 512 + qk_rope_head_dim
+    64), kept in bf16 as the down-projections wrote them (their norms are recomputed). 0: the model has no latent
+    attention, and its q, k and v are kept in bf16 as ours keeps them."""
+
+
+E5M6_BYTES = 1.5
+"""DeepSeek-V3's 12-bit format for the attention output (the input of the Linear after attention)."""
+FP8_BYTES = 1
+
+
+def fp8_cached_layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout,
+                                 cache: Fp8ActivationCache) -> LayerActivations:
+    """Activations per layer and micro-batch on one rank when stored by `cache`'s rules. Kept: each norm's input
+    (bf16; the norm and its statistics are recomputed), the MLA latents or q/k/v, the attention output in E5M6
+    with its fp32 log-sum-exp, the router's fp32 logits and probabilities (as ours); per routed token copy the
+    received FP8 expert input (the up-projection's cached input), the SwiGLU's FP8 input (its output is
+    recomputed) and the bf16 expert output that the combine's gradient of the routing weights needs; per token the
+    shared experts' FP8 SwiGLU input. Their Linear inputs that are norm outputs are recomputed with the norms.
+    Selective recompute has nothing left to drop; full recompute keeps the layer input, as ours."""
+    ours = layer_activations(m, shape, lay)
+    t = lay.tp
+    tokens = lay.micro_batch * shape.seq_len / lay.cp
+    tok_t = tokens / t
+    h, f = m.hidden, m.ffn_hidden
+    norms_in = 2 * BF16_BYTES * h * tok_t
+    qkv = BF16_BYTES * (cache.mla_latent_width if cache.mla_latent_width else m.q_width + 2 * m.kv_width) * tok_t
+    attn_out = E5M6_BYTES * m.q_width * tok_t + FP32_BYTES * lay.micro_batch * (m.num_heads / t) * shape.seq_len / lay.cp
+    if m.is_moe:
+        router = FP32_BYTES * (2 * m.num_experts + 2 * m.top_k * m.num_experts) * tok_t
+        up_in = (2 if m.gated_mlp else 1) * f
+        routed = tok_t * m.top_k * (FP8_BYTES * (h + up_in) + BF16_BYTES * h)
+        shared = FP8_BYTES * 2 * m.shared_expert_ffn * tok_t
+        mlp = router + routed + shared
+    else:  # the MLP's FP8 activation input, its output recomputed
+        mlp = FP8_BYTES * (2 if m.gated_mlp else 1) * f / t * tokens
+    none = norms_in + qkv + attn_out + mlp
+    return LayerActivations(none, none, ours.full_bytes, ours.working_bytes)
+
+
 def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerActivations:
     t = lay.tp
     tokens = lay.micro_batch * shape.seq_len / lay.cp  # tokens of one micro-batch on this rank

@@ -25,11 +25,38 @@ def dispatch_remote_nodes(top_k: int, nodes: int, groups: int = 0, group_limit: 
     return distinct * (nodes - 1) / nodes
 
 
+def torch_cp_fp32_pass_bytes(out_elems: float, kv_elems: float, cp: int) -> tuple[float, float]:
+    """Bytes (forward, backward) of the memory-bound passes PyTorch's context_parallel (torch 2.6,
+    torch/distributed/tensor/experimental/_attention.py, load balancing on) runs around its cp attention blocks on
+    one rank, per layer and micro-batch (RuntimeTarget.cp_fp32_buffers). out_elems: the attention output's elements
+    (the query heads'); kv_elems: K's (or V's) as exchanged. Of the cp - 1 blocks beside the local one, half take
+    half the queries on average, so a block's output is 3/4 of the whole one.
+    Forward: each block's output cast to fp32 (6 B per element), merged into the running fp32 output by three fp32
+    passes (out - block, times the sigmoid of the log-sum-exp difference, subtract: 32 B), the half-query blocks'
+    result spliced back into the whole output by a cat (8 B), the final cast to bf16 (6 B); K and V made contiguous
+    (4 B each) and concatenated for the rotater at every step but the last (4 B each).
+    Backward: fp32 dQ, dK, dV zero-filled (4 B); each block's dQ added into the fp32 one (10 B; the half-query
+    blocks' by a cat, 8 B); each step's arriving fp32 dK, dV take the block's share (10 B) and are packed into one
+    fp32 buffer for the next rank (8 B), the half-key blocks' share spliced by a cat (8 B); K and V contiguous and
+    concatenated as in forward; the casts back to bf16 (6 B)."""
+    n = cp
+    block_share = 1 + (n - 1) * 3 / 4  # the local block whole, the others at 3/4 of the queries
+    halves = (n - 1) / 2  # blocks with half the queries (forward, dQ) or half the keys (dK, dV)
+    fwd = out_elems * (6 * block_share + 32 * (n - 1) * 3 / 4 + 8 * halves + 6) + 2 * kv_elems * 4 * n
+    bwd = out_elems * (4 + 10 * block_share + 8 * halves + 6) \
+        + 2 * kv_elems * (4 + 18 * n + 8 * halves + 4 * n + 6)
+    return fwd, bwd
+
+
 class LayerTerms:
     """CostModel's per-layer and end costs (shared between layouts with the same layer key)."""
 
     @cached_property
     def activations(self) -> mem.LayerActivations:
+        cache = self.target.fp8_activation_cache
+        if cache is not None:
+            return self._memo("activations", lambda: mem.fp8_cached_layer_activations(self.m, self.shape, self.lay,
+                                                                                     cache))
         return self._memo("activations", lambda: mem.layer_activations(self.m, self.shape, self.lay))
 
     # -- per layer -----------------------------------------------------------------------------------
@@ -154,6 +181,11 @@ class LayerTerms:
         attn_f, attn_b = (ring * self.target.attention_s(
             prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, bwd), bwd)
             for bwd in (False, True))
+        if lay.cp > 1 and self.target.cp_fp32_buffers:  # PyTorch's fp32 merges and accumulators around the blocks
+            kv_heads = m.num_heads if self.target.cp_kv_expanded else m.num_kv_heads
+            per_head = lay.micro_batch * s // lay.cp * m.head_dim
+            pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head, kv_heads // t * per_head, lay.cp)
+            attn_f, attn_b = attn_f + prof.memory_bound_s(pass_f), attn_b + prof.memory_bound_s(pass_b)
         # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel
         # (bytes as the profiler counts them): the norms with the residual adds fused in (runtime/norm.py;
         # pre-norm: the attention norm alone, the MLP norm with the add before it, the layer's last add on
@@ -281,8 +313,14 @@ class LayerTerms:
                 gather = self.group_collective_s("all_gather", kv_bytes * lay.cp, lay.cp, self.strides["cp"]) \
                     * prof.eff("cp")
                 cp_f = exposed_s(gather, attn_f / lay.cp, frac, True)
-                cp_b = exposed_s(gather, attn_b / lay.cp, frac, True) \
-                    + exposed_s((lay.cp - 1) * step, attn_b * (lay.cp - 1) / lay.cp, frac, True)
+                cp_b = exposed_s(gather, attn_b / lay.cp, frac, True)
+                if self.target.cp_fp32_buffers:  # dK, dV in fp32 through every rank, the last step waited at once
+                    grad_step = self.group_collective_s("send_recv", 2 * kv_bytes, lay.cp, self.strides["cp"]) \
+                        * prof.eff("cp")
+                    cp_b += exposed_s((lay.cp - 1) * grad_step, attn_b * (lay.cp - 1) / lay.cp, frac, True) \
+                        + grad_step
+                else:
+                    cp_b += exposed_s((lay.cp - 1) * step, attn_b * (lay.cp - 1) / lay.cp, frac, True)
             else:
                 cp_f = exposed_s((lay.cp - 1) * step, attn_f, frac, True)
                 cp_b = exposed_s(2 * (lay.cp - 1) * step, attn_b, frac, True)

@@ -39,6 +39,7 @@ from importlib import resources
 from pathlib import Path
 
 from planner.errors import PlanError
+from planner.memory import Fp8ActivationCache
 from planner.plan import RUNTIME_TARGETS
 
 MEGATRON_HOST_LAYER_S = 0.6e-3
@@ -139,6 +140,12 @@ class RuntimeTarget:
     rotate method 'allgather', torch 2.6 torch/distributed/tensor/experimental/_attention.py, _AllGatherRotater);
     the backward gathers them again the same way and passes dK, dV around the ring beside the blocks. False: K and V
     pass around the ring one step beside each block (ours, Megatron's)."""
+    cp_fp32_buffers: bool = False
+    """Whether the context-parallel attention keeps its running output and its dQ, dK, dV in fp32 and passes dK, dV
+    around the ring in fp32 through every rank, the last step waited at once, as PyTorch's context_parallel did in
+    torch 2.6 (torch/distributed/tensor/experimental/_attention.py: _SDPAMerger with convert_to_f32 on by default,
+    _templated_ring_attention_backward's fp32 buffers and its dK/dV rotater); its merges, casts and concatenations
+    are priced as memory-bound passes (planner/cost/layer.py torch_cp_fp32_pass_bytes). False: ours, Megatron's."""
     attention_fwd_factor: float = 1.0
     """The runtime's attention kernel's forward time over the profile's (the runtime's SDPA, cuDNN's fused attention
     on Hopper). A run that used another kernel is priced at its measured ratio: FlashAttention-2, which torch's SDPA
@@ -154,6 +161,11 @@ class RuntimeTarget:
     is (PP/2 - 1)(F&B + B - 3W), and a forward chunk runs beside another micro-batch's backward chunk so that "both
     all-to-all and PP communication can be fully hidden" (the MoE all-to-alls priced as beside the other
     micro-batch's layer, ep_a2a_beside_layer's rule; hops free). False: the 1F1B schedules of planner/schedule.py."""
+    fp8_activation_cache: Fp8ActivationCache | None = None
+    """How the runtime stores activations for backward when not as ours: DeepSeek-V3's FP8 cache with recomputed
+    norms, MLA up-projections and SwiGLU outputs (planner.memory.Fp8ActivationCache, fp8_cached_layer_activations).
+    None: as our runtime keeps them (planner.memory.layer_activations). The recomputed norms and up-projections are
+    not priced as time (the report calls their overhead minimal)."""
     cuda_graph: bool = True
     """Whether the runtime can capture the step as a CUDA graph (ours can where legal; Megatron is run eagerly)."""
     provenance: dict = field(default_factory=dict, compare=False, hash=False)

@@ -250,3 +250,37 @@ def test_tp_gradient_reduction_is_priced_per_tensor_by_hand():
     cm1 = CostModel(spec, TrainingShape(spec.default_seq_len, 4), lay1, ClusterSpec(gpu="h200-sxm", num_gpus=2,
                                                                                     gpus_per_node=2), prof)
     assert cm1.tp_grad_reduce_s(L, True, True, 4) == 0.0
+
+
+@pytest.mark.parametrize("latent", [0, 24])
+def test_fp8_cached_activations_by_hand(latent):
+    """DeepSeek-V3's storage (memory.Fp8ActivationCache): per token of a tiny MoE (hidden 64, 4 heads of 16, 8
+    experts top 2, expert FFN 128, one shared expert of FFN 32) at micro-batch 2 x seq 32: the two norm inputs in
+    bf16 without statistics, q/k/v in bf16 or the MLA latents, the attention output in 1.5 B with an fp32
+    log-sum-exp per head, the router's fp32 logits and probabilities, per routed copy the FP8 expert input (64) and
+    SwiGLU input (256) and the bf16 expert output (64 x 2), the shared expert's FP8 SwiGLU input (64)."""
+    m = tiny_model("llama", num_kv_heads=4, num_experts=8, top_k=2, shared_expert_ffn=32)
+    lay = Layout(micro_batch=2)
+    a = mem.fp8_cached_layer_activations(m, SHAPE, lay, mem.Fp8ActivationCache(mla_latent_width=latent))
+    tokens = 2 * 32
+    per_token = (2 * 2 * 64 + 2 * (latent or 192) + 1.5 * 64 + 4 * (2 * 8 + 2 * 2 * 8)
+                 + 2 * (64 + 256 + 2 * 64) + 64)
+    lse = 4 * 2 * 4 * 32
+    assert a.none_bytes == a.selective_bytes == per_token * tokens + lse
+    ours = mem.layer_activations(m, SHAPE, lay)
+    assert (a.full_bytes, a.working_bytes) == (ours.full_bytes, ours.working_bytes)
+    assert a.none_bytes < ours.none_bytes
+
+
+def test_a_target_with_the_fp8_cache_plans_with_it(profile):
+    """The cost model counts a layer's activations by the target's rules (RuntimeTarget.fp8_activation_cache)."""
+    from planner.cost.targets import RuntimeTarget
+
+    m = tiny_model("llama", num_experts=8, top_k=2)
+    lay = Layout(micro_batch=2, ep=2, dp=2, sharding="optimizer")
+    cluster = ClusterSpec(num_gpus=4)
+    cache = mem.Fp8ActivationCache()
+    with_cache = CostModel(m, SHAPE, lay, cluster, profile, target=RuntimeTarget("t", fp8_activation_cache=cache))
+    plain = CostModel(m, SHAPE, lay, cluster, profile, target=RuntimeTarget("t"))
+    assert with_cache.activations == mem.fp8_cached_layer_activations(m, SHAPE, lay, cache)
+    assert plain.activations == mem.layer_activations(m, SHAPE, lay)

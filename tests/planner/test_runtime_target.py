@@ -14,6 +14,7 @@ import pytest
 from planner.cluster import ClusterSpec
 from planner.cost import CostModel, evaluate
 from planner.cost.targets import OURS, RuntimeTarget, load_target
+from planner.cost.layer import torch_cp_fp32_pass_bytes
 from planner.cost.terms import ep_beside_layer_exposed_s, exposed_s
 from planner.errors import PlanError
 from planner.memory import GIB
@@ -351,6 +352,36 @@ def test_all_gather_context_parallel_by_hand(profile):
     # the ring of K/V heads (ours) moves kv_heads / heads of those bytes
     ours = _cost(profile, "llama3-8b", 4, kw, seq_gb, RuntimeTarget("t")).layer.comm_by_dim_s["cp"]
     assert ours < L.comm_by_dim_s["cp"]
+
+
+def test_torch_context_parallel_fp32_buffers_by_hand(profile):
+    """PyTorch 2.6's context_parallel (RuntimeTarget.cp_fp32_buffers): dK, dV pass through all 4 ranks in fp32, the
+    last step exposed whole, and its fp32 merges and accumulators add memory-bound passes to the attention."""
+    kw, seq_gb = dict(cp=4, micro_batch=1, cuda_graph=False), (32768, 4)
+    base = RuntimeTarget("t", cp_kv_expanded=True, cp_kv_all_gather=True)
+    cm = _cost(profile, "llama3-8b", 4, kw, seq_gb, replace(base, cp_fp32_buffers=True))
+    plain = _cost(profile, "llama3-8b", 4, kw, seq_gb, base)
+    m = resolve_model("llama3-8b")
+    elems = m.num_heads * (32768 // 4) * m.head_dim  # output and expanded K (or V) alike
+    # by hand, n = 4: forward 6 x 3.25 + 32 x 2.25 + 8 x 1.5 + 6 = 109.5 B per output element and 2 x 4 x 4 per K
+    # element; backward 4 + 10 x 3.25 + 8 x 1.5 + 6 = 54.5 and 2 x (4 + 72 + 12 + 16 + 6) = 220
+    assert torch_cp_fp32_pass_bytes(elems, elems, 4) == (elems * (109.5 + 32), elems * (54.5 + 220))
+    ring = profile.eff("ring") * profile.eff("compute")
+    attn_f, attn_b = (ring * profile.attention_s(1, m.num_heads, 8192, 32768, m.head_dim, True, bwd)
+                      for bwd in (False, True))
+    pass_f, pass_b = (profile.memory_bound_s(b) * profile.eff("compute") for b in
+                      torch_cp_fp32_pass_bytes(elems, elems, 4))
+    assert cm.layer.fwd_compute_s - plain.layer.fwd_compute_s == pytest.approx(pass_f, rel=1e-9)
+    assert cm.layer.bwd_compute_s - plain.layer.bwd_compute_s == pytest.approx(pass_b, rel=1e-9)
+    kv_bytes = 2 * 2 * elems
+    gather = cm.group_collective_s("all_gather", 4 * kv_bytes, 4, cm.strides["cp"]) * profile.eff("cp")
+    grad_step = cm.group_collective_s("send_recv", 2 * kv_bytes, 4, cm.strides["cp"]) * profile.eff("cp")
+    frac = profile.overlap_hidden_fraction.get("cp", 0.0)
+    attn_f, attn_b = attn_f + pass_f, attn_b + pass_b
+    want = exposed_s(gather, attn_f / 4, frac, True) + exposed_s(gather, attn_b / 4, frac, True) \
+        + exposed_s(3 * grad_step, attn_b * 3 / 4, frac, True) + grad_step
+    assert cm.layer.comm_by_dim_s["cp"] == pytest.approx(want, rel=1e-9)
+    assert cm.layer.comm_by_dim_s["cp"] > plain.layer.comm_by_dim_s["cp"]
 
 
 def test_exposed_all_gather_context_parallel(profile):
