@@ -123,6 +123,14 @@ E5M6), SwiGLU outputs recomputed from their FP8 inputs. MLA's latents stand for 
 MLA_LATENT_WIDTH = 1536 + 512 + 64
 """DeepSeek-V3 config.json: q_lora_rank + kv_lora_rank + qk_rope_head_dim, the up-projections' inputs kept per token."""
 
+EVEN_SPLIT_SOURCES = ("nar21", "kor22", "nemo2407", "mbridge")
+"""Sources run on Megatron-LM / Megatron-Core, which split the layers evenly over the pipeline's chunks unless a run
+asks otherwise (TransformerConfig: account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split,
+pipeline_model_parallel_layout and the first/last stage layer counts all default off; e.g. Megatron-Bridge's GPT-OSS
+120B recipe sets both account_for_* False and no layout, src/megatron/bridge/recipes/gpt_oss/h100/gpt_oss.py at
+c8327cfc2^). Where the layers divide by PP x VPP the pinned plan keeps that split (planned_split_of); where they do not,
+the run must have split them its own way, and the planner's split stands."""
+
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
 """Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
 
@@ -299,9 +307,33 @@ def plan_row(row: PublishedRow, target, free: bool = False, profile: Profile | N
     from planner.search import search
 
     pins = Pins(fp8=row.pins.fp8, cuda_graph=False) if free else row.pins
-    result = search(row.model, row.shape, row.cluster, profile or row.profile(), pins, top_k=1,
-                    target=row_target(row, target))
-    return result.plans[0]
+    profile = profile or row.profile()
+    result = search(row.model, row.shape, row.cluster, profile, pins, top_k=1, target=row_target(row, target))
+    plan = result.plans[0]
+    return plan if free else megatron_split(row, plan, target, profile)
+
+
+def megatron_split(row: PublishedRow, plan, target, profile: Profile):
+    """`plan` with its layers split evenly over the pipeline's chunks where the row's runtime splits them so and
+    they divide (EVEN_SPLIT_SOURCES); each rank's recompute refitted to memory (the pin's mode if pinned)."""
+    from dataclasses import replace as dc_replace
+
+    from planner.cost import CostModel
+    from planner.memory import plan_memory_limit_bytes
+    from planner.search.stages import stages_with_layer_counts
+
+    chunks = plan.layout.pp * plan.layout.vpp
+    layers = row.model.num_layers
+    if not row.row_id.startswith(EVEN_SPLIT_SOURCES) or chunks == 1 or layers % chunks:
+        return plan
+    even = [layers // chunks] * chunks
+    if [s.layers for s in plan.stages] == even:
+        return plan
+    cm = CostModel(row.model, row.shape, plan.layout, row.cluster, profile, target=row_target(row, target))
+    stages = stages_with_layer_counts(cm, row.shape, plan_memory_limit_bytes(row.cluster), even, row.pins.recompute)
+    if stages is None:
+        return plan  # the even split does not fit as the planner counts memory: keep the planner's
+    return dc_replace(plan, stages=stages, prediction=cm.predict(stages))
 
 
 def repredict(row: PublishedRow, plan, target, profile: Profile, play: bool = True):

@@ -68,6 +68,24 @@ def greedy_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float,
     return stages  # type: ignore[return-value]
 
 
+def stages_with_layer_counts(cm: CostModel, shape: TrainingShape, limit_bytes: float, layers: list[int],
+                             recompute_pin: str | None = None) -> list[StagePlan] | None:
+    """The stages of a split fixed by its layer counts (one per virtual stage, in model order), as a runtime that
+    splits the layers itself runs it (Megatron-LM splits them evenly by default): each rank recomputes what it must
+    to fit, as greedy_stages does (_recompute_to_fit). None when a rank does not fit."""
+    num_micro = shape.global_batch // (cm.lay.micro_batch * cm.lay.dp)
+    stages: list[StagePlan | None] = [None] * len(layers)
+    for r in range(cm.lay.pp):
+        js = cm.rank_chunks(r)
+        counts = [layers[j] for j in js]
+        fitted = _recompute_to_fit(cm.memory_terms(r, num_micro), counts, recompute_pin, limit_bytes)
+        if fitted is None:
+            return None
+        for c, j in enumerate(js):
+            stages[j] = StagePlan(counts[c], fitted[0][c], fitted[1][c])
+    return stages  # type: ignore[return-value]
+
+
 def _recompute_to_fit(terms, counts: list[int], recompute_pin: str | None,
                       limit_bytes: float) -> tuple[list[int], list[int]] | None:
     """(full, selective) recompute counts per chunk of one rank holding `counts` layers: the pin's, or selective

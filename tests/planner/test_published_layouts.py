@@ -117,3 +117,49 @@ def test_torchtitan_rows_as_run(rows):
                               ("titan24-11", 1, "optimizer")):
         pins = by_id[rid].pins
         assert (pins.micro_batch, pins.sharding) == (mb, sharding), rid
+
+
+def test_megatron_rows_keep_megatrons_even_layer_split(rows):
+    """Megatron splits the layers evenly over the pipeline's chunks unless told otherwise: GPT-OSS 120B's 36 layers
+    over PP4 run 9 per stage, however the planner would balance the 201K-vocabulary head; a row whose layers do not
+    divide (Llama 3.1 405B's 126 over 64 chunks on Megatron-Bridge) keeps the planner's split, and a source that
+    splits its own way (torchtitan) is not touched."""
+    by_id, pr = rows
+    t = load_target("megatron")
+    gpt_oss = pr.plan_row(by_id["mbridge-03"], t)
+    assert [s.layers for s in gpt_oss.stages] == [9, 9, 9, 9]
+    # the prediction is that split's: the same stages re-predicted give the same step
+    from planner.cost import CostModel
+    row = by_id["mbridge-03"]
+    cm = CostModel(row.model, row.shape, gpt_oss.layout, row.cluster, row.profile(), target=pr.row_target(row, t))
+    assert cm.predict(gpt_oss.stages).step_s == pytest.approx(gpt_oss.prediction.step_s, rel=1e-12)
+    assert sum(s.layers for s in pr.plan_row(by_id["mbridge-02"], t).stages) == 126
+    titan = pr.plan_row(by_id["titan24-06"], t)
+    assert [s.layers for s in titan.stages] != [126 // 8] * 8  # 126 does not divide by 8 anyway; the planner's
+
+
+def test_stages_with_layer_counts_fit_recompute_per_rank(profile):
+    """A fixed split (planner.search.stages.stages_with_layer_counts) keeps its counts and recomputes only where a
+    rank must to fit; with no room at all it says so (None)."""
+    from planner import memory as mem
+    from planner.cluster import ClusterSpec
+    from planner.cost import CostModel
+    from planner.model import resolve_model
+    from planner.plan import Layout, TrainingShape
+    from planner.search.stages import stages_with_layer_counts
+
+    m, shape = resolve_model("gpt-1.3b"), TrainingShape(2048, 32)
+    lay = Layout(pp=4, vpp=2, dp=1, micro_batch=2, sharding="none", cuda_graph=False)
+    cm = CostModel(m, shape, lay, ClusterSpec(num_gpus=4), profile)
+    counts = [3] * 8
+    roomy = stages_with_layer_counts(cm, shape, 1e15, counts)
+    assert [s.layers for s in roomy] == counts and not any(s.full_recompute_layers or s.selective_recompute_layers
+                                                           for s in roomy)
+    full = stages_with_layer_counts(cm, shape, 1e15, counts, "full")
+    assert all(s.full_recompute_layers == s.layers for s in full)
+    need = max(cm.predict(roomy).memory_gib_per_rank) * mem.GIB
+    tight = stages_with_layer_counts(cm, shape, 0.8 * need, counts)
+    assert tight is not None and [s.layers for s in tight] == counts
+    assert any(s.full_recompute_layers or s.selective_recompute_layers for s in tight)
+    assert max(cm.predict(tight).memory_gib_per_rank) * mem.GIB <= 0.8 * need
+    assert stages_with_layer_counts(cm, shape, 1e6, counts) is None
