@@ -127,8 +127,8 @@ EVEN_SPLIT_SOURCES = ("nar21", "kor22", "nemo2407", "mbridge")
 """Sources run on Megatron-LM / Megatron-Core, which split the layers evenly over the pipeline's chunks unless a run
 asks otherwise (TransformerConfig: account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split,
 pipeline_model_parallel_layout and the first/last stage layer counts all default off; e.g. Megatron-Bridge's GPT-OSS
-120B recipe sets both account_for_* False and no layout, src/megatron/bridge/recipes/gpt_oss/h100/gpt_oss.py at
-c8327cfc2^). Where the layers divide by PP x VPP the pinned plan keeps that split (planned_split_of); where they do not,
+120B recipe sets both account_for_* False and no layout, src/megatron/bridge/recipes/gpt_oss/gpt_oss.py at r0.4.0,
+3743c703d1, the 26.04.01 container's branch). Where the layers divide by PP x VPP the pinned plan keeps that split (planned_split_of); where they do not,
 the run must have split them its own way, and the planner's split stands."""
 
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
