@@ -178,13 +178,13 @@ class LayerTerms:
         # attention core: this rank's heads over its share of the sequence (the ring covers the rest)
         s = self.shape.seq_len
         ring = prof.eff("ring") if lay.cp > 1 else 1.0  # calibrated: the ring's blocks and merges
+        cp_kv_heads = m.num_heads if self.target.cp_kv_expanded else m.num_kv_heads  # K, V heads as CP moves them
         attn_f, attn_b = (ring * self.target.attention_s(
             prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, bwd), bwd)
             for bwd in (False, True))
         if lay.cp > 1 and self.target.cp_fp32_buffers:  # PyTorch's fp32 merges and accumulators around the blocks
-            kv_heads = m.num_heads if self.target.cp_kv_expanded else m.num_kv_heads
             per_head = lay.micro_batch * s // lay.cp * m.head_dim
-            pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head, kv_heads // t * per_head, lay.cp)
+            pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head, cp_kv_heads // t * per_head, lay.cp)
             attn_f, attn_b = attn_f + prof.memory_bound_s(pass_f), attn_b + prof.memory_bound_s(pass_b)
         # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel
         # (bytes as the profiler counts them): the norms with the residual adds fused in (runtime/norm.py;
@@ -305,8 +305,7 @@ class LayerTerms:
             comm_tp_f = comm_tp_b = 0.0
         # context parallel: cp-1 ring steps pass K and V forward; backward passes K, V and dK, dV
         if lay.cp > 1:
-            kv_heads = m.num_heads if self.target.cp_kv_expanded else m.num_kv_heads
-            kv_bytes = BF16 * 2 * lay.micro_batch * (kv_heads // t) * (s // lay.cp) * m.head_dim
+            kv_bytes = BF16 * 2 * lay.micro_batch * (cp_kv_heads // t) * (s // lay.cp) * m.head_dim
             step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
             frac = self.target.cp_fraction(prof.overlap_hidden_fraction.get("cp", 0.0))
             if self.target.cp_kv_all_gather:  # one gather beside the local block; dK, dV around the ring
