@@ -113,7 +113,9 @@ still adopt this approach" (RuntimeTarget.cp_kv_all_gather, cp_hidden_fraction 0
 
 DUAL_PIPE_SOURCES = ("dsv3",)
 """Sources whose pipeline is DeepSeek-V3's DualPipe (RuntimeTarget.dual_pipe; arXiv 2412.19437 section 3.2.1): its
-forward and backward chunks of two micro-batches overlap, hiding the all-to-alls as the batch-level overlap does."""
+forward and backward chunks of two micro-batches overlap, hiding the all-to-alls beside the other micro-batch's
+chunk as the batch-level overlap does, wholly where the chunk is long enough ("both all-to-all and PP communication
+can be fully hidden": ep_hidden_fraction 1, not Megatron's fitted fraction)."""
 
 FP8_ACTIVATION_CACHE_SOURCES = ("dsv3",)
 """Sources that stored activations as DeepSeek-V3 did (RuntimeTarget.fp8_activation_cache; arXiv 2412.19437 sections
@@ -290,8 +292,8 @@ def row_target(row: PublishedRow, target):
         target = replace(target, cp_kv_expanded=True, cp_kv_all_gather=True, cp_fp32_buffers=True)
     if row.row_id.startswith(EXPOSED_ALL_GATHER_CP_SOURCES):
         target = replace(target, cp_kv_all_gather=True, cp_hidden_fraction=0.0)
-    if row.row_id.startswith(DUAL_PIPE_SOURCES):
-        target = replace(target, dual_pipe=True, ep_a2a_beside_layer=True)
+    if row.row_id.startswith(DUAL_PIPE_SOURCES):  # "both all-to-all and PP communication can be fully hidden"
+        target = replace(target, dual_pipe=True, ep_a2a_beside_layer=True, ep_hidden_fraction=1.0)
     if row.row_id.startswith(FP8_ACTIVATION_CACHE_SOURCES):
         target = replace(target, fp8_activation_cache=Fp8ActivationCache(mla_latent_width=MLA_LATENT_WIDTH))
     if row.raw.get("ep_dispatch", "") == "per_node":  # DeepEP / DeepSeek-V3's kernels: once per node over IB

@@ -145,12 +145,18 @@ class LayerTerms:
         dense GEMM of all experts x rows rows. Else (older profiles): each expert's GEMM at its own small M from
         the GEMM tables, times the experts, one launch per call; that overstates few rows per expert several
         times over (a grouped kernel fills the GPU with several experts' tiles at once), as plans say."""
-        g = self.prof.grouped_gemm_s
-        fwd, dgrad, wgrad = (g(d, experts, rows, n, k) for d in ("fwd", "dgrad", "wgrad"))
+        fp8 = self.lay.fp8 and self.target.fp8_experts
+        tables = {"fwd": "fp8" if fp8 else None, "dgrad": "fp8" if fp8 else None,
+                  "wgrad": "fp8" if fp8 and self.target.fp8_wgrad else None}
+
+        def g(d):  # the profile's grouped GEMM, as the target's runtime runs it
+            t = self.prof.grouped_gemm_s(d, experts, rows, n, k, tables[d])
+            return None if t is None else self.target.gemm_s(tables[d] or "mm", t)
+        fwd, dgrad, wgrad = (g(d) for d in ("fwd", "dgrad", "wgrad"))
         if fwd is not None and dgrad is not None and wgrad is not None:
             return fwd, dgrad + wgrad
         launch = self.prof.gemm_launch_s
-        f1, b1 = self._gemm_fwd_bwd_s(rows, n, k)
+        f1, b1 = self._gemm_fwd_bwd_s(rows, n, k, fp8=fp8)
         return experts * (f1 - launch) + launch, experts * (b1 - 2 * launch) + 2 * launch
 
     def _qk_norm_s(self, tokens: int) -> tuple[float, float]:

@@ -7,8 +7,9 @@ RuntimeTarget is the identity and changes nothing.
 - its kernels (TE's fused GEMMs, attention and elementwise kernels) at `compute_factor` times our kernels' GPU time
   (fitted: what TE gains or loses against the profile's measured kernels, elementwise work priced like ours);
 - FP8 where the layout asks for it: forward, input-gradient and weight-gradient GEMMs at the profile's FP8 rates
-  (TE's FP8 recipe runs all three in FP8; ours keeps wgrad in bf16) times `fp8_gemm_factor` (fitted: TE fuses the
-  casts our runtime runs as separate passes);
+  (TE's FP8 recipe runs all three in FP8; ours keeps wgrad in bf16), the MoE experts' grouped GEMMs too (TE's
+  GroupedLinear; ours keeps them in bf16), times `fp8_gemm_factor` (fitted: TE fuses the casts our runtime runs as
+  separate passes);
 - TP communication with sequence parallelism overlapped by userbuffers (--tp-comm-overlap): at most
   `tp_hidden_fraction` of it hidden behind the GEMMs beside it (fitted; the profile's fraction is our runtime's);
   without it, the backward's asynchronous column-parallel collectives still hide behind its GEMMs at that fraction
@@ -94,6 +95,11 @@ class RuntimeTarget:
     whose all-to-alls hide behind the experts at ep_hidden_fraction."""
     fp8_wgrad: bool = False
     """Weight-gradient GEMMs in FP8 too when the layout is FP8."""
+    fp8_experts: bool = False
+    """Whether the MoE experts' grouped GEMMs run in FP8 too when the layout is FP8 (Transformer Engine's GroupedLinear
+    under the FP8 recipe; DeepSeek-V3's FP8 framework, arXiv 2412.19437 Figure 6); priced as the FP8 dense GEMM of
+    all their rows at the measured bf16 grouped-over-dense ratio (Profile.grouped_gemm_s), times fp8_gemm_factor.
+    False: ours, whose grouped experts (torch._grouped_mm) run in bf16."""
     tp_backward_beside_gemms: bool = False
     """Whether, with the TP overlap off (Layout.overlap_tp False), the backward's column-parallel collectives still
     run beside its GEMMs: Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication issues the re-gather of the
@@ -245,10 +251,11 @@ MEGATRON_FACTORS = ("compute_factor", "tp_hidden_fraction", "dp_hidden_fraction"
 def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_PARAMS,
                     host_layer_s: float = MEGATRON_HOST_LAYER_S, provenance: dict | None = None) -> RuntimeTarget:
     """The megatron RuntimeTarget with these free factors (MEGATRON_FACTORS) and its fixed traits: one MoE dispatch
-    per layer, FP8 weight gradients, eager execution, the experts' states sharded over TP x DP x CP / EP (ETP 1)."""
+    per layer, FP8 weight gradients and experts, eager execution, the experts' states sharded over TP x DP x CP / EP (ETP 1)."""
     return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
                          dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
-                         two_chunk_dispatch=False, fp8_wgrad=True, cuda_graph=False, tp_backward_beside_gemms=True,
+                         two_chunk_dispatch=False, fp8_wgrad=True, fp8_experts=True, cuda_graph=False,
+                         tp_backward_beside_gemms=True,
                          ep_a2a_beside_layer=True, ep_hidden_without_overlap=0.0, expert_states_over_tp=True,
                          provenance=dict(provenance or {}))
 

@@ -132,10 +132,13 @@ class Profile:
         pts = {"mm": self.gemm_points, "wgrad": self.wgrad_points, "fp8": self.fp8_points}[table]
         return bool(pts) and (m, n, k) in self._gemm_key(table).exact
 
-    def grouped_gemm_s(self, direction: str, experts: int, rows: int, n: int, k: int) -> float | None:
+    def grouped_gemm_s(self, direction: str, experts: int, rows: int, n: int, k: int,
+                       table: str | None = None) -> float | None:
         """One grouped GEMM over `experts` experts of `rows` rows each, weight [n, k], in `direction` (fwd, dgrad,
         wgrad; planner/profile/grouped.py): the measured grouped-over-dense ratio at those rows per expert times
-        this profile's dense GEMM of all the rows, plus one launch. None where the profile measured none."""
+        this profile's dense GEMM of all the rows, plus one launch. None where the profile measured none.
+        table: the dense GEMM's table when not the measured call's own ('fp8': an FP8 grouped GEMM, modelled as the
+        FP8 dense GEMM of all the rows at the bf16 grouped call's measured ratio)."""
         if experts <= 0 or rows <= 0:
             return 0.0
         cache = self.__dict__.setdefault("_grouped_cache", {})
@@ -145,8 +148,8 @@ class Profile:
         if cache[key] is None:
             return None
         ratio, priced_rows = cache[key]
-        table, gm, gn, gk = dense_equivalent(direction, experts * priced_rows, n, k)
-        return ratio * (self.gemm_table_s(table, gm, gn, gk) - self.gemm_launch_s) + self.gemm_launch_s
+        own, gm, gn, gk = dense_equivalent(direction, experts * priced_rows, n, k)
+        return ratio * (self.gemm_table_s(table or own, gm, gn, gk) - self.gemm_launch_s) + self.gemm_launch_s
 
     def wgrad_s(self, m: int, n: int, k: int) -> float:
         if not self.wgrad_points:

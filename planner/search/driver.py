@@ -22,8 +22,8 @@ from planner.search.alternatives import _alternatives
 from planner.search.layouts import enumerate_layouts
 from planner.search.result import Pins, SearchResult, SearchStats
 from planner.search.scoring import _Candidate, _plan_of, _score
-from planner.search.stages import (ENUMERATE_CHOICES, SOLVE_WORK, _solve_concurrently, count_stage_choices,
-                                    enumerate_stages, greedy_stages)
+from planner.search.stages import (ENUMERATE_CHOICES, FIRST_SOLVE_WORK, SOLVE_WORK, _solve_concurrently,
+                                    count_stage_choices, enumerate_stages, greedy_stages)
 
 
 EXACT_TOLERANCE = 1e-12
@@ -119,6 +119,10 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     stats.phase_s["exact" if exact else "leaders"] = time.perf_counter() - t1
     if not evaluated:
         raise _no_fit(model, shape, cluster, profile, pins, stats, first_violation, least, limit, target)
+    if stats.layouts_legal <= LEADERS:  # a narrow search (pins): one more solve is affordable
+        evaluated[0] = _first_split_refined(evaluated[0], shape, limit, pins.recompute, stats)
+    else:
+        stats.first_split_proven = evaluated[0][2].split_proven
     best_s = evaluated[0][0]
     done = {id(e[2]) for e in evaluated}
     t2 = time.perf_counter()
@@ -269,11 +273,13 @@ def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_wo
     for c, few in zip(batch, small):
         if few:  # every choice played: exact for this layout
             out.append(enumerate_stages(c.cost, shape, limit, recompute))
+            c.split_proven = True
             continue
         res = next(solved_iter)
         stats.layouts_solved += 1
         stats.cpsat_variables += 3 * c.layout.num_virtual_stages
         stats.proven_optimal += int(res.proven_optimal)
+        c.split_proven = res.proven_optimal
         best = (math.inf, None)
         for stages in (c.greedy, res.stages if res.stages != c.greedy else None):  # each split played once
             if stages is not None:
@@ -284,6 +290,24 @@ def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_wo
                     best = (pred.step_s, stages)
         out.append(best)
     return out
+
+
+def _first_split_refined(first: tuple, shape, limit, recompute, stats) -> tuple:
+    """The first plan's entry (step, order, candidate, stages) with its layout's split solved once more at
+    FIRST_SOLVE_WORK when its solve at the search's work did not end optimal, the faster split played kept: a
+    function of that layout and the pins alone, so the first plan still does not depend on top_k or the entry
+    point. It only gets faster, so it stays first. stats.first_split_proven says whether its split is then proven."""
+    step, order, c, stages = first
+    if not c.split_proven:
+        res = _solve_concurrently([(c.cost, stages)], shape, limit, recompute, FIRST_SOLVE_WORK)[0]
+        stats.layouts_solved += 1
+        c.split_proven = res.proven_optimal
+        if res.stages is not None:
+            pred = c.cost.predict(res.stages)
+            if pred.step_s < step and max(pred.memory_gib_per_rank) * mem.GIB <= limit * (1 + 1e-9):
+                step, stages = pred.step_s, res.stages
+    stats.first_split_proven = c.split_proven
+    return step, order, c, stages
 
 
 def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_mem, limit, target=OURS) -> PlanError:

@@ -62,15 +62,20 @@ class SearchStats:
     """Default search: layouts not evaluated exactly whose lower bound is below the first plan's step (0: proven)."""
     faster_runner_up: bool = False
     """A runner-up (top_k beyond the evaluated leaders) plays faster than the first plan; it stays behind it."""
+    first_split_proven: bool = True
+    """Whether the first plan's layer split and recompute are proven the best of its layout: every choice played,
+    or CP-SAT's solve ended optimal (after a second solve at FIRST_SOLVE_WORK where the first did not)."""
 
     @property
     def optimality(self) -> str:
         """Whether the first plan is proven the best of every legal layout, in one phrase."""
+        split = "" if self.first_split_proven else \
+            " (its layer split is CP-SAT's best within its work limit, not proven optimal)"
         if self.exact or (not self.unevaluated_below_best and not self.faster_runner_up):
-            return "proven"
+            return "proven" + split
         n = self.unevaluated_below_best
         return (f"not proven: {n} layout{'s' if n != 1 else ''} with a lower bound below the best "
-                f"{'were' if n != 1 else 'was'} not evaluated (use --exact)")
+                f"{'were' if n != 1 else 'was'} not evaluated (use --exact)" + split)
 
 
 @dataclass

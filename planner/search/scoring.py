@@ -27,6 +27,9 @@ class _Candidate:
     greedy: list[StagePlan] | None = None
     greedy_tried: bool = False
     """greedy_stages, kept for the alternatives' searches (None: no split fits, or not tried yet)."""
+    split_proven: bool = False
+    """Whether its evaluated split is proven the best of its layout: every choice played (enumerate_stages), or
+    CP-SAT's solve ended optimal (for its closed-form model of the schedule)."""
 
 
 def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit: float, top_k: int,

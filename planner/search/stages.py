@@ -21,6 +21,12 @@ workers (before commit c643a23, 2026-12-02) the runners-up, and now and then the
 GPUs, between plans 0.2% apart), changed from run to run on a loaded machine. On twelve catalogue cases this finds
 the same first choices, one 0.05% better and one 0.015% worse (benchmarks/results/README.md; commit c643a23,
 2026-12-02), in about the same time."""
+FIRST_SOLVE_WORK = 0.2
+"""CP-SAT's deterministic time for the first plan's layout once more when its solve at SOLVE_WORK did not end optimal
+and the pins leave few layouts (the search's leaders are all of them, so it can afford one more solve): DeepSeek-V3's
+61 layers over DualPipe's 16 stages on 2048 H800s, pinned, stopped at its greedy split at SOLVE_WORK (23.44 s) and
+reached the optimum at 0.1 (22.19 s, 0.25 s on a 2-core machine, 2026-12-03). Not for wide searches: on the five
+cases of benchmarks/plan_speed.py a second solve at 0.1 found nothing faster and cost 0.3 s each."""
 SOLVE_WALL_CAP_S = 2.0
 """A guard on a solve with a work limit (SOLVE_WORK): only a far slower machine than a laptop reaches it."""
 

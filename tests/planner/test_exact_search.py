@@ -175,3 +175,28 @@ def test_every_dimension_pinned_evaluates_that_layout(profile):
     res = search(CATALOGUE["gpt-70b"], TrainingShape(2048, 1024), ClusterSpec(num_gpus=64), profile,
                  replace(pins, recompute=None), top_k=1)
     assert not res.pinned
+
+
+def test_a_narrow_search_solves_the_first_plans_split_again(profile):
+    """Where the pins leave few layouts, the first plan's split is solved once more at FIRST_SOLVE_WORK when the
+    search's own solve did not end optimal: starved of work (solve_work 1e-9, the greedy hint kept), the pinned
+    search returns the plan a search with ample work returns and says its split is proven; a search that cannot
+    prove its split says so."""
+    from planner.model import resolve_model
+    from planner.search.result import SearchStats
+    from planner.search.stages import greedy_stages
+
+    m, shape = resolve_model("gpt-1.3b"), TrainingShape(2048, 64)
+    cluster = ClusterSpec(num_gpus=8)
+    pins = Pins(tp=1, pp=4, vpp=2, dp=2, cp=1, ep=1, micro_batch=1, sharding="optimizer", cuda_graph=False)
+    starved = search(m, shape, cluster, profile, pins, top_k=1, solve_work=1e-9)
+    ample = search(m, shape, cluster, profile, pins, top_k=1, solve_work=1.0)
+    assert starved.stats.layouts_legal <= 16 and starved.stats.first_split_proven and ample.stats.first_split_proven
+    got = starved.plans[0]
+    assert got.layout == ample.plans[0].layout
+    assert got.prediction.step_s == pytest.approx(ample.plans[0].prediction.step_s, rel=1e-9)
+    cm = CostModel(m, shape, got.layout, cluster, profile)
+    greedy = greedy_stages(cm, shape, mem.plan_memory_limit_bytes(cluster))
+    assert got.prediction.step_s <= cm.predict(greedy).step_s * (1 + 1e-9)
+    assert "not proven optimal" in SearchStats(first_split_proven=False).optimality
+    assert SearchStats().optimality == "proven"

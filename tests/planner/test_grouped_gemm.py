@@ -99,3 +99,31 @@ def test_round_trip_and_corrupted_points(tmp_path):
     path.write_text(json.dumps(d))
     with pytest.raises(PlanError, match="is corrupted"):
         Profile.load(path)
+
+
+def test_fp8_experts_price_the_fp8_dense_gemm_at_the_grouped_ratio():
+    """A target whose experts run in FP8 (RuntimeTarget.fp8_experts; Megatron's TE GroupedLinear) prices an FP8
+    layout's grouped GEMMs as the FP8 dense GEMM of all their rows at the measured grouped ratio, times its FP8
+    factor (wgrad too where its wgrad is FP8); ours keeps them in bf16 whatever the layout."""
+    from planner.cost.targets import OURS, RuntimeTarget
+
+    prof = _with(_series("fwd") + _series("dgrad") + _series("wgrad"))
+    fp8_target = RuntimeTarget("t", fp8_experts=True, fp8_wgrad=True, fp8_gemm_factor=0.8)
+    spec = resolve_model("mixtral-8x7b")
+    lay = Layout(dp=2, ep=2, micro_batch=1, fp8=True)
+    cl = ClusterSpec(gpu="h200-sxm", num_gpus=2, gpus_per_node=2)
+    cm = CostModel(spec, TrainingShape(2048, 8), lay, cl, prof, target=fp8_target)
+    fwd, bwd = cm._grouped_gemm_fwd_bwd_s(8, 128, N, K)
+    launch = prof.gemm_launch_s
+
+    def fp8(direction):
+        _, m, n, k = dense_equivalent(direction, 8 * 128, N, K)
+        return 0.8 * (2.25 * (prof.gemm_table_s("fp8", m, n, k) - launch) + launch)
+    assert fwd == pytest.approx(fp8("fwd"), rel=1e-12)
+    assert bwd == pytest.approx(fp8("dgrad") + fp8("wgrad"), rel=1e-12)
+    bf16 = CostModel(spec, TrainingShape(2048, 8), lay, cl, prof, target=OURS)._grouped_gemm_fwd_bwd_s(8, 128, N, K)
+    assert bf16 == (pytest.approx(prof.grouped_gemm_s("fwd", 8, 128, N, K), rel=1e-12),
+                    pytest.approx(prof.grouped_gemm_s("dgrad", 8, 128, N, K)
+                                  + prof.grouped_gemm_s("wgrad", 8, 128, N, K), rel=1e-12))
+    no_fp8 = CostModel(spec, TrainingShape(2048, 8), replace(lay, fp8=False), cl, prof, target=fp8_target)
+    assert no_fp8._grouped_gemm_fwd_bwd_s(8, 128, N, K) == pytest.approx(bf16, rel=1e-12)
