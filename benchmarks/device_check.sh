@@ -7,6 +7,7 @@
 # cuda-tests   the test files that run on CUDA (Triton's CPU-interpreter cases are left to CI) -> $OUT/cuda-tests.xml (JUnit), .log
 # validation:SET  benchmarks/validation/SET/run.sh (plan validate of every plan of the set) -> $OUT/validation.csv, .plans.jsonl, .log
 # attention-backends  cuDNN against flash (FA2) attention at the power cap -> $OUT/attention-backends/ (benchmarks/attention_backends.py)
+# fp8-grouped-gemm  FP8 and bf16 grouped GEMMs against dense ones at the power cap -> $OUT/fp8-grouped-gemm/ (benchmarks/fp8_grouped_gemm.py)
 # trace:PLAN   a training run of PLAN with step 6 under torch.profiler -> $OUT/trace-<name>.txt (kernel tables)
 #
 # Wheels carried in .whl/ (OR-Tools and what it needs beyond the device's image) are installed first when present.
@@ -54,6 +55,11 @@ PY
         timeout 300 python3 benchmarks/attention_backends.py --out "$OUT/attention-backends" --at-power-cap \
             > "$OUT/attention-backends.log" 2>&1
         echo "attention-backends rc=$? ${SECONDS}s"
+        ;;
+    fp8-grouped-gemm)
+        timeout 300 python3 benchmarks/fp8_grouped_gemm.py --out "$OUT/fp8-grouped-gemm" --at-power-cap \
+            > "$OUT/fp8-grouped-gemm.log" 2>&1
+        echo "fp8-grouped-gemm rc=$? ${SECONDS}s"
         ;;
     trace:*)
         plan="${part#trace:}"; name="$(basename "$plan" .json)"
