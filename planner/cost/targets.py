@@ -98,7 +98,10 @@ class RuntimeTarget:
     fp8_experts: bool = False
     """Whether the MoE experts' grouped GEMMs run in FP8 too when the layout is FP8 (Transformer Engine's GroupedLinear
     under the FP8 recipe; DeepSeek-V3's FP8 framework, arXiv 2412.19437 Figure 6); priced as the FP8 dense GEMM of
-    all their rows at the measured bf16 grouped-over-dense ratio (Profile.grouped_gemm_s), times fp8_gemm_factor.
+    all their rows at the measured bf16 grouped-over-dense ratio (Profile.grouped_gemm_s), times fp8_gemm_factor:
+    modelled. torch's own FP8 grouped kernel measured 1.34-1.61x its dense FP8 GEMM at DeepSeek-V3's and
+    Qwen3-235B's expert shapes where bf16's is 0.95-1.41x (benchmarks/results/fp8-grouped-gemm, one H200), so for a
+    runtime on that kernel this is 1.3-1.5x fast; TE's and DeepSeek's kernels were not measured.
     False: ours, whose grouped experts (torch._grouped_mm) run in bf16."""
     tp_backward_beside_gemms: bool = False
     """Whether, with the TP overlap off (Layout.overlap_tp False), the backward's column-parallel collectives still
