@@ -216,7 +216,7 @@ def result_json(result: SearchResult, elapsed_s: float, target=None) -> str:
         "search": {"layouts_enumerated": st.layouts_enumerated, "layouts_legal": st.layouts_legal,
                    "layouts_bounded": st.layouts_bounded, "layouts_within_memory_bound": st.layouts_fit_bound, "layouts_greedy": st.layouts_greedy,
                    "layouts_cpsat": st.layouts_solved, "cpsat_proven_optimal": st.proven_optimal,
-                   "exact": st.exact, "optimality": st.optimality,
+                   "exact": st.exact, "optimality": st.optimality, "first_split_proven": st.first_split_proven,
                    "unevaluated_below_best": st.unevaluated_below_best,
                    "phase_s": st.phase_s, "elapsed_s": elapsed_s},
         "alternatives": [{"instead": a.label, "plan": a.plan.to_dict() if a.plan else None,

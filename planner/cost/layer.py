@@ -314,21 +314,23 @@ class LayerTerms:
             kv_bytes = BF16 * 2 * lay.micro_batch * (cp_kv_heads // t) * (s // lay.cp) * m.head_dim
             step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
             frac = self.target.cp_fraction(prof.overlap_hidden_fraction.get("cp", 0.0))
-            if self.target.cp_kv_all_gather:  # one gather beside the local block; dK, dV around the ring
+            # dK, dV: cp - 1 steps beside the blocks in bf16; in fp32 through every rank with the last step waited
+            # at once (RuntimeTarget.cp_fp32_buffers)
+            if self.target.cp_fp32_buffers:
+                grad_step = self.group_collective_s("send_recv", 2 * kv_bytes, lay.cp, self.strides["cp"]) \
+                    * prof.eff("cp")
+                grad_beside, grad_last = (lay.cp - 1) * grad_step, grad_step
+            else:
+                grad_beside, grad_last = (lay.cp - 1) * step, 0.0
+            if self.target.cp_kv_all_gather:  # one gather beside the local block (forward and backward)
                 gather = self.group_collective_s("all_gather", kv_bytes * lay.cp, lay.cp, self.strides["cp"]) \
                     * prof.eff("cp")
                 cp_f = exposed_s(gather, attn_f / lay.cp, frac, True)
-                cp_b = exposed_s(gather, attn_b / lay.cp, frac, True)
-                if self.target.cp_fp32_buffers:  # dK, dV in fp32 through every rank, the last step waited at once
-                    grad_step = self.group_collective_s("send_recv", 2 * kv_bytes, lay.cp, self.strides["cp"]) \
-                        * prof.eff("cp")
-                    cp_b += exposed_s((lay.cp - 1) * grad_step, attn_b * (lay.cp - 1) / lay.cp, frac, True) \
-                        + grad_step
-                else:
-                    cp_b += exposed_s((lay.cp - 1) * step, attn_b * (lay.cp - 1) / lay.cp, frac, True)
+                cp_b = exposed_s(gather, attn_b / lay.cp, frac, True) \
+                    + exposed_s(grad_beside, attn_b * (lay.cp - 1) / lay.cp, frac, True) + grad_last
             else:
                 cp_f = exposed_s((lay.cp - 1) * step, attn_f, frac, True)
-                cp_b = exposed_s(2 * (lay.cp - 1) * step, attn_b, frac, True)
+                cp_b = exposed_s((lay.cp - 1) * step + grad_beside, attn_b, frac, True) + grad_last
         else:
             cp_f = cp_b = 0.0
         comm["tp"], comm["cp"] = comm_tp_f + comm_tp_b, cp_f + cp_b

@@ -279,7 +279,8 @@ def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_wo
         stats.layouts_solved += 1
         stats.cpsat_variables += 3 * c.layout.num_virtual_stages
         stats.proven_optimal += int(res.proven_optimal)
-        c.split_proven = res.proven_optimal
+        # an infeasible solve proves nothing about a greedy split that fits (CP-SAT rounds memory up)
+        c.split_proven = res.proven_optimal and (res.stages is not None or c.greedy is None)
         best = (math.inf, None)
         for stages in (c.greedy, res.stages if res.stages != c.greedy else None):  # each split played once
             if stages is not None:
@@ -301,7 +302,9 @@ def _first_split_refined(first: tuple, shape, limit, recompute, stats) -> tuple:
     if not c.split_proven:
         res = _solve_concurrently([(c.cost, stages)], shape, limit, recompute, FIRST_SOLVE_WORK)[0]
         stats.layouts_solved += 1
-        c.split_proven = res.proven_optimal
+        stats.cpsat_variables += 3 * c.layout.num_virtual_stages
+        stats.proven_optimal += int(res.proven_optimal)
+        c.split_proven = res.proven_optimal and res.stages is not None
         if res.stages is not None:
             pred = c.cost.predict(res.stages)
             if pred.step_s < step and max(pred.memory_gib_per_rank) * mem.GIB <= limit * (1 + 1e-9):

@@ -69,13 +69,13 @@ class SearchStats:
     @property
     def optimality(self) -> str:
         """Whether the first plan is proven the best of every legal layout, in one phrase."""
-        split = "" if self.first_split_proven else \
-            " (its layer split is CP-SAT's best within its work limit, not proven optimal)"
+        split = "its layer split is CP-SAT's best within its work limit, not proven optimal"
         if self.exact or (not self.unevaluated_below_best and not self.faster_runner_up):
-            return "proven" + split
+            return "proven" if self.first_split_proven else f"layout proven; {split}"
         n = self.unevaluated_below_best
         return (f"not proven: {n} layout{'s' if n != 1 else ''} with a lower bound below the best "
-                f"{'were' if n != 1 else 'was'} not evaluated (use --exact)" + split)
+                f"{'were' if n != 1 else 'was'} not evaluated (use --exact)"
+                + ("" if self.first_split_proven else f"; {split}"))
 
 
 @dataclass

@@ -103,9 +103,12 @@ def _recompute_to_fit(terms, counts: list[int], recompute_pin: str | None,
     full = counts[:] if recompute_pin == "full" else [0] * V
     sel = counts[:] if recompute_pin == "selective" else [0] * V
     if recompute_pin is None:
-        for c in sorted(range(V), key=lambda c: -inflight[c]):
+        # selective recompute only where it frees memory (a runtime that already keeps no more than it would,
+        # RuntimeTarget.fp8_activation_cache, gains nothing from it and pays its time)
+        sel_pays = terms.sel_saving_bytes > 0
+        for c in sorted(range(V), key=lambda c: -inflight[c]) if sel_pays else ():
             while sel[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
-                sel[c] = min(counts[c], sel[c] + math.ceil(over / (inflight[c] * max(terms.sel_saving_bytes, 1.0))))
+                sel[c] = min(counts[c], sel[c] + math.ceil(over / (inflight[c] * terms.sel_saving_bytes)))
         for c in sorted(range(V), key=lambda c: -inflight[c]):
             while full[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
                 extra = terms.full_saving_bytes - terms.sel_saving_bytes  # selective -> full

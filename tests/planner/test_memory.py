@@ -280,7 +280,9 @@ def test_a_target_with_the_fp8_cache_plans_with_it(profile):
     lay = Layout(micro_batch=2, ep=2, dp=2, sharding="optimizer")
     cluster = ClusterSpec(num_gpus=4)
     cache = mem.Fp8ActivationCache()
-    with_cache = CostModel(m, SHAPE, lay, cluster, profile, target=RuntimeTarget("t", fp8_activation_cache=cache))
-    plain = CostModel(m, SHAPE, lay, cluster, profile, target=RuntimeTarget("t"))
+    shared: dict = {}  # one memo, as a search shares it: the target keeps the two apart
+    with_cache = CostModel(m, SHAPE, lay, cluster, profile, shared,
+                           target=RuntimeTarget("t", fp8_activation_cache=cache))
+    plain = CostModel(m, SHAPE, lay, cluster, profile, shared, target=RuntimeTarget("t"))
     assert with_cache.activations == mem.fp8_cached_layer_activations(m, SHAPE, lay, cache)
     assert plain.activations == mem.layer_activations(m, SHAPE, lay)

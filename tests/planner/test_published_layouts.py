@@ -121,21 +121,30 @@ def test_torchtitan_rows_as_run(rows):
 
 def test_megatron_rows_keep_megatrons_even_layer_split(rows):
     """Megatron splits the layers evenly over the pipeline's chunks unless told otherwise: GPT-OSS 120B's 36 layers
-    over PP4 run 9 per stage, however the planner would balance the 201K-vocabulary head; a row whose layers do not
-    divide (Llama 3.1 405B's 126 over 64 chunks on Megatron-Bridge) keeps the planner's split, and a source that
-    splits its own way (torchtitan) is not touched."""
+    over PP4 run 9 per stage, where the planner alone balances the 201K-vocabulary head (9/10/10/7); a row whose
+    layers do not divide (Llama 3.1 405B's 126 over 64 chunks on Megatron-Bridge) keeps the planner's split, and a
+    source that splits its own way (torchtitan) is not touched."""
+    from planner.cost import CostModel
+    from planner.search import search
+
     by_id, pr = rows
     t = load_target("megatron")
-    gpt_oss = pr.plan_row(by_id["mbridge-03"], t)
-    assert [s.layers for s in gpt_oss.stages] == [9, 9, 9, 9]
-    # the prediction is that split's: the same stages re-predicted give the same step
-    from planner.cost import CostModel
     row = by_id["mbridge-03"]
+    planners = search(row.model, row.shape, row.cluster, row.profile(), row.pins, top_k=1,
+                      target=pr.row_target(row, t)).plans[0]
+    assert [s.layers for s in planners.stages] != [9, 9, 9, 9]
+    gpt_oss = pr.plan_row(row, t)
+    assert [s.layers for s in gpt_oss.stages] == [9, 9, 9, 9]
+    # the prediction is that split's
     cm = CostModel(row.model, row.shape, gpt_oss.layout, row.cluster, row.profile(), target=pr.row_target(row, t))
     assert cm.predict(gpt_oss.stages).step_s == pytest.approx(gpt_oss.prediction.step_s, rel=1e-12)
-    assert sum(s.layers for s in pr.plan_row(by_id["mbridge-02"], t).stages) == 126
-    titan = pr.plan_row(by_id["titan24-06"], t)
-    assert [s.layers for s in titan.stages] != [126 // 8] * 8  # 126 does not divide by 8 anyway; the planner's
+    # a torchtitan row is returned as planned, whatever split it has
+    assert pr.megatron_split(by_id["titan24-06"], planners, t, row.profile()) is planners
+    # layers that do not divide: the planner's split stands
+    llama = by_id["mbridge-02"]
+    searched = search(llama.model, llama.shape, llama.cluster, llama.profile(), llama.pins, top_k=1,
+                      target=pr.row_target(llama, t)).plans[0]
+    assert [s.layers for s in pr.plan_row(llama, t).stages] == [s.layers for s in searched.stages]
 
 
 def test_stages_with_layer_counts_fit_recompute_per_rank(profile):
@@ -151,7 +160,7 @@ def test_stages_with_layer_counts_fit_recompute_per_rank(profile):
     m, shape = resolve_model("gpt-1.3b"), TrainingShape(2048, 32)
     lay = Layout(pp=4, vpp=2, dp=1, micro_batch=2, sharding="none", cuda_graph=False)
     cm = CostModel(m, shape, lay, ClusterSpec(num_gpus=4), profile)
-    counts = [3] * 8
+    counts = [4, 3, 2, 3, 3, 3, 4, 2]  # uneven, so that a stage read as another's shows
     roomy = stages_with_layer_counts(cm, shape, 1e15, counts)
     assert [s.layers for s in roomy] == counts and not any(s.full_recompute_layers or s.selective_recompute_layers
                                                            for s in roomy)
@@ -163,3 +172,11 @@ def test_stages_with_layer_counts_fit_recompute_per_rank(profile):
     assert any(s.full_recompute_layers or s.selective_recompute_layers for s in tight)
     assert max(cm.predict(tight).memory_gib_per_rank) * mem.GIB <= 0.8 * need
     assert stages_with_layer_counts(cm, shape, 1e6, counts) is None
+    # a runtime whose selective recompute frees nothing (DeepSeek-V3's FP8 activation cache) recomputes fully only
+    from planner.cost.targets import RuntimeTarget
+    cached = CostModel(m, shape, lay, ClusterSpec(num_gpus=4), profile,
+                       target=RuntimeTarget("t", fp8_activation_cache=mem.Fp8ActivationCache()))
+    need = max(cached.predict(stages_with_layer_counts(cached, shape, 1e15, counts)).memory_gib_per_rank) * mem.GIB
+    squeezed = stages_with_layer_counts(cached, shape, 0.9 * need, counts)
+    assert squeezed is not None and not any(s.selective_recompute_layers for s in squeezed)
+    assert any(s.full_recompute_layers for s in squeezed)

@@ -382,6 +382,16 @@ def test_torch_context_parallel_fp32_buffers_by_hand(profile):
         + exposed_s(3 * grad_step, attn_b * 3 / 4, frac, True) + grad_step
     assert cm.layer.comm_by_dim_s["cp"] == pytest.approx(want, rel=1e-9)
     assert cm.layer.comm_by_dim_s["cp"] > plain.layer.comm_by_dim_s["cp"]
+    # K, V with their own (GQA) heads: the passes over K and V take kv_heads / heads of the output's elements
+    gqa = _cost(profile, "llama3-8b", 4, kw, seq_gb, RuntimeTarget("t", cp_kv_all_gather=True, cp_fp32_buffers=True))
+    gqa_plain = _cost(profile, "llama3-8b", 4, kw, seq_gb, RuntimeTarget("t", cp_kv_all_gather=True))
+    kv_elems = m.num_kv_heads * (32768 // 4) * m.head_dim
+    pass_f = profile.memory_bound_s(torch_cp_fp32_pass_bytes(elems, kv_elems, 4)[0]) * profile.eff("compute")
+    assert gqa.layer.fwd_compute_s - gqa_plain.layer.fwd_compute_s == pytest.approx(pass_f, rel=1e-9)
+    # the ring (no all-gather) moves dK, dV in fp32 too, the last step exposed
+    ring = _cost(profile, "llama3-8b", 4, kw, seq_gb, RuntimeTarget("t", cp_fp32_buffers=True))
+    ring_plain = _cost(profile, "llama3-8b", 4, kw, seq_gb, RuntimeTarget("t"))
+    assert ring.layer.comm_by_dim_s["cp"] > ring_plain.layer.comm_by_dim_s["cp"]
 
 
 def test_exposed_all_gather_context_parallel(profile):
