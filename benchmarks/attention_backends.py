@@ -34,7 +34,8 @@ def measure(args) -> int:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from runtime.profiler import environment, kernels
+    from device_results import write_device_results
+    from runtime.profiler import kernels
     from runtime.profiler.build import ATTENTION_REPS
     from runtime.profiler.timing import at_power_cap
 
@@ -55,15 +56,8 @@ def measure(args) -> int:
                     rows.append({k: (round(v, 7) if isinstance(v, float) else v) for k, v in r.items()})
                     print(f"{backend:5} causal={causal!s:5} seq={seq:6}: fwd {r['fwd_tflops']:6.1f} "
                           f"bwd {r['bwd_tflops']:6.1f} TFLOP/s", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "attention_backends.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    prov = environment.describe(device, 1)
-    prov["at_power_cap"] = args.at_power_cap
-    prov["command"] = "python benchmarks/attention_backends.py " + " ".join(sys.argv[1:])
-    (args.out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    write_device_results(args.out, "attention_backends", rows, device, at_power_cap=args.at_power_cap,
+                         command="python benchmarks/attention_backends.py " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -12,8 +12,6 @@ runtime/profiler/environment.py), and prints the rows.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +23,8 @@ if str(ROOT) not in sys.path:
 def main(argv=None) -> int:
     import torch
 
-    from runtime.profiler import environment, kernels, shapes
+    from device_results import write_device_results
+    from runtime.profiler import kernels, shapes
     from runtime.profiler.build import ATTENTION_REPS
     from runtime.profiler.timing import at_power_cap
 
@@ -49,14 +48,7 @@ def main(argv=None) -> int:
                     continue
                 r = kernels.time_attention(**p, device=device, **ATTENTION_REPS["cuda"])
                 rows.append({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()})
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "attention_head_dims.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    prov = environment.describe(device, 1)
-    prov["at_power_cap"] = args.at_power_cap
-    (args.out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    write_device_results(args.out, "attention_head_dims", rows, device, at_power_cap=args.at_power_cap)
     for r in rows:
         print(f"causal={r['causal']!s:5} seq={r['seq']:6} d={r['head_dim']:3}: fwd {r['fwd_tflops']:6.1f} "
               f"bwd {r['bwd_tflops']:6.1f} TFLOP/s ({r['fwd_s'] * 1e3:.3f} / {r['bwd_s'] * 1e3:.3f} ms)")

@@ -17,8 +17,6 @@ DIR/provenance.json and prints the rows.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 from pathlib import Path
 
@@ -61,7 +59,7 @@ def _cases(torch, experts: int, rows: int, n: int, k: int, device):
 def measure(args) -> int:
     import torch
 
-    from runtime.profiler import environment
+    from device_results import write_device_results
     from runtime.profiler.timing import at_power_cap, time_fn
 
     if not torch.cuda.is_available():
@@ -86,15 +84,8 @@ def measure(args) -> int:
                     row[f"{kind}_grouped_over_dense"] = round(g / d, 4) if g and d else ""
                 rows_out.append(row)
                 print(", ".join(f"{key} {v}" for key, v in row.items()), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "fp8_grouped_gemm.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows_out[0]))
-        w.writeheader()
-        w.writerows(rows_out)
-    prov = environment.describe(device, 1)
-    prov.update(at_power_cap=args.at_power_cap, errors=errors,
-                command="python benchmarks/fp8_grouped_gemm.py " + " ".join(sys.argv[1:]))
-    (args.out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    write_device_results(args.out, "fp8_grouped_gemm", rows_out, device, at_power_cap=args.at_power_cap,
+                         errors=errors, command="python benchmarks/fp8_grouped_gemm.py " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -130,8 +130,8 @@ EVEN_SPLIT_SOURCES = ("nar21", "kor22", "nemo2407", "mbridge")
 asks otherwise (TransformerConfig: account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split,
 pipeline_model_parallel_layout and the first/last stage layer counts all default off; e.g. Megatron-Bridge's GPT-OSS
 120B recipe sets both account_for_* False and no layout, src/megatron/bridge/recipes/gpt_oss/gpt_oss.py at r0.4.0,
-3743c703d1, the 26.04.01 container's branch). Where the layers divide by PP x VPP the pinned plan keeps that split (planned_split_of); where they do not,
-the run must have split them its own way, and the planner's split stands."""
+3743c703d1, the 26.04.01 container's branch). Where the layers divide by PP x VPP the pinned plan keeps that split
+(megatron_split); where they do not, the run must have split them its own way, and the planner's split stands."""
 
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
 """Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
@@ -318,8 +318,6 @@ def plan_row(row: PublishedRow, target, free: bool = False, profile: Profile | N
 def megatron_split(row: PublishedRow, plan, target, profile: Profile):
     """`plan` with its layers split evenly over the pipeline's chunks where the row's runtime splits them so and
     they divide (EVEN_SPLIT_SOURCES); each rank's recompute refitted to memory (the pin's mode if pinned)."""
-    from dataclasses import replace as dc_replace
-
     from planner.cost import CostModel
     from planner.memory import plan_memory_limit_bytes
     from planner.search.stages import stages_with_layer_counts
@@ -335,7 +333,7 @@ def megatron_split(row: PublishedRow, plan, target, profile: Profile):
     stages = stages_with_layer_counts(cm, row.shape, plan_memory_limit_bytes(row.cluster), even, row.pins.recompute)
     if stages is None:
         return plan  # the even split does not fit as the planner counts memory: keep the planner's
-    return dc_replace(plan, stages=stages, prediction=cm.predict(stages))
+    return replace(plan, stages=stages, prediction=cm.predict(stages))
 
 
 def repredict(row: PublishedRow, plan, target, profile: Profile, play: bool = True):

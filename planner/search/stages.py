@@ -25,8 +25,9 @@ FIRST_SOLVE_WORK = 0.2
 """CP-SAT's deterministic time for the first plan's layout once more when its solve at SOLVE_WORK did not end optimal
 and the pins leave few layouts (the search's leaders are all of them, so it can afford one more solve): DeepSeek-V3's
 61 layers over DualPipe's 16 stages on 2048 H800s, pinned, stopped at its greedy split at SOLVE_WORK (23.44 s) and
-reached the optimum at 0.1 (22.19 s, 0.25 s on a 2-core machine, 2026-12-03). Not for wide searches: on the five
-cases of benchmarks/plan_speed.py a second solve at 0.1 found nothing faster and cost 0.3 s each."""
+reached the optimum at 0.1 (22.19 s, 0.25 s on a 2-core machine, 2026-12-03, the tree of 4ddf868). Not for wide
+searches: on the five cases of benchmarks/plan_speed.py a second solve at 0.1 found nothing faster and cost 0.3 s
+each (same machine, day and tree)."""
 SOLVE_WALL_CAP_S = 2.0
 """A guard on a solve with a work limit (SOLVE_WORK): only a far slower machine than a laptop reaches it."""
 
@@ -79,12 +80,11 @@ def stages_with_layer_counts(cm: CostModel, shape: TrainingShape, limit_bytes: f
     """The stages of a split fixed by its layer counts (one per virtual stage, in model order), as a runtime that
     splits the layers itself runs it (Megatron-LM splits them evenly by default): each rank recomputes what it must
     to fit, as greedy_stages does (_recompute_to_fit). None when a rank does not fit."""
-    num_micro = shape.global_batch // (cm.lay.micro_batch * cm.lay.dp)
     stages: list[StagePlan | None] = [None] * len(layers)
     for r in range(cm.lay.pp):
         js = cm.rank_chunks(r)
         counts = [layers[j] for j in js]
-        fitted = _recompute_to_fit(cm.memory_terms(r, num_micro), counts, recompute_pin, limit_bytes)
+        fitted = _recompute_to_fit(cm.memory_terms(r, cm.num_micro), counts, recompute_pin, limit_bytes)
         if fitted is None:
             return None
         for c, j in enumerate(js):
