@@ -46,21 +46,27 @@ FREE_FACTORS = {
     "ep_hidden_fraction": (0.0, 1.0),
     "fp8_gemm_factor": (0.5, 1.5),
     "host_factor": (0.25, 4.0),
+    "expert_factor": (0.5, 2.0),
+    "legacy_compute_factor": (0.5, 1.5),
 }
 """Each free factor and the range it is fitted in."""
 assert tuple(FREE_FACTORS) == MEGATRON_FACTORS
 
 START = {"compute_factor": 1.0, "tp_hidden_fraction": 0.5, "dp_hidden_fraction": 0.5, "ep_hidden_fraction": 0.5,
-         "fp8_gemm_factor": 1.0, "host_factor": 1.0}
+         "fp8_gemm_factor": 1.0, "host_factor": 1.0, "expert_factor": 1.0, "legacy_compute_factor": 1.0}
 """Where the fit starts. EP starts above 0: a plan decides its EP overlap (Layout.overlap_ep) by whether it pays, and
 at 0 it pays nothing, so the first layouts would leave it off and the fraction could not be fitted."""
 SCALE = 0.1
 """The robust loss's scale on log errors: rows within about 10% count as squares, rows further off grow linearly
 (soft L1), so that a row the model cannot express (an attention kind, a dispatcher) does not drag the others."""
 PRIOR_WEIGHT = 0.1
-"""Weight of the prior on log(kernel factor)^2: a factor 10% off 1.0 costs about what ten rows 10% off cost (the
-soft-L1 term of a row 10% off is about 0.004). With A100 and H100 rows both kinds of rows identify the two factors
-and the prior moves them by about 1%; with FP8 rows alone it holds their trade-off away from the ends of the ranges."""
+"""Weight of the prior on log(kernel factor)^2 (KERNEL_FACTORS): a factor 10% off 1.0 costs about what ten rows 10%
+off cost (the soft-L1 term of a row 10% off is about 0.004). Today's Megatron-Core rows are nearly all FP8, so the
+bf16 kernel factor and the FP8 GEMM factor trade against each other, and the prior holds their trade-off away from
+the ends of the ranges; the MoE factor rests on three rows and the legacy factor on one source, and the prior keeps
+them at 1.0 where the rows cannot tell."""
+KERNEL_FACTORS = ("compute_factor", "fp8_gemm_factor", "expert_factor", "legacy_compute_factor")
+"""The factors that scale kernel time (the others are hidden fractions and the host's)."""
 GRID_STEPS = 21
 LEVELS = 2
 ROUNDS = 3
@@ -84,10 +90,9 @@ def log_errors(planned, factors: dict, play: bool = False) -> list[float]:
 
 
 def loss(planned, factors: dict) -> float:
-    """Soft-L1 (robust least squares) over the rows' log errors, plus a weak prior holding the two kernel factors at
-    our kernels' rates (1.0) where the rows cannot tell them apart: with FP8 rows only, the bf16 kernel factor and the
-    FP8 GEMM factor trade against each other, and without the prior they run to the ends of their ranges."""
-    prior = PRIOR_WEIGHT * sum(math.log(factors[k]) ** 2 for k in ("compute_factor", "fp8_gemm_factor"))
+    """Soft-L1 (robust least squares) over the rows' log errors, plus a weak prior holding the kernel factors
+    (KERNEL_FACTORS) at our kernels' rates (1.0) where the rows cannot tell them apart (PRIOR_WEIGHT)."""
+    prior = PRIOR_WEIGHT * sum(math.log(factors[k]) ** 2 for k in KERNEL_FACTORS)
     return prior + sum(2 * SCALE * SCALE * (math.sqrt(1 + (e / SCALE) ** 2) - 1) for e in log_errors(planned, factors))
 
 

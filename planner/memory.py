@@ -361,6 +361,33 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
     return LayerActivations(none, selective, full, working)
 
 
+UNFUSED_CORE_KEPT_BYTES = 5
+"""Bytes per attention score an unfused attention core keeps for backward: the softmax output (2), the dropout mask
+(1) and the dropout output (2); Korthikanti et al. 2022 (arXiv 2205.05198) equation 1's 5as/h term (5 a s^2 b
+bytes per layer), the part its selective recompute drops."""
+UNFUSED_CORE_WORKING_BYTES = 9
+"""Bytes per score while an unfused core runs backward: the five kept (rematerialised under recompute) and the
+gradients of the dropout output and of the scores (2 each) at once."""
+
+
+def unfused_attention_score_elems(m: ModelSpec, shape: TrainingShape, lay: Layout) -> float:
+    """Attention scores of one micro-batch on one rank when the core is unfused: every query row of this rank's
+    heads against every key, the causal upper half included (the batched GEMM computes the whole square)."""
+    return lay.micro_batch * (m.num_heads / lay.tp) * (shape.seq_len / lay.cp) * shape.seq_len
+
+
+def unfused_core_layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout,
+                                   kept: LayerActivations) -> LayerActivations:
+    """`kept` (the layer's activations with a fused attention core) when the runtime runs the core unfused
+    (RuntimeTarget.unfused_attention): without recompute it also keeps its scores' softmax output, dropout mask
+    and dropout output (UNFUSED_CORE_KEPT_BYTES per score); selective recompute reruns the core and keeps none of
+    them (as Korthikanti's selective recompute does); its backward's working set holds UNFUSED_CORE_WORKING_BYTES
+    per score."""
+    e = unfused_attention_score_elems(m, shape, lay)
+    return LayerActivations(kept.none_bytes + UNFUSED_CORE_KEPT_BYTES * e, kept.selective_bytes, kept.full_bytes,
+                            kept.working_bytes + UNFUSED_CORE_WORKING_BYTES * e)
+
+
 def head_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> tuple[float, float]:
     """(kept per in-flight micro-batch, transient peak) on the stage holding the output layer and loss:
     final-norm input and output, and the cross-entropy's gradient of the logits, which

@@ -25,6 +25,15 @@ def dispatch_remote_nodes(top_k: int, nodes: int, groups: int = 0, group_limit: 
     return distinct * (nodes - 1) / nodes
 
 
+UNFUSED_CORE_FWD_BYTES = 3 + 5
+"""Memory-bound bytes per attention score of an unfused core's forward (LayerTerms._unfused_attention_s): Megatron's
+causal softmax reads the lower triangle (1 of 2 bytes on average) and writes the whole row (2); dropout reads the
+probabilities (2) and writes its output (2) and mask (1)."""
+UNFUSED_CORE_BWD_BYTES = 5 + 4
+"""The same for its backward: dropout's backward reads the gradient (2) and the mask (1) and writes the gradient (2);
+the softmax's reads the gradient and its output over the lower triangle (2) and writes the whole gradient (2)."""
+
+
 def torch_cp_fp32_pass_bytes(out_elems: float, kv_elems: float, cp: int) -> tuple[float, float]:
     """Bytes (forward, backward) of the memory-bound passes PyTorch's context_parallel (torch 2.6,
     torch/distributed/tensor/experimental/_attention.py, load balancing on) runs around its cp attention blocks on
@@ -57,6 +66,9 @@ class LayerTerms:
         if cache is not None:
             return self._memo("activations", lambda: mem.fp8_cached_layer_activations(self.m, self.shape, self.lay,
                                                                                      cache))
+        if self.target.unfused_attention:
+            return self._memo("activations", lambda: mem.unfused_core_layer_activations(
+                self.m, self.shape, self.lay, mem.layer_activations(self.m, self.shape, self.lay)))
         return self._memo("activations", lambda: mem.layer_activations(self.m, self.shape, self.lay))
 
     # -- per layer -----------------------------------------------------------------------------------
@@ -171,6 +183,30 @@ class LayerTerms:
         qkv_bytes = BF16 * tokens * (m.q_width + 2 * m.kv_width) / t
         return prof.memory_bound_s(2 * qkv_bytes), prof.memory_bound_s(3 * qkv_bytes)
 
+    def _unfused_attention_s(self) -> tuple[float, float]:
+        """(forward, backward) seconds of an unfused attention core on one rank (RuntimeTarget.unfused_attention),
+        as Megatron-LM ran it in 2021-22 (megatron/model/transformer.py, ParallelAttention at a8d172b31e and
+        CoreAttention at f602ac56bd): the scores by one batched GEMM (torch.baddbmm) over the whole s x s square, the
+        causal mask included; Megatron's fused causal softmax (scaled_upper_triang_masked_softmax), which reads the
+        lower triangle and writes the whole row; dropout on the probabilities (--attention-dropout 0.1 by default)
+        writing its output and a byte mask; the context by a second batched GEMM. Backward: the two GEMMs' four
+        gradients, dropout's backward (gradient and mask in, gradient out) and the softmax's (gradient and output
+        over the lower triangle in, the whole gradient out). The batched GEMMs are priced as the profile's GEMM of
+        all (micro-batch x heads) rows at once, the passes at its memory-bound bandwidth: per score
+        UNFUSED_CORE_FWD_BYTES forward, UNFUSED_CORE_BWD_BYTES backward."""
+        m, lay, prof = self.m, self.lay, self.prof
+        groups = lay.micro_batch * (m.num_heads // lay.tp)  # (sequence, head) pairs of this rank
+        s_q, s_k, d = self.shape.seq_len // lay.cp, self.shape.seq_len, m.head_dim
+        score_elems = mem.unfused_attention_score_elems(m, self.shape, lay)
+
+        def g(rows, n, k):  # a batched GEMM of `groups` [rows, k] x [k, n] products, as one of all their rows
+            return self.target.gemm_s("mm", prof.gemm_table_s("mm", groups * rows, n, k))
+        fwd = g(s_q, s_k, d) + g(s_q, d, s_k) + prof.memory_bound_s(UNFUSED_CORE_FWD_BYTES * score_elems)
+        # dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q
+        bwd = g(s_q, s_k, d) + g(s_k, d, s_q) + g(s_q, d, s_k) + g(s_k, d, s_q) \
+            + prof.memory_bound_s(UNFUSED_CORE_BWD_BYTES * score_elems)
+        return fwd, bwd
+
     def _layer(self) -> LayerCosts:
         m, lay, prof = self.m, self.lay, self.prof
         t, h, f = lay.tp, m.hidden, m.ffn_hidden
@@ -185,9 +221,12 @@ class LayerTerms:
         s = self.shape.seq_len
         ring = prof.eff("ring") if lay.cp > 1 else 1.0  # calibrated: the ring's blocks and merges
         cp_kv_heads = m.num_heads if self.target.cp_kv_expanded else m.num_kv_heads  # K, V heads as CP moves them
-        attn_f, attn_b = (ring * self.target.attention_s(
-            prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, bwd), bwd)
-            for bwd in (False, True))
+        if self.target.unfused_attention:
+            attn_f, attn_b = (ring * x for x in self._unfused_attention_s())
+        else:
+            attn_f, attn_b = (ring * self.target.attention_s(
+                prof.attention_s(lay.micro_batch, m.num_heads // t, s // lay.cp, s, m.head_dim, m.causal, bwd), bwd)
+                for bwd in (False, True))
         if lay.cp > 1 and self.target.cp_fp32_buffers:  # PyTorch's fp32 merges and accumulators around the blocks
             per_head = lay.micro_batch * s // lay.cp * m.head_dim
             pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head, cp_kv_heads // t * per_head, lay.cp)
@@ -255,7 +294,7 @@ class LayerTerms:
             stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) \
                 if self.stacks_expert_weights else 0.0
             rows_f_s, rows_b_s = self._moe_row_passes_s(tok_t, routed, h, lay.ep > 1)
-            xe = self.target.kernel_s(prof.eff("expert"))
+            xe = self.target.kernel_s(prof.eff("expert")) * self.target.expert_factor
             moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * xe
             moe_b = (rb + e1b + e2b + stack_s + rows_b_s) * xe
             # dispatch and combine all-to-alls, each way in forward and again in backward

@@ -23,6 +23,8 @@ RuntimeTarget is the identity and changes nothing.
   (`ep_a2a_beside_layer`; the plan's Layout.overlap_ep, which the search picks where it pays and `plan export`
   writes as --overlap-moe-expert-parallel-comm --delay-wgrad-compute) beside the other micro-batch's whole layer,
   `ep_hidden_fraction` of each window hidden (fitted);
+- its MoE layer (router, TE's fused permutes, GroupedLinear experts, their activation) at `expert_factor` times
+  ours on top of `compute_factor` (fitted on the MoE fit rows);
 - its pipeline schedules (1F1B, interleaved 1F1B): the same schedule play as ours (planner/schedule.py);
 - eager execution (no CUDA graph): the host issues each layer's kernels, `host_layer_s` per layer and micro-batch
   (forward and backward, a stated figure times the fitted `host_factor`); a stage runs at the slower of the GPU
@@ -69,6 +71,18 @@ class RuntimeTarget:
     host_layer_s: float = 0.0
     """Host time per layer and micro-batch (forward + backward); 0: the profile's host model (ours)."""
     host_factor: float = 1.0
+    """Scales host_layer_s (fitted)."""
+    expert_factor: float = 1.0
+    """The runtime's MoE layer kernels (router, permutes, grouped expert GEMMs, their activation) over ours, on top of
+    compute_factor. Megatron-Core runs the experts through Transformer Engine's GroupedLinear, its fused permutes and
+    its router where ours runs torch._grouped_mm (runtime/parallel/expert_mlp.py); in FP8 layouts it also absorbs
+    how far the FP8 grouped GEMMs run from the bf16 grouped-over-dense ratio they are priced at (fp8_experts).
+    Fitted on the MoE fit rows; 1: ours."""
+    legacy_compute_factor: float = 1.0
+    """compute_factor of Megatron-LM as it ran in 2021-22 (A100, fp16 / bf16, apex's fused kernels, no Transformer
+    Engine; the published rows of Narayanan et al. 2021 and Korthikanti et al. 2022, benchmarks/published_rows.
+    LEGACY_MEGATRON_SOURCES): fitted apart so that those rows do not set the factor of the Megatron-Core users run
+    today. Plans never read it; the published check prices those rows with it."""
     fp8_gemm_factor: float = 1.0
     """The runtime's FP8 GEMM time over the profile's FP8 GEMMs (ours quantises both operands per call with current
     scaling, runtime/parallel/fp8.py; TE's delayed scaling fuses the casts into the kernels before)."""
@@ -162,6 +176,12 @@ class RuntimeTarget:
     attention-fa2.json (measured by benchmarks/attention_backends.py; `attention_fa2`). 1: the profile's kernel."""
     attention_bwd_factor: float = 1.0
     """The same for the attention backward."""
+    unfused_attention: bool = False
+    """Whether the runtime runs the attention core unfused, as Megatron-LM did before FlashAttention (2021-22): the
+    whole s x s scores by a batched GEMM, a fused causal softmax, dropout, a second batched GEMM, each pass through
+    memory (planner/cost/layer.py LayerTerms._unfused_attention_s), and without recompute their softmax output,
+    dropout mask and dropout output kept for backward (planner.memory.unfused_core_layer_activations). False: a
+    fused kernel (ours, Megatron-Core with Transformer Engine)."""
     dual_pipe: bool = False
     """Whether the pipeline runs DeepSeek-V3's DualPipe (arXiv 2412.19437 section 3.2.1, Figure 5, Table 2) where the
     layout admits it (an even PP of at least 2, no interleaving, an even number of at least PP micro-batches;
@@ -233,7 +253,7 @@ class RuntimeTarget:
         fitted = self.provenance.get("fitted_on", "")
         return (f"megatron (Megatron-Core + Transformer Engine, eager; compute x{self.compute_factor:.3f}, TP overlap "
                 f"hides {self.tp_hidden_fraction:.0%}, DP overlap hides {self.dp_hidden_fraction:.0%} beyond a "
-                f"{self.dp_bucket_params / 1e6:.0f}M-parameter bucket, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, batch-level EP overlap hides {self.ep_hidden_fraction:.0%} (without it none), host {self.host_layer_s * self.host_factor * 1e3:.2f}"
+                f"{self.dp_bucket_params / 1e6:.0f}M-parameter bucket, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, MoE layer kernels x{self.expert_factor:.2f}, batch-level EP overlap hides {self.ep_hidden_fraction:.0%} (without it none), host {self.host_layer_s * self.host_factor * 1e3:.2f}"
                 f" ms per layer and micro-batch" + (f"; fitted on {fitted}" if fitted else "") + ")")
 
 
@@ -247,7 +267,7 @@ def target_file(name: str) -> Path:
 
 
 MEGATRON_FACTORS = ("compute_factor", "tp_hidden_fraction", "dp_hidden_fraction", "ep_hidden_fraction",
-                    "fp8_gemm_factor", "host_factor")
+                    "fp8_gemm_factor", "host_factor", "expert_factor", "legacy_compute_factor")
 """The megatron target's free factors (fitted by benchmarks/fit_megatron_target.py)."""
 
 

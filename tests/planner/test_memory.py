@@ -64,11 +64,9 @@ def test_megatron_shards_expert_states_over_tp_too():
     # dense over 64 ranks: 2 + 2 + 12 / 64 B; experts: ours 2 + 2 + 12 = 16 B, Megatron's 2 + 2 + 12 / 2 = 10 B
     assert mem.state_bytes(640, 10, lay) == 640 * (4 + 12 / 64) + 10 * 16
     assert mem.state_bytes(640, 10, lay, experts_over_tp=True) == 640 * (4 + 12 / 64) + 10 * 10
-    from planner.cost.targets import OURS, megatron_target
+    from planner.cost.targets import MEGATRON_FACTORS, OURS, megatron_target
     assert not OURS.expert_states_over_tp
-    assert megatron_target({k: 1.0 for k in ("compute_factor", "tp_hidden_fraction", "dp_hidden_fraction",
-                                             "ep_hidden_fraction", "fp8_gemm_factor", "host_factor")}
-                           ).expert_states_over_tp
+    assert megatron_target({k: 1.0 for k in MEGATRON_FACTORS}).expert_states_over_tp
 
 
 # tiny GPT: hidden 64, 4 heads, ffn 128, LayerNorm (mean and rstd: 8 B per token), micro-batch 2 x seq 32

@@ -34,10 +34,13 @@ def test_llama3_16k_gpu_dp_traffic_by_hand(rows):
     """llama3-02 (TP8 PP16 DP128, 16 micro-batches of one sequence): the exposed DP time is one reduce-scatter of
     4 B and one all-gather of 2 B per parameter of the largest rank (8 of the 126 layers and the embedding, over
     TP8: about 3.4e9) across 128 nodes at 50 GB/s per GPU: 3.4e9 x 6 B x 127/128 / 50e9 = 0.41 s, whatever the
-    micro-batch count (a reduce-scatter per micro-batch was 16 x 0.27 s)."""
+    micro-batch count (a reduce-scatter per micro-batch was 16 x 0.27 s). The target's DP overlap is set to hide
+    nothing here, so that the traffic itself is what is counted."""
+    from dataclasses import replace
+
     by_id, pr = rows
     row = by_id["llama3-02"]
-    plan = pr.plan_row(row, load_target("megatron"))
+    plan = pr.plan_row(row, replace(load_target("megatron"), dp_hidden_fraction=0.0))
     m = row.model
     params_rank = (8 * m.layer_params() + m.embedding_params()) / 8
     hand_s = params_rank * (4 + 2) * 127 / 128 / 50e9
@@ -180,3 +183,16 @@ def test_stages_with_layer_counts_fit_recompute_per_rank(profile):
     squeezed = stages_with_layer_counts(cached, shape, 0.9 * need, counts)
     assert squeezed is not None and not any(s.selective_recompute_layers for s in squeezed)
     assert any(s.full_recompute_layers for s in squeezed)
+
+
+def test_legacy_megatron_rows_priced_as_they_ran(rows):
+    """Narayanan's and Korthikanti's Megatron-LM ran the attention core unfused and is priced at its own fitted
+    kernel factor; rows of today's Megatron-Core keep the target's compute factor and a fused core."""
+    by_id, pr = rows
+    meg = load_target("megatron")
+    for rid in ("nar21-01", "kor22-05"):
+        t = pr.row_target(by_id[rid], meg)
+        assert t.unfused_attention and t.compute_factor == meg.legacy_compute_factor, rid
+    for rid in ("nemo2407-05", "mbridge-03", "titan24-01"):
+        t = pr.row_target(by_id[rid], meg)
+        assert not t.unfused_attention and t.compute_factor == meg.compute_factor, rid

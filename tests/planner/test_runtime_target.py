@@ -431,3 +431,48 @@ def test_dual_pipe_by_hand(profile):
         st = even_stages(24, kw2["pp"] * kw2.get("vpp", 1), "none")
         assert a.predict(st).step_s == _cost(profile, "gpt-1.3b", kw2["pp"], kw2, seq_gb,
                                              RuntimeTarget("t")).predict(st).step_s
+
+
+def test_unfused_attention_core_by_hand(profile):
+    """Megatron-LM's unfused core of 2021-22 (RuntimeTarget.unfused_attention): two batched GEMMs each way over the
+    whole s x s square (four in backward), 8 bytes of memory-bound passes per score forward and 9 backward, in place
+    of the fused kernel; selective recompute reruns it; without recompute the layer keeps 5 bytes per score more
+    (Korthikanti et al. 2022 equation 1: 5 a s^2 b per layer, over t with tensor parallelism), which selective
+    recompute drops."""
+    from planner.cost.layer import UNFUSED_CORE_BWD_BYTES, UNFUSED_CORE_FWD_BYTES
+
+    kw, seq_gb = dict(tp=2, micro_batch=2, sharding="none", cuda_graph=False), (2048, 16)
+    fused = _cost(profile, "gpt-1.3b", 2, kw, seq_gb, RuntimeTarget("t"))
+    unfused = _cost(profile, "gpt-1.3b", 2, kw, seq_gb, RuntimeTarget("t", unfused_attention=True))
+    m = resolve_model("gpt-1.3b")
+    a, s, b, t, d = m.num_heads, 2048, 2, 2, m.head_dim
+    groups, scores = b * a // t, b * a // t * s * s
+    assert (UNFUSED_CORE_FWD_BYTES, UNFUSED_CORE_BWD_BYTES) == (8, 9)
+
+    def g(rows, n, k):
+        return profile.gemm_table_s("mm", groups * rows, n, k)
+    c = profile.eff("compute")
+    core_f = (g(s, s, d) + g(s, d, s) + profile.memory_bound_s(8 * scores)) * c
+    core_b = (g(s, s, d) + 2 * g(s, d, s) + g(s, d, s) + profile.memory_bound_s(9 * scores)) * c
+    flash_f, flash_b = (profile.attention_s(b, a // t, s, s, d, True, bwd) * c for bwd in (False, True))
+    assert unfused.layer.fwd_compute_s - fused.layer.fwd_compute_s == pytest.approx(core_f - flash_f, rel=1e-9)
+    assert unfused.layer.bwd_compute_s - fused.layer.bwd_compute_s == pytest.approx(core_b - flash_b, rel=1e-9)
+    assert unfused.layer.selective_recompute_s - fused.layer.selective_recompute_s == pytest.approx(
+        core_f - flash_f, rel=1e-9)
+    assert core_f > 2 * flash_f  # the whole square and its passes: no fused kernel comes close
+    kept, kept_fused = unfused.activations, fused.activations
+    assert kept.none_bytes - kept_fused.none_bytes == 5 * a * s * s * b / t
+    assert kept.selective_bytes == kept_fused.selective_bytes and kept.full_bytes == kept_fused.full_bytes
+    assert kept.working_bytes - kept_fused.working_bytes == 9 * a * s * s * b / t
+
+
+def test_expert_factor_scales_the_moe_layer_only(profile):
+    """RuntimeTarget.expert_factor multiplies the MoE layer's kernels (linearly) and leaves a dense layer alone."""
+    kw, seq_gb = dict(micro_batch=1, sharding="none", cuda_graph=False), (4096, 8)
+    moe = [_cost(profile, "mixtral-8x7b", 1, kw, seq_gb, RuntimeTarget("t", expert_factor=f)).layer
+           for f in (1.0, 2.0, 3.0)]
+    steps = [b.fwd_compute_s - a.fwd_compute_s for a, b in zip(moe, moe[1:])]
+    assert steps[0] > 0 and steps[0] == pytest.approx(steps[1], rel=1e-9)
+    assert moe[1].bwd_compute_s > moe[0].bwd_compute_s
+    dense = [_cost(profile, "llama3-8b", 1, kw, seq_gb, RuntimeTarget("t", expert_factor=f)).layer for f in (1.0, 2.0)]
+    assert dense[0] == dense[1]
