@@ -6,7 +6,7 @@ Command that makes benchmarks/results/published/:
 
 Per row (benchmarks/published_rows.py builds its model, cluster and pins): (a) pinned to the published layout (TP, PP,
 VPP, DP and sharding, CP, EP, micro-batch, recompute, FP8; empty cells free), (b) a free search keeping only the
-precision; both with `--runtime megatron` (planner/cost/targets.py, factors from profiles/targets/megatron.json).
+numerics (FP8 or not, the main gradients' precision); both with `--runtime megatron` (planner/cost/targets.py, factors from profiles/targets/megatron.json).
 Rows whose GPU kind has no profile on this tree are reported as skipped. Writes summary.json (pinned error per
 split, feasibility, the share of rows where the free search reaches the published throughput), rows.csv, report.md,
 predicted_vs_published.png and provenance.json, replacing the last result (--force).

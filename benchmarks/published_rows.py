@@ -322,10 +322,12 @@ def row_target(row: PublishedRow, target):
 
 def plan_row(row: PublishedRow, target, free: bool = False, profile: Profile | None = None):
     """The best plan of `row` for `target`: pinned to the published layout, or (free) searched with only its
-    precision kept. Raises planner.errors.PlanError (NoFitError when no layout fits in memory)."""
+    numerics kept (FP8 or not, and the main gradients' precision, which Megatron-Core keeps in bf16 where the
+    others keep fp32: Pins.grad_dtype is a numerics choice the search does not make). Raises
+    planner.errors.PlanError (NoFitError when no layout fits in memory)."""
     from planner.search import search
 
-    pins = Pins(fp8=row.pins.fp8, cuda_graph=False) if free else row.pins
+    pins = Pins(fp8=row.pins.fp8, grad_dtype=row.pins.grad_dtype, cuda_graph=False) if free else row.pins
     profile = profile or row.profile()
     result = search(row.model, row.shape, row.cluster, profile, pins, top_k=1, target=row_target(row, target))
     plan = result.plans[0]
