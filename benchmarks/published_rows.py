@@ -126,15 +126,13 @@ MLA_LATENT_WIDTH = 1536 + 512 + 64
 """DeepSeek-V3 config.json: q_lora_rank + kv_lora_rank + qk_rope_head_dim, the up-projections' inputs kept per token."""
 
 LEGACY_MEGATRON_SOURCES = ("nar21", "kor22")
-"""Sources run on Megatron-LM as it was in 2021-22 (A100, before Transformer Engine): priced at the target's
+"""Sources run on Megatron-LM as it was in 2021-22 (A100, before Transformer Engine). Priced at the target's
 legacy_compute_factor, fitted on Narayanan's rows (fit) and checked on Korthikanti's (holdout), so that the factor
-of today's Megatron-Core (compute_factor) comes from the rows that ran it."""
-
-UNFUSED_ATTENTION_SOURCES = ("nar21", "kor22")
-"""Sources whose Megatron-LM ran the attention core unfused (RuntimeTarget.unfused_attention): batched GEMMs over
-the whole s x s scores, Megatron's fused causal softmax and dropout between them (megatron/model/transformer.py at
-a8d172b31e, April 2021, and at f602ac56bd, May 2022; FlashAttention reached Megatron-LM in 2023). Korthikanti et al.
-2022 name this core (QK^T, softmax, dropout, attention over V) as what selective recompute reruns."""
+of today's Megatron-Core (compute_factor) comes from the rows that ran it; and with the attention core unfused
+(RuntimeTarget.unfused_attention): batched GEMMs over the whole s x s scores, Megatron's fused causal softmax and
+dropout between them (megatron/model/transformer.py at a8d172b31e, April 2021, and at f602ac56bd, May 2022;
+FlashAttention reached Megatron-LM in 2023). Korthikanti et al. 2022 name this core (QK^T, softmax, dropout,
+attention over V) as what selective recompute reruns."""
 
 EVEN_SPLIT_SOURCES = ("nar21", "kor22", "nemo2407", "mbridge")
 """Sources run on Megatron-LM / Megatron-Core, which split the layers evenly over the pipeline's chunks unless a run
@@ -288,8 +286,7 @@ def row_target(row: PublishedRow, target):
     profile's fraction (PYTORCH_TP_OVERLAP_SOURCES), FlashAttention-2 (FA2_SOURCES) and PyTorch's context parallel
     (PYTORCH_CP_SOURCES) for torchtitan; Llama 3's exposed all-gather context parallel (EXPOSED_ALL_GATHER_CP_SOURCES);
     DeepSeek-V3's DualPipe (DUAL_PIPE_SOURCES) and FP8 activation cache (FP8_ACTIVATION_CACHE_SOURCES); 2021-22
-    Megatron-LM's unfused attention core (UNFUSED_ATTENTION_SOURCES) and its own kernel factor
-    (LEGACY_MEGATRON_SOURCES). Our own runtime's target
+    Megatron-LM's unfused attention core and its own kernel factor (LEGACY_MEGATRON_SOURCES). Our own runtime's target
     ('ours') is returned unchanged."""
     if getattr(target, "name", "ours") == "ours":
         return target
@@ -307,10 +304,8 @@ def row_target(row: PublishedRow, target):
         target = replace(target, cp_kv_all_gather=True, cp_hidden_fraction=0.0)
     if row.row_id.startswith(DUAL_PIPE_SOURCES):  # "both all-to-all and PP communication can be fully hidden"
         target = replace(target, dual_pipe=True, ep_a2a_beside_layer=True, ep_hidden_fraction=1.0)
-    if row.row_id.startswith(UNFUSED_ATTENTION_SOURCES):
-        target = replace(target, unfused_attention=True)
     if row.row_id.startswith(LEGACY_MEGATRON_SOURCES):
-        target = replace(target, compute_factor=target.legacy_compute_factor)
+        target = replace(target, unfused_attention=True, compute_factor=target.legacy_compute_factor)
     if row.row_id.startswith(FP8_ACTIVATION_CACHE_SOURCES):
         target = replace(target, fp8_activation_cache=Fp8ActivationCache(mla_latent_width=MLA_LATENT_WIDTH))
     if row.raw.get("ep_dispatch", "") == "per_node":  # DeepEP / DeepSeek-V3's kernels: once per node over IB

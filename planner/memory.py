@@ -376,13 +376,13 @@ def unfused_attention_score_elems(m: ModelSpec, shape: TrainingShape, lay: Layou
     return lay.micro_batch * (m.num_heads / lay.tp) * (shape.seq_len / lay.cp) * shape.seq_len
 
 
-def unfused_core_layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout,
-                                   kept: LayerActivations) -> LayerActivations:
-    """`kept` (the layer's activations with a fused attention core) when the runtime runs the core unfused
-    (RuntimeTarget.unfused_attention): without recompute it also keeps its scores' softmax output, dropout mask
+def unfused_core_layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerActivations:
+    """The layer's activations (layer_activations, with a fused attention core) when the runtime runs the core
+    unfused (RuntimeTarget.unfused_attention): without recompute it also keeps its scores' softmax output, dropout mask
     and dropout output (UNFUSED_CORE_KEPT_BYTES per score); selective recompute reruns the core and keeps none of
     them (as Korthikanti's selective recompute does); its backward's working set holds UNFUSED_CORE_WORKING_BYTES
     per score."""
+    kept = layer_activations(m, shape, lay)
     e = unfused_attention_score_elems(m, shape, lay)
     return LayerActivations(kept.none_bytes + UNFUSED_CORE_KEPT_BYTES * e, kept.selective_bytes, kept.full_bytes,
                             kept.working_bytes + UNFUSED_CORE_WORKING_BYTES * e)

@@ -67,8 +67,7 @@ class LayerTerms:
             return self._memo("activations", lambda: mem.fp8_cached_layer_activations(self.m, self.shape, self.lay,
                                                                                      cache))
         if self.target.unfused_attention:
-            return self._memo("activations", lambda: mem.unfused_core_layer_activations(
-                self.m, self.shape, self.lay, mem.layer_activations(self.m, self.shape, self.lay)))
+            return self._memo("activations", lambda: mem.unfused_core_layer_activations(self.m, self.shape, self.lay))
         return self._memo("activations", lambda: mem.layer_activations(self.m, self.shape, self.lay))
 
     # -- per layer -----------------------------------------------------------------------------------

@@ -276,21 +276,33 @@ def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_wo
             c.split_proven = True
             continue
         res = next(solved_iter)
-        stats.layouts_solved += 1
-        stats.cpsat_variables += 3 * c.layout.num_virtual_stages
-        stats.proven_optimal += int(res.proven_optimal)
+        _record_solve(stats, c, res)
         # an infeasible solve proves nothing about a greedy split that fits (CP-SAT rounds memory up)
         c.split_proven = res.proven_optimal and (res.stages is not None or c.greedy is None)
-        best = (math.inf, None)
-        for stages in (c.greedy, res.stages if res.stages != c.greedy else None):  # each split played once
-            if stages is not None:
-                pred = c.cost.predict(stages)
-                if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
-                    continue  # the solver rounds memory up and never allows this; kept as a guard
-                if pred.step_s < best[0]:
-                    best = (pred.step_s, stages)
-        out.append(best)
+        # each split played once
+        out.append(_fastest_fitting(c.cost, (c.greedy, res.stages if res.stages != c.greedy else None), limit))
     return out
+
+
+def _record_solve(stats, c: _Candidate, res) -> None:
+    """Count one CP-SAT solve of candidate `c`'s split in the search statistics."""
+    stats.layouts_solved += 1
+    stats.cpsat_variables += 3 * c.layout.num_virtual_stages
+    stats.proven_optimal += int(res.proven_optimal)
+
+
+def _fastest_fitting(cost, splits, limit, best: tuple = (math.inf, None)) -> tuple:
+    """(step, stages) of the fastest of `splits` (None ones skipped) as played, if faster than `best`; a split whose
+    played memory exceeds `limit` is passed over (the solver rounds memory up and never allows this; a guard)."""
+    for stages in splits:
+        if stages is None:
+            continue
+        pred = cost.predict(stages)
+        if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
+            continue
+        if pred.step_s < best[0]:
+            best = (pred.step_s, stages)
+    return best
 
 
 def _first_split_refined(first: tuple, shape, limit, recompute, stats) -> tuple:
@@ -301,14 +313,9 @@ def _first_split_refined(first: tuple, shape, limit, recompute, stats) -> tuple:
     step, order, c, stages = first
     if not c.split_proven:
         res = _solve_concurrently([(c.cost, stages)], shape, limit, recompute, FIRST_SOLVE_WORK)[0]
-        stats.layouts_solved += 1
-        stats.cpsat_variables += 3 * c.layout.num_virtual_stages
-        stats.proven_optimal += int(res.proven_optimal)
+        _record_solve(stats, c, res)
         c.split_proven = res.proven_optimal and res.stages is not None
-        if res.stages is not None:
-            pred = c.cost.predict(res.stages)
-            if pred.step_s < step and max(pred.memory_gib_per_rank) * mem.GIB <= limit * (1 + 1e-9):
-                step, stages = pred.step_s, res.stages
+        step, stages = _fastest_fitting(c.cost, (res.stages,), limit, (step, stages))
     stats.first_split_proven = c.split_proven
     return step, order, c, stages
 
