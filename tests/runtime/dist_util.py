@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -50,10 +51,17 @@ def is_network_flake(failure_text: str) -> bool:
     return any(word in failure_text for word in NETWORK_FLAKES) and "AssertionError" not in failure_text
 
 
-def run_workers(fn, world: int, *args, attempts: int = 2):
+def run_workers(fn, world: int, *args, attempts: int = 2, fresh_dirs: tuple[str, ...] = ()):
     """fn(rank, world, *args) in `world` processes; returns rank 0's result. fn must be importable. A run that
-    fails only with a NETWORK_FLAKES error is retried (up to `attempts` runs in all); any other failure is raised."""
+    fails only with a NETWORK_FLAKES error is retried (up to `attempts` runs in all); any other failure is raised.
+    fresh_dirs: folders the run writes into, emptied before a retry so that it starts as the first run did (a
+    checkpoint the broken run saved would otherwise be refused as already there)."""
     for attempt in range(1, attempts + 1):
+        if attempt > 1:
+            for folder in fresh_dirs:
+                for entry in os.listdir(folder):
+                    path = os.path.join(folder, entry)
+                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "result.pt")
             try:

@@ -59,7 +59,7 @@ def worker(rank, world, family, phases, ckpt_dir):
 def test_resume_under_another_plan(tmp_path, family, first, second):
     ref_losses, _ = _reference(family)
     phases = [(first, 2, True, False), (second, 2, False, True)]
-    out = run_workers(worker, 2, family, phases, str(tmp_path))
+    out = run_workers(worker, 2, family, phases, str(tmp_path), fresh_dirs=(str(tmp_path),))
     (l1, s1), (l2, s2), refusal = out
     assert s2 == 2
     for a, b in zip(ref_losses, l1 + l2):

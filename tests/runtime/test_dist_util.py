@@ -21,6 +21,16 @@ def flaky_then_fine(rank, world, marker_dir):
     return "done"
 
 
+def writes_then_flakes_once(rank, world, marker_dir, out_dir):
+    """Leaves a file in out_dir, then loses its rendezvous on the first run; returns what out_dir held at start."""
+    import torch.distributed as dist
+    found = sorted(os.listdir(out_dir))
+    open(os.path.join(out_dir, "step-2"), "w").close()
+    if _count_attempt(marker_dir) == 1:
+        raise dist.DistNetworkError("Connection reset by peer")
+    return found
+
+
 def always_wrong(rank, world, marker_dir):
     _count_attempt(marker_dir)
     assert 1 + 1 == 3, "the code under test is wrong"
@@ -29,6 +39,16 @@ def always_wrong(rank, world, marker_dir):
 def test_a_broken_rendezvous_is_run_again(tmp_path):
     assert run_workers(flaky_then_fine, 1, str(tmp_path)) == "done"
     assert len(os.listdir(tmp_path)) == 2
+
+
+def test_a_rerun_starts_with_its_output_folder_as_the_first_run_did(tmp_path):
+    """What the broken run wrote into a fresh_dirs folder is gone before the rerun (a checkpoint it saved would be
+    refused as already there); other folders are left as they are."""
+    marker, out = tmp_path / "marker", tmp_path / "out"
+    marker.mkdir()
+    out.mkdir()
+    assert run_workers(writes_then_flakes_once, 1, str(marker), str(out), fresh_dirs=(str(out),)) == []
+    assert len(os.listdir(marker)) == 2 and os.listdir(out) == ["step-2"]
 
 
 def test_a_failed_assertion_is_not_run_again(tmp_path):
