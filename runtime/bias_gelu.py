@@ -5,9 +5,9 @@ The fc1 GEMM runs without its bias (ColumnParallelLinear.skip_bias_add); this fu
 y (the GEMM output, what the plain GELU kept). Backward computes dy = gelu'(y + b) * g and, in the same pass,
 per-program column partial sums of dy; one small kernel (runtime/norm.py's sum_partials) adds them up straight
 into the bias's main gradient where the optimizer gave it one (tensor.claim_main_grad's protocol), else into a
-new tensor. Why: the bias gradient was a separate reduction over dY [tokens, ffn] after GELU's backward had just
-written it: 24 x 50 us of a GPT-1.3B step on one H200 (2026-12-01 kernel table, commit f0cd39e: 3.7 ms in the four
-bias sums of each layer, fc1's the largest).
+new tensor. Why: unfused, the bias gradient is a separate reduction over dY [tokens, ffn] right after GELU's
+backward has written it: 24 x 50 us of a GPT-1.3B step (3.7 ms in the four bias sums of each layer, fc1's the
+largest).
 
 On CUDA (and under Triton's interpreter) one Triton kernel each way; elsewhere PyTorch's ops.
 """
@@ -78,9 +78,9 @@ _BWD_BLOCK = (2, 1024)
 _BWD_ROWS_PER_PROG = 64
 _BWD_WARPS = 4
 """Backward tiles: 2 rows x 1024 columns, 64 rows per program, 4 warps, the fastest of 40 shapes x rows per program
-x warps timed on an H200 (2026-12-01, commit d2522a6, gpu/tune_bias_gelu.py): 155 us at 8192 x 8192 (GPT-1.3B's fc1 at
-micro-batch 4) and 279 us at 32768 x 4096, partial sums included, against 185 / 338 us for PyTorch's GELU
-backward plus the column sum; the first choice, 16 x 256 over 256 rows, took 265 / 516 us. 8192 rows make a
+x warps timed: 155 us at 8192 x 8192 (GPT-1.3B's fc1 at micro-batch 4) and 279 us at 32768 x 4096, partial sums
+included, against 185 / 338 us for PyTorch's GELU backward plus the column sum, and 265 / 516 us for 16 x 256
+tiles over 256 rows. 8192 rows make a
 128-row partial-sum table (4 MiB fp32)."""
 
 

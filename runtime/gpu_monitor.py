@@ -1,7 +1,7 @@
 """The GPUs' clock and power while plans run (`plan validate`): nvidia-smi sampling in the background.
 
 Why: under sustained load a GPU runs at its power cap, below its boost clock, and how far below depends on the
-work (2026-12-01, commit ffaabd5: an H200 held 1485-1665 MHz at 700 W, and a step's time moved 2-9% with it). A prediction that
+work (an H200 at its 700 W cap holds 1485-1665 MHz, and a step's time moves 2-9% with it). A prediction that
 misses by a few percent is easier to read next to the clock the GPU actually held.
 
 `GpuMonitor` starts `nvidia-smi --query-gpu=... -lms 200` (the driver's own tool: no extra Python dependency)

@@ -2,7 +2,7 @@
 
 Without it the host issues every kernel of the step itself, about 50 per layer, and for small layers or
 TP > 1 it issues them more slowly than the GPU runs them: the step is host-paced, slower than its GPU time
-and as variable as the host (benchmarks/results/README.md, 2026-11-30). A graph captured once and replayed
+and as variable as the host. A graph captured once and replayed
 every step takes the host out: the step runs at the GPU's pace.
 
 What a replay needs, and where it comes from:
@@ -39,9 +39,9 @@ _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 def side_stream() -> torch.cuda.Stream:
     """One warm-up/capture stream per device for the whole process. cuBLAS keeps a 32 MiB workspace per stream
-    that ran a GEMM, for the life of the process: a new stream per GraphedStep leaked two of them per plan when
-    `plan validate` ran plans back to back, and later plans peaked up to 2 GiB above their first-run figure
-    (a 100-plan sweep against the same plan run alone, 2026-11-30, H200, fixed in commit edf4dbd)."""
+    that ran a GEMM, for the life of the process: a new stream per GraphedStep would leak two of them per plan
+    when `plan validate` runs plans back to back, and in a 100-plan sweep later plans would peak up to 2 GiB
+    above the same plan run alone."""
     dev = torch.cuda.current_device()
     if dev not in _SIDE_STREAMS:
         _SIDE_STREAMS[dev] = torch.cuda.Stream()
@@ -84,8 +84,8 @@ class GraphedStep:
     def _on_capture_stream(self, fn, micro_batches):
         """Run an eager warm-up step on the stream the capture will use. Autograd runs a parameter's gradient
         accumulation on the stream where its AccumulateGrad node was made, and those nodes outlive a step
-        (the optimizer's hooks hold them): made on the default stream, they made the captured backward wait
-        on the legacy stream, and capture failed (the MoE layer, 2026-11-30, commit 8a1a9da). PyTorch's recipe: warm up on a
+        (the optimizer's hooks hold them): made on the default stream, they make the captured backward wait
+        on the legacy stream, and capture fails (as it does for the MoE layer). PyTorch's recipe: warm up on a
         side stream."""
         if self.stream is None:
             self.stream = side_stream()

@@ -5,10 +5,9 @@ local expert g, rows grouped by expert as torch._grouped_mm takes them (group g 
 offsets on the device). main_grad is the [experts, N, K] view of the experts' main gradients that
 runtime/parallel/flat_buffer.py lays out back to back.
 
-Why: torch._grouped_mm writes a bf16 [experts, N, K] gradient and cannot accumulate, so every micro-batch then
-added it into main_grad (read 2 + 4, write 4 bytes per parameter): 12 ms of the 232 ms of GPU time of a step of the
-EP bar's MoE on one H200 (2026-12-01, commit 1cc54a4), where the dense layers' weight-gradient GEMMs accumulate in fp32
-themselves (runtime/parallel/tensor.py, weight_grad). Here each program owns one [BLOCK_N, BLOCK_K] tile of one
+Why: torch._grouped_mm writes a bf16 [experts, N, K] gradient and cannot accumulate, so every micro-batch would
+then add it into main_grad (read 2 + 4, write 4 bytes per parameter): 12 ms of the 232 ms of GPU time of a step of
+the EP bar's MoE, where the dense layers' weight-gradient GEMMs accumulate in fp32 themselves (runtime/parallel/tensor.py, weight_grad). Here each program owns one [BLOCK_N, BLOCK_K] tile of one
 expert's gradient, runs over that expert's rows in fp32, and adds the tile into main_grad (or writes it, on the
 step's first micro-batch).
 
@@ -46,9 +45,9 @@ if triton is not None:
             acc += tl.load(out, mask=omask, other=0.0)
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
-    # the five best of 12 tiles x 2 forms (pointers here; block pointers ran 2-5% slower) at the EP bar's shapes on
-    # one H200 (2026-12-01, commit dea8803, `tune.jsonl`): 128 x 256 x 64, 8 warps, 3 stages first, at 88-90% of
-    # torch._grouped_mm's CUTLASS kernel (which cannot accumulate); 4-warp and 256 x 256 tiles ran 5-8x slower
+    # the five best of 12 tiles x 2 forms (pointers here; block pointers run 2-5% slower) at the EP bar's shapes:
+    # 128 x 256 x 64, 8 warps, 3 stages first, at 88-90% of torch._grouped_mm's CUTLASS kernel (which cannot
+    # accumulate); 4-warp and 256 x 256 tiles run 5-8x slower
     _CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_R": br}, num_warps=8, num_stages=s)
                 for bn, bk, br, s in ((128, 256, 64, 3), (128, 256, 64, 4), (256, 128, 32, 4), (256, 128, 64, 3),
                                       (128, 128, 64, 3))]

@@ -1,7 +1,7 @@
 """What is alive at a step's memory peak, from the CUDA caching allocator's own history.
 
 `torch.cuda.max_memory_allocated()` says how high a step went, not what it held there. When a run peaks above
-the planner's memory prediction (benchmarks/results/README.md lists the patterns), this names the tensors:
+the planner's memory prediction, this names the tensors:
 `plan launch --memory-step N --memory-out PREFIX` records the allocator's history (allocations and frees with
 their Python stacks, `torch.cuda.memory._record_memory_history`) during step N, replays it to the peak, and
 writes PREFIX.rank<r>.json: the bytes allocated before the step (weights, gradients, optimizer states,
@@ -34,8 +34,17 @@ def peak_live(events: list[dict], baseline_bytes: int, top: int = 40) -> dict:
     """Replay allocator events (dicts with 'action', 'addr', 'size', 'frames'): the peak of baseline + live
     allocations and what was alive at it, grouped by allocation site, largest first. An allocation's memory
     returns at 'free_completed' (a 'free_requested' one may still be in use by another stream); so does the
-    memory of a block allocated before the step (in the baseline) when the step frees it. The first traces
-    (2026-11-30, commit 7baa891) ignored those frees, and FSDP's trace peaked 2.6 GiB above the run's max_memory_allocated."""
+    memory of a block allocated before the step (in the baseline) when the step frees it; a replay that ignores
+    those frees overstates the peak (by 2.6 GiB above max_memory_allocated for an FSDP step).
+
+    Args:
+        events: the allocator's trace entries of the step, oldest first.
+        baseline_bytes: bytes allocated when the step began.
+        top: how many allocation sites to list.
+
+    Returns:
+        A dict of MiB figures (baseline, peak, baseline freed before the peak, allocated in the step at the
+        peak) and `at_peak`, the `top` allocation sites alive at the peak, largest first."""
     live: dict[int, dict] = {}
     cur = peak = baseline_bytes
     peak_at = -1

@@ -5,12 +5,11 @@
   dispatch gather (a token's gradient is the sum of its k copies' gradients).
 - `combine_backward(g, src, y, w)`: the combine's backward, gy[i] = w[i] * g[src[i]] and gw[i] = <g[src[i]], y[i]>.
 
-Why: PyTorch ran the combine as a broadcast multiply, a gather and a sum over the k copies, and its backward as
-a gather, two multiplies and a row reduction: the EP bar's MoE spent about 17 ms more than its dense twin in
-multiply, sum and gather kernels per step of 257 ms of GPU time on one H200 (8 layers, hidden 2048, top-2,
-4 micro-batches of 8192 tokens; 2026-12-01 kernel tables, commit 8b9310b), where one pass over the rows takes well
-under 1 ms. Sums and dot products accumulate in fp32. The
-weights are rounded to the rows' precision first, as `y * w.to(y.dtype)` did.
+Why: PyTorch runs the combine as a broadcast multiply, a gather and a sum over the k copies, and its backward as
+a gather, two multiplies and a row reduction: the EP bar's MoE (8 layers, hidden 2048, top-2, 4 micro-batches of
+8192 tokens) spends about 17 ms more than its dense twin in those multiply, sum and gather kernels per step of
+257 ms of GPU time, where one pass over the rows takes well under 1 ms. Sums and dot products accumulate in fp32.
+The weights are rounded to the rows' precision first, as `y * w.to(y.dtype)` does.
 
 On CUDA (and under Triton's interpreter) Triton kernels, compiled per row width (a constant, so the column loop
 has static bounds, which older interpreters need); elsewhere the same arithmetic in PyTorch.

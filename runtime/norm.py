@@ -4,19 +4,19 @@ s = x + delta (the new residual stream; s = x when delta is None) and y = norm(s
 Why: a pre-norm layer adds a branch's output to the residual stream and normalises the sum right away, and
 in backward the residual's gradient and the norm's input gradient meet in another add. PyTorch runs that as
 an add, a norm, and in backward a norm input-gradient kernel, a separate weight/bias-gradient reduction and a
-gradient add: five passes over [tokens, hidden]. One GPT-1.3B step on one H200 spent 7.8 ms of its 131 ms in
-them (2026-11-30 kernel table, commit ac37376); torch.compile's anchor fuses them into two. On CUDA (and under Triton's
-interpreter) this module does the same: forward is one Triton kernel (add, statistics, normalise; it writes
-s, y and the fp32 mean / rstd per row), backward one kernel that writes ds = norm_backward(dy) + ds_residual
-and per-program partial sums of the weight and bias gradients (summed over programs afterwards).
+gradient add: five passes over [tokens, hidden], about 7.8 ms of a 131 ms GPT-1.3B step; torch.compile's
+anchor fuses them into two. On CUDA (and under Triton's interpreter) this module does the same: forward is one
+Triton kernel (add, statistics, normalise; it writes s, y and the fp32 mean / rstd per row), backward one kernel
+that writes ds = norm_backward(dy) + ds_residual and per-program partial sums of the weight and bias gradients
+(summed over programs afterwards).
 
-A Triton LayerNorm was tried on 2026-11-30 and dropped: it added host time per call and TP2 steps, paced by
-the host then, got slower. Since commit 8a1a9da a step is one CUDA graph replay where the plan allows it, so host
-time per call no longer reaches the GPU there; eager steps still pay about as much as PyTorch's own kernels.
+Host time: each call costs about as much host time as PyTorch's own norm kernels. Where the plan allows a
+CUDA-graph step (runtime/graph.py) that host time does not reach the GPU; an eager step pays it, and a step
+paced by the host (small layers under tensor parallelism) gains nothing from this fusion.
 
 What is kept for backward: s (the norm input, as PyTorch's norms keep their input) and rstd (and LayerNorm's
-mean) in fp32, the same as before. Where Triton does not run (CPU without the interpreter, non-contiguous input, hidden
-beyond _MAX_HIDDEN) PyTorch's ops compute the same thing with autograd.
+mean) in fp32. Where Triton does not run (CPU without the interpreter, non-contiguous input, hidden beyond
+_MAX_HIDDEN) PyTorch's ops compute the same thing with autograd.
 """
 from __future__ import annotations
 
@@ -108,9 +108,9 @@ if triton is not None:
             tl.store(db_part_ptr + pid * n + cols, db, mask=mask)
 
     # The partial rows are few and short (4 x SMs rows of hidden fp32): the work is latency, not bandwidth, and
-    # which tile hides it best depends on the width. A fixed 128-column tile over 32-row steps took 122 us per
-    # call at 1056 x 2048 (one H200, 2026-12-01, commit a799607: 6 ms of a GPT-1.3B step). The tile is tuned once per shape on
-    # scratch outputs (sum_partials, in an eager step before any CUDA-graph capture), never on main_grad.
+    # which tile hides it best depends on the width (a fixed 128-column tile over 32-row steps takes 122 us per
+    # call at 1056 x 2048, 6 ms of a GPT-1.3B step). The tile is tuned once per shape on scratch outputs
+    # (sum_partials, in an eager step before any CUDA-graph capture), never on main_grad.
     @triton.jit
     def _sum_partials_kernel(part_ptr, out_ptr, out_stride, n, PARTS: tl.constexpr, ACCUMULATE: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):

@@ -4,8 +4,8 @@ head_dim and scaled by q_weight, every head of k likewise by k_weight, and v is 
 
 Why: PyTorch's RMSNorm over [s, b, heads, head_dim] views of the qkv output copies the strided views to
 contiguous memory, runs a layer-norm kernel over 128-wide rows at about a quarter of its rate on hidden-wide rows,
-and needs a concatenation to put q and k back beside v for the fused rotary. A qwen3-8b-8l step on an H200
-(micro-batch 1) spent about 51 ms of its 0.79 s in those kernels (2026-12-02, commit fd63a9d); the cost model priced 10 ms.
+and needs a concatenation to put q and k back beside v for the fused rotary: about 51 ms of a 0.79 s
+qwen3-8b-8l step at micro-batch 1, where the cost model prices 10 ms.
 Here the qkv output is read once and the normalised qkv written once; backward reads it, its gradient and the
 per-head rstd, writes the input gradient and per-program partial sums of the two weights' gradients (summed by
 runtime/norm.py's sum_partials, straight into their fp32 main_grad where the optimizer gave one).
@@ -25,9 +25,9 @@ _ROWS_PER_BLOCK = 16
 """Head rows per forward program (16 x 128 elements: 4 warps)."""
 
 BWD_ROWS_PER_BLOCK = 64
-"""Head rows per step of a backward program. 64 / 8 / 4 was the fastest of benchmarks/tune_qk_norm.py's 18 choices
-at Qwen3-8B's shape (4096 tokens, head dimension 128) on one H200 (2026-12-02, tree fd63a9d, tune_qk_norm.csv in benchmarks/results of commit e14e583): 178 us
-against 282 us for the earlier 16 / 4 / 4."""
+"""Head rows per step of a backward program. 64 rows, 8 programs per SM and 4 warps is the fastest of
+benchmarks/tune_qk_norm.py's 18 choices at Qwen3-8B's shape (4096 tokens, head dimension 128): 178 us against
+282 us for 16 / 4 / 4 (benchmarks/results/tune-qk-norm/)."""
 
 BWD_PROGRAMS_PER_SM = 8
 """Backward programs per SM, each a contiguous run of row blocks (and one partial row of each weight gradient)."""

@@ -5,11 +5,12 @@ k, v [b, kv_heads, s, d], contiguous, with q and k rotated (rotate-half, the Lla
 x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]). Backward writes dqkv [s, b, (heads + 2 kv_heads) d]
 from dq, dk, dv with the inverse rotation, in one pass.
 
-Why: PyTorch ran rotary as a negation, a concatenation, two broadcast multiplies and an add for each of q and
+Why: PyTorch runs rotary as a negation, a concatenation, two broadcast multiplies and an add for each of q and
 k, plus a copy of v, and in backward as many again plus the concatenation of dq, dk, dv into the qkv gradient;
 each pass reads and writes the whole of q or k. One pass each way reads and writes each element once: the EP
-bar's dense Llama-style model (hidden 2048, 16 heads, 4 KV heads) ran 7.9-8.6% faster with it, llama-1b-gqa
-8.8-9.6% (one H200, 2026-12-01, commit 8b9310b, before and after in the same run). It computes in fp32 and rounds once (PyTorch's version rounded each product and the sum to bf16).
+bar's dense Llama-style model (hidden 2048, 16 heads, 4 KV heads) runs 7.9-8.6% faster with it than with
+PyTorch's ops, llama-1b-gqa 8.8-9.6%. It computes in fp32 and rounds once (PyTorch's ops round each product and
+the sum to bf16).
 It keeps nothing for backward but the (shared) cos / sin tables.
 
 On CUDA (and under Triton's interpreter) one Triton kernel each way; elsewhere runtime/attention.py's apply_rotary.

@@ -30,10 +30,11 @@ back at the block's owner).
 Block kernels: on CUDA with fp16/bf16 inputs, cuDNN's fused attention when torch has it
 (aten._scaled_dot_product_cudnn_attention[_backward], the kernel that F.scaled_dot_product_attention picks
 on Hopper, so a CP rank runs the same attention kernel as the one-GPU model), else torch's flash-attention
-(aten._scaled_dot_product_flash_attention[_backward], FA2: on H200 it ran the 32k CP2 step at 65% of one
-GPU on 2026-11-30, commit 2035b96); otherwise a plain fp32 math implementation. All three return the natural-log
-log-sum-exp the merge needs, and their backward takes the final out and lse. GQA: K/V travel with their own (fewer) heads and are expanded per block;
-their gradients are summed back over the query-head groups before they travel.
+(aten._scaled_dot_product_flash_attention[_backward], FlashAttention-2, which takes 1.7-2.0x cuDNN's time
+on Hopper: benchmarks/results/attention-backends/); otherwise a plain fp32 math implementation. All three
+return the natural-log log-sum-exp the merge needs, and their backward takes the final out and lse. GQA: K/V
+travel with their own (fewer) heads and are expanded per block; their gradients are summed back over the
+query-head groups before they travel.
 """
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def _use_flash(q: torch.Tensor) -> bool:
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.size(-1) % 8 == 0 and q.size(-1) <= 256
 
 
-# cuDNN's attention is tried first on CUDA; if it ever raises (an older cuDNN, an unsupported shape) the
+# cuDNN's attention is the first choice on CUDA; if it ever raises (an older cuDNN, an unsupported shape) the
 # ring falls back to flash for the rest of the process and says so once.
 _cudnn_state = {"usable": None}
 

@@ -125,7 +125,7 @@ class DistributedOptimizer:
     def _norm_beside_backward(self, buf: FlatBuffer, b: Bucket) -> None:
         """Without a data-parallel reduction a launched bucket's gradient is final: take its squared norm now,
         on a side stream, so this memory-bound pass runs under the rest of backward's GEMMs instead of after
-        them (one H200, 2026-11-30, commit b2c643c: the norm took 1.5 ms of a 131 ms GPT 1.3B step, after backward)."""
+        them (after backward, the norm takes 1.5 ms of a 131 ms GPT-1.3B step)."""
         dev = buf.param_data.device
         if self._norm_stream is None:
             self._norm_stream = torch.cuda.Stream(device=dev)

@@ -3,25 +3,24 @@ and, under expert parallelism, the all-to-all dispatch to the experts' ranks and
 
 Dispatch: dropless by default (every assignment computed); with `capacity_factor` set, each expert takes at
 most ceil(capacity_factor * tokens * k / E) assignments per rank-local batch, in token order, and the rest
-are dropped (they contribute zero; the other slots keep their weights). Assignments are sorted by expert,
+are discarded (they contribute zero; the other slots keep their weights). Assignments are sorted by expert,
 the counts exchanged with one small all_to_all, the tokens sent with all_to_all_single with variable splits,
 regrouped by local expert, computed, and sent back the same way. Dropless, every row movement (the gather of
 tokens by expert, the regrouping, the weighted combine) is an index_select whose backward is an index_select
-too (and a sum over the k copies of a token): autograd's backward of indexing sorted the indices and
-accumulated with atomics (2026-11-30, commit ba8b4ab: EP2 x DP2 at 101-105k tokens/s per GPU without it,
-97k with it). The local experts run as grouped GEMMs (torch._grouped_mm: one kernel per projection for all of them, the
-per-expert row counts as offsets on the device) where the device supports it (grouped_mm_supported: CUDA
+too (and a sum over the k copies of a token), because autograd's backward of advanced indexing sorts the
+indices and accumulates with atomics (EP2 x DP2: 97k tokens/s per GPU through it, 101-105k through
+index_select). The local experts run as grouped GEMMs (torch._grouped_mm: one kernel per projection for all of
+them, the per-expert row counts as offsets on the device) where the device supports it (grouped_mm_supported: CUDA
 bf16 on Hopper), else as a loop over the experts. The host waits for the GPU at most once per layer: at EP >
 1, for the split sizes of the all-to-alls (one .tolist()); at EP1 the grouped path never waits (the loop
 does, for its slices; dropping by capacity does, for its boolean selection).
 
-Tried and taken out (2026-11-30, commits 206a82e and 017cb7c, reverted in 8942c9b): a dispatch with
-fixed-size buffers at EP2 that never reads the split sizes back (every (token, expert) pair, then every
-token once per destination rank with its ids and weights, in blocks of the most a rank can send; grouped GEMMs on the real rows only). It removed
-most of the GPU idle time the per-layer wait causes (69-77 ms down to 15-19 ms per traced step), but the
-step got slower: 67.3% of the dense model against 75.0% for this exact dispatch, both measured in one run on
-2 H200. It moved more rows through the all-to-alls, gathers and masks, and one rank then waited about 100 ms
-per step in the all-to-alls.
+Why the split sizes are read back rather than padded away: a dispatch with fixed-size buffers (every
+(token, expert) pair, then every token once per destination rank with its ids and weights, in blocks of the
+most a rank can send; grouped GEMMs on the real rows only) never waits for the host and removes most of the GPU
+idle time the per-layer wait causes (69-77 ms down to 15-19 ms per traced step at EP2), yet its step is slower:
+67.3% of the dense model's throughput against 75.0% for this exact dispatch. It moves more rows through the
+all-to-alls, gathers and masks, and one rank waits about 100 ms per step in the all-to-alls.
 """
 from __future__ import annotations
 

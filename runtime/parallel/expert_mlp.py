@@ -68,8 +68,8 @@ class _GroupedLinear(torch.autograd.Function):
     def forward(ctx, x, offs, per_group, placeholders, *weights):
         ctx.per_group, ctx.placeholders = per_group, placeholders
         # the Parameters themselves: under activation checkpointing the saved copies lack main_grad, and the
-        # weight gradient fell back to a separate GEMM and an fp32 add per expert weight (a full-recompute MoE
-        # step on one H200 spent 14% of its time in those adds, 2026-12-03, commit 3036da2)
+        # weight gradient would fall back to a separate GEMM and an fp32 add per expert weight (14% of a
+        # full-recompute MoE step's time in those adds)
         ctx.params = weights
         ctx.save_for_backward(x, offs, *weights)
         return torch._grouped_mm(x, _stack(weights, per_group).transpose(1, 2), offs=offs)

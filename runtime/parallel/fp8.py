@@ -2,7 +2,7 @@
 
 What runs in FP8 (a plan with `layout.fp8`): the forward GEMM (input and weight in E4M3) and the input-gradient
 GEMM (output gradient in E5M2, weight in E4M3) of the column- and row-parallel linears of every transformer
-layer. The weight-gradient GEMM stays in bf16, accumulated into the fp32 main gradient as before, and the
+layer. The weight-gradient GEMM stays in bf16, accumulated into the fp32 main gradient as in a bf16 plan, and the
 embedding, the output layer, attention and the norms stay in bf16: the split Transformer Engine's default
 recipe and Megatron-LM's FP8 training use for the GEMMs most sensitive to precision.
 
@@ -12,11 +12,11 @@ operand. No history, no host synchronisation (amax and scales stay on the device
 each rank scales its own shard, so FP8 results agree with a one-process FP8 run within FP8 precision, not
 bit for bit.
 
-Why the quantisation is fused (2026-11-30, 2x H200, commit 9679497): the first version quantised in PyTorch operations (abs,
-amax, float, clamp_min, divide, multiply, clamp_, cast: about 8 memory passes per operand, several writing bf16
-copies, and the weight's transpose made contiguous in bf16 for every input-gradient GEMM); its FP8 GEMMs were
-faster, yet training was slower than bf16: GPT-1.3B on one H200 0.176 s per step against 0.137 s, GPT-6.7B
-TP1 0.434 against 0.341, TP2 0.261 against 0.198. Now, on CUDA, `quantize` makes two passes: one reduction
+Why the quantisation is fused: quantising in PyTorch operations (abs, amax, float, clamp_min, divide, multiply,
+clamp_, cast: about 8 memory passes per operand, several writing bf16 copies, and the weight's transpose made
+contiguous in bf16 for every input-gradient GEMM) leaves training slower than bf16 although its FP8 GEMMs are
+faster: GPT-1.3B 0.176 s per step against 0.137 s, GPT-6.7B TP1 0.434 against 0.341, TP2 0.261 against 0.198.
+On CUDA, `quantize` therefore makes two passes: one reduction
 for amax (`torch.linalg.vector_norm(x, inf)`: one kernel, no abs copy) and one Triton kernel that scales,
 clamps and casts (reads 2 bytes, writes 1 per element; the scale is computed on the device inside it). For
 the input-gradient GEMM that kernel writes the weight's transpose directly: `_scaled_mm` (cuBLASLt FP8) wants
@@ -33,9 +33,8 @@ optimizer writes the weights through the flat buffer they view, `p.data = flat[.
 Parameter's `_version` unchanged; the Triton AdamW writes through pointers), so a stale copy would go
 unnoticed. The input-gradient GEMM quantises the weight again (2 + 2 + 1 bytes per weight).
 
-Why not Transformer Engine: the issue asked for it as an optional extra; it is not on the lent machines
-(no network there, and its wheels need a CUDA toolkit build against this torch), while `torch._scaled_mm`
-ships with torch, runs the same Hopper FP8 tensor-core GEMMs (cuBLASLt), and also runs on CPU, so the tests
+Why not Transformer Engine: it would be an optional extra whose wheels need a CUDA toolkit build against the
+installed torch, while `torch._scaled_mm` ships with torch, runs the same Hopper FP8 tensor-core GEMMs (cuBLASLt), and also runs on CPU, so the tests
 check the numerics without a GPU. A GPU without FP8 tensor cores (before compute capability 8.9) is refused
 in one sentence by `check_fp8_device`.
 

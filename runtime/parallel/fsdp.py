@@ -44,8 +44,8 @@ class FullyShardedOptimizer:
         decay = [p for _, p in named if p.dim() >= 2]
         no_decay = [p for _, p in named if p.dim() < 2]
         # fused on CUDA (one kernel launch per group of tensors; torch's DTensor AdamW supports it): the default
-        # per-parameter path issued the update tensor by tensor, about 0.17 ms of host time per parameter
-        # tensor on an H200 host (2026-12-01 analysis of the FSDP runs, commit ac37376: 40-50 ms per gpt-1.3b step)
+        # per-parameter path issues the update tensor by tensor, about 0.17 ms of host time per parameter
+        # tensor (40-50 ms per gpt-1.3b step)
         cuda = named[0][1].device.type == "cuda"
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": self.cfg.weight_decay},
                                       {"params": no_decay, "weight_decay": 0.0}], lr=self.cfg.lr,
@@ -61,9 +61,8 @@ class FullyShardedOptimizer:
     def begin_micro_batch(self, last: bool):
         """Gradients are reduce-scattered after every micro-batch's backward, as the planner prices 'full'
         (planner.cost.dp_comm_s) and as the pipeline schedules run it. Skipping the sync on all but the last
-        micro-batch would make FSDP2 keep every layer's unsharded gradient in fp32 until then: an allocator
-        trace of a gpt-1.3b CP2 step (2026-11-30, 2x H200, commit 070ae35) showed FSDP2 allocating 4.5 GiB of
-        them, the whole model's."""
+        micro-batch would make FSDP2 keep every layer's unsharded gradient in fp32 until then: 4.5 GiB, the
+        whole model's, in an allocator trace of a gpt-1.3b CP2 step."""
         for mod in self.modules:
             mod.set_requires_gradient_sync(True)
 

@@ -47,12 +47,12 @@ def _tensor_core_router(x: torch.Tensor, w: torch.Tensor) -> bool:
 class _RouterLogits(torch.autograd.Function):
     """fp32 router logits x @ W^T. On CUDA with bf16 x and W one bf16 GEMM with an fp32 output: the same products,
     summed in fp32, as the fp32 GEMM of their upcast copies, without making those copies or keeping x's fp32
-    copy for backward (it keeps x as it is). Why: the upcast operands ran on an fp32 (non-tensor-core) kernel,
-    80 us a call at 8192 x 2048 x 8 on an H200 (2026-12-01 kernel table, commit dd42892), and the kept fp32
-    copy was 4 bytes per hidden element per token. Backward likewise: the logits' gradient rounded to x's dtype (the rest of the
-    backward runs in it) and both GEMMs on tensor cores summing in fp32; the weight gradient comes out in fp32
-    before its cast. Through the upcast copies they were two fp32 GEMMs and an fp32 copy of x, about 4 ms of a
-    232 ms MoE step (same table). On CPU (the tests' fp32 models) everything stays fp32."""
+    copy for backward (it keeps x as it is). Why: upcast operands run on an fp32 (non-tensor-core) kernel,
+    80 us a call at 8192 x 2048 x 8, and a kept fp32 copy is 4 bytes per hidden element per token. Backward
+    likewise: the logits' gradient rounded to x's dtype (the rest of the backward runs in it) and both GEMMs on
+    tensor cores summing in fp32; the weight gradient comes out in fp32 before its cast. Through upcast copies
+    they would be two fp32 GEMMs and an fp32 copy of x, about 4 ms of a 232 ms MoE step. On CPU (the tests'
+    fp32 models) everything stays fp32."""
 
     @staticmethod
     def forward(ctx, x, w):

@@ -10,10 +10,9 @@ the re-gather of the input (kept sequence-sharded in forward) runs while the inp
 the reduce-scatter of the input gradient runs while the weight-gradient GEMM runs (async work handles,
 placed next to the GEMM they overlap). The forward collectives and the row-parallel backward's all-gather
 of the output gradient (needed by both of its GEMMs) stay exposed, as in Megatron without Transformer
-Engine userbuffers. Splitting those GEMMs by rows to start on the rows a rank already holds ("local rows
-first") was measured on 2x H200 (2026-11-30, GPT 6.7B TP2, mb 2): 0.218 s per step against 0.202 s
-without it, and 31 ms of exposed NCCL time in a trace against 26 ms: the NCCL kernels and the split GEMMs
-compete for the SMs (benchmarks/results/README.md, commit 81771d4).
+Engine userbuffers. Those GEMMs are not split by rows to start on the rows a rank already holds ("local rows
+first"): at GPT 6.7B TP2, micro-batch 2, that split gives 0.218 s per step against 0.202 s without it, and 31 ms
+of exposed NCCL time in a trace against 26 ms, because the NCCL kernels and the split GEMMs compete for the SMs.
 
 Parameters carry metadata that checkpoints and tests use to map local shards to logical tensors:
   p.tp_dim       dimension split over TP ranks (None: replicated)
@@ -180,8 +179,8 @@ def weight_grad(weight: torch.Tensor, grad_out: torch.Tensor, inp: torch.Tensor)
 def bias_grad(bias: torch.Tensor, grad_out: torch.Tensor):
     """A linear layer's bias gradient, dY summed over its rows. Where the optimizer gave the bias an fp32
     `main_grad`, the sum goes there directly, accumulated in fp32 (weight_grad's protocol): on the step's first
-    use one reduction writes it (`out=`), no bf16 gradient and no separate mixed-dtype add by the hook (195
-    such adds of about 4 us each in a GPT-1.3B step, one H200, 2026-12-01, commit 60a26fa)."""
+    use one reduction writes it (`out=`), no bf16 gradient and no separate mixed-dtype add by the hook (which
+    would be 195 adds of about 4 us each in a GPT-1.3B step)."""
     g2 = grad_out.reshape(-1, grad_out.shape[-1])
     target = claim_main_grad(bias)
     if target is None:
@@ -337,8 +336,8 @@ def enable_fp8(module: nn.Module) -> int:
 class _EmbeddingLookup(torch.autograd.Function):
     """F.embedding whose weight gradient goes straight into the weight's fp32 `main_grad` (when the optimizer
     gave it one) by an index_add of the rows: no dense bf16 [vocab, hidden] gradient, no fp32 add of it
-    afterwards. Why: that add alone took 1.2 ms of a 131 ms GPT-1.3B step on one H200 (2026-11-30 kernel
-    table, commit ac37376: a mixed-dtype add runs unvectorised), the dense gradient's fill and sort 0.4 ms more. The
+    afterwards. Why: that add alone takes 1.2 ms of a 131 ms GPT-1.3B step (a mixed-dtype add runs
+    unvectorised), the dense gradient's fill and sort 0.4 ms more. The
     protocol is claim_main_grad's. The tied output layer's weight-gradient GEMM runs earlier in backward and accumulates into the same view."""
 
     @staticmethod
