@@ -33,8 +33,8 @@ GPU_KINDS: dict[str, GPUKind] = {
     "a100-80gb": GPUKind("a100-80gb", 81920 / 1024, 312.0, 2.04, 300.0),   # NVLink 3: 12 links x 25 GB/s
     # H800 SXM: the H100 SXM die and HBM with NVLink cut to 400 GB/s bidirectional (DeepSeek-V3 report's cluster)
     "h800": GPUKind("h800", 81559 / 1024, 989.0, 3.35, 200.0),
-    # H100 SXM with 96 GB HBM2e at 2.4 TB/s: the H100 SXM die, clocks and NVLink 4 (torchtitan docs/performance.md,
-    # commit 9dec370: "96GB HBM2e with 2.4 TB/sec"); memory nominal 96 GB = 98304 MiB (no nvidia-smi report found)
+    # H100 SXM with 96 GB HBM2e at 2.4 TB/s: the H100 SXM die, clocks and NVLink 4 (torchtitan docs/performance.md:
+    # "96GB HBM2e with 2.4 TB/sec"); memory nominal, 96 GB = 98304 MiB (no nvidia-smi report of this part is known)
     "h100-96gb": GPUKind("h100-96gb", 98304 / 1024, 989.0, 2.4, 450.0),
     # the runtime's CPU/gloo mode: numbers only matter relative to each other in tests
     "cpu": GPUKind("cpu", 16.0, 1.0, 0.02, 5.0),

@@ -1,6 +1,6 @@
 """Which code produced a result: the git commit of this tree, for every profile, result row and benchmark.
 
-A copy of a committed tree run elsewhere (the GPU machine gets the working tree without its git metadata,
+A copy of a committed tree run elsewhere (a GPU host that receives the working tree without its git metadata,
 or with stale metadata) names its commit in the PLAN_COMMIT environment variable; that wins over git.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def git_commit(short: bool = False, dirty_paths: tuple[str, ...] = (), untracked
 
 
 def commit_label(dirty_paths: tuple[str, ...] = (), mark_dirty: bool = False) -> str:
-    """Short commit for a results row: 'abc1234', with '+dirty' if asked and files (new ones included)
+    """Short commit for a results row (git's 7-character abbreviation), with '+dirty' if asked and files (new ones included)
     changed under `dirty_paths`; 'unknown' without git."""
     c = git_commit(short=True, dirty_paths=dirty_paths, untracked=mark_dirty)
     if c["git_commit"] == UNAVAILABLE:

@@ -79,10 +79,10 @@ class RuntimeTarget:
     how far the FP8 grouped GEMMs run from the bf16 grouped-over-dense ratio they are priced at (fp8_experts).
     Fitted on the MoE fit rows; 1: ours."""
     legacy_compute_factor: float = 1.0
-    """compute_factor of Megatron-LM as it ran in 2021-22 (A100, fp16 / bf16, apex's fused kernels, no Transformer
-    Engine; the published rows of Narayanan et al. 2021 and Korthikanti et al. 2022, benchmarks/published_rows.
-    LEGACY_MEGATRON_SOURCES): fitted apart so that those rows do not set the factor of the Megatron-Core users run
-    today. Plans never read it; the published check prices those rows with it."""
+    """compute_factor of the Megatron-LM that Narayanan et al. 2021 and Korthikanti et al. 2022 ran (A100, fp16 /
+    bf16, apex's fused kernels, no Transformer Engine; their published rows, benchmarks/published_rows.
+    LEGACY_MEGATRON_SOURCES): fitted apart so that those rows do not set the factor of the current Megatron-Core.
+    Plans never read it; the published check prices those rows with it."""
     fp8_gemm_factor: float = 1.0
     """The runtime's FP8 GEMM time over the profile's FP8 GEMMs (ours quantises both operands per call with current
     scaling, runtime/parallel/fp8.py; TE's delayed scaling fuses the casts into the kernels before)."""
@@ -92,8 +92,7 @@ class RuntimeTarget:
     moe_a2a_overlap): the combined 1F1B schedule runs one micro-batch's layer forward beside another's backward on
     two streams, "comm_stream: combine_bwd | dispatch_fwd->dispatch_bwd | combine_fwd" beside "comp_stream:
     pre_dispatch_fwd | mlp_bwd->mlp_bwd_dw->mlp_fwd | pre_dispatch_bwd" (Megatron-LM
-    megatron/core/models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run, at d98e8a64dd;
-    added in ae1c88296f, 2025-08-01). Priced by planner/cost/terms.ep_beside_layer_exposed_s at ep_hidden_fraction
+    megatron/core/models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run). Priced by planner/cost/terms.ep_beside_layer_exposed_s at ep_hidden_fraction
     per window, where the layout admits the schedule (no pipeline or an interleaved one: TransformerConfig asserts a
     virtual pipeline size when PP > 1) and the plan turns it on (Layout.overlap_ep: the search picks it where it
     pays; `plan export --to megatron` writes the two flags); False: the all-to-alls hide behind the experts only (a
@@ -114,15 +113,15 @@ class RuntimeTarget:
     under the FP8 recipe; DeepSeek-V3's FP8 framework, arXiv 2412.19437 Figure 6); priced as the FP8 dense GEMM of
     all their rows at the measured bf16 grouped-over-dense ratio (Profile.grouped_gemm_s), times fp8_gemm_factor:
     modelled. torch's own FP8 grouped kernel measured 1.34-1.61x its dense FP8 GEMM at DeepSeek-V3's and
-    Qwen3-235B's expert shapes where bf16's is 0.95-1.41x (benchmarks/results/fp8-grouped-gemm, one H200), so for a
-    runtime on that kernel this is 1.3-1.5x fast; TE's and DeepSeek's kernels were not measured.
+    Qwen3-235B's expert shapes where bf16's is 0.95-1.41x (benchmarks/results/fp8-grouped-gemm/), so for a
+    runtime on that kernel this is 1.3-1.5x fast; TE's and DeepSeek's kernels are not measured.
     False: ours, whose grouped experts (torch._grouped_mm) run in bf16."""
     tp_backward_beside_gemms: bool = False
     """Whether, with the TP overlap off (Layout.overlap_tp False), the backward's column-parallel collectives still
     run beside its GEMMs: Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication issues the re-gather of the
     sequence-parallel input asynchronously beside the input-gradient GEMM and the input gradient's reduce-scatter
-    (all-reduce without sequence parallelism) beside the weight-gradient GEMM (commit cf7efd4f5a, 2021-08-30, and
-    02bb1f5c86, 2022-03-02); the forward's collectives and the backward's gather of the output gradient stay on
+    (all-reduce without sequence parallelism) beside the weight-gradient GEMM (in every Megatron-LM version the
+    published rows ran, Korthikanti et al.'s included); the forward's collectives and the backward's gather of the output gradient stay on
     the critical path. Korthikanti et al. 2022 (arXiv 2205.05198) section 6.2: full recompute costs 39% rather than
     33% "due to an optimization in the backward pass where we overlap all-reduce communication with the linear
     weight's gradient computation". False: every TP collective is exposed when the overlap is off (ours)."""
@@ -130,7 +129,7 @@ class RuntimeTarget:
     """Whether the distributed optimizer shards the experts' states over the TP ranks too (memory.expert_shard_ranks):
     Megatron-Core with expert tensor parallel 1 (the Megatron-Bridge MoE configs' etp 1) lays its expert-parallel
     and expert-data-parallel groups over TP x DP x CP, expert_data_parallel_size = world / (ETP x EP x PP)
-    (megatron/core/parallel_state.py, initialize_model_parallel, at d98e8a64dd), and shards the experts' buffers
+    (megatron/core/parallel_state.py, initialize_model_parallel), and shards the experts' buffers
     over that group (megatron/core/distributed/distributed_data_parallel.py, intra_expt_dp_group). The same layout
     makes an EP group consecutive ranks (stride 1, planner/cost/comm.py strides), where ours spaces it by TP.
     False: ours, whose TP peers each keep a rank's experts and their optimizer states whole."""
@@ -154,8 +153,8 @@ class RuntimeTarget:
     (our ring's). Llama 3's all-gather CP: 0 (arXiv 2407.21783 section 3.3.2, "the all-gather communication latency
     is exposed in the critical path")."""
     cp_kv_expanded: bool = False
-    """Whether K and V reach the context-parallel exchange already expanded to the query heads (torchtitan at 9dec370
-    repeats the KV heads before F.scaled_dot_product_attention, torchtitan/models/llama/model.py, so its CP moves
+    """Whether K and V reach the context-parallel exchange already expanded to the query heads (torchtitan, at the
+    version of its published benchmarks in docs/performance.md, repeats the KV heads before F.scaled_dot_product_attention, torchtitan/models/llama/model.py, so its CP moves
     heads / kv_heads times the bytes); False: K and V travel with their own heads (ours, Megatron's)."""
     cp_kv_all_gather: bool = False
     """Whether the forward gathers every rank's K and V in one all-gather issued beside the first (local) block,
@@ -177,9 +176,9 @@ class RuntimeTarget:
     attention_bwd_factor: float = 1.0
     """The same for the attention backward."""
     unfused_attention: bool = False
-    """Whether the runtime runs the attention core unfused, as Megatron-LM did before FlashAttention (2021-22): the
-    whole s x s scores by a batched GEMM, a fused causal softmax, dropout, a second batched GEMM, each pass through
-    memory (planner/cost/layer.py LayerTerms._unfused_attention_s), and without recompute their softmax output,
+    """Whether the runtime runs the attention core unfused, as the Megatron-LM of 2021 and 2022 did (before
+    FlashAttention): the whole s x s scores by a batched GEMM, a fused causal softmax, dropout, a second batched
+    GEMM, each pass through memory (planner/cost/layer.py LayerTerms._unfused_attention_s), and without recompute their softmax output,
     dropout mask and dropout output kept for backward (planner.memory.unfused_core_layer_activations). False: a
     fused kernel (ours, Megatron-Core with Transformer Engine)."""
     dual_pipe: bool = False
