@@ -126,7 +126,7 @@ class FlatBuffer:
         self.total = pos
         # fp32 master shards straight from the initial (fp32) parameters, then the compute-dtype flat buffer
         # that the parameters become views of; no full-size fp32 copy ever exists besides the originals
-        # (a 6.7B model builds within one H200 this way)
+        # (so a 6.7B model builds within one 141 GB GPU)
         master_of = []
         for b in self.buckets:
             size = b.size // self.n
