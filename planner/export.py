@@ -48,6 +48,7 @@ MEGATRON_SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py (+ core/mo
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`plan export`'s arguments."""
     from planner.cli import _Parser, _positive_int
     from planner.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_STEPS, int_arg
 
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclass
 class MegatronExport:
+    """A plan as Megatron-LM arguments: what megatron_args returns and render_megatron writes."""
     args: list[str]
     """Flat argument list, as pretrain_gpt.py takes it."""
     notes: list[str] = field(default_factory=list)
@@ -429,6 +431,8 @@ def _recompute(plan: Plan, add, notes: list[str]) -> None:
 
 def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | None = None,
                     predictions: list[str] | None = None) -> str:
+    """The bash script of a plan's Megatron-LM arguments: a comment block (what it realises, the predictions, what
+    Megatron cannot express) and the MEGATRON_ARGS array, one flag per line."""
     ex = megatron_args(plan, optimizer)
     lay = plan.layout
     lines = [
@@ -466,10 +470,13 @@ def _script(lines: list[str]) -> str:
 # -- torchrun / slurm -------------------------------------------------------------------------------------
 
 def _gpus_per_node(plan: Plan, args) -> int:
+    """--gpus-per-node, else the plan's cluster's, else 8."""
     return args.gpus_per_node or int(plan.cluster.get("gpus_per_node") or 8)
 
 
 def _nodes(plan: Plan, args) -> int:
+    """The nodes the plan runs on: --nodes (which must divide the world size), else the world size over the GPUs
+    per node; a PlanError where the processes do not split evenly."""
     world = plan.layout.world_size
     if args.nodes:
         if world % args.nodes:
@@ -510,6 +517,7 @@ def torchrun_command(plan: Plan, plan_path: str, args) -> list[str]:
 
 
 def render_torchrun(plan: Plan, plan_path: str, args) -> str:
+    """The torchrun command of `plan launch` for this node, under a comment saying what it runs and where."""
     cmd = torchrun_command(plan, plan_path, args)
     nodes = _nodes(plan, args)
     head = f"# `plan launch` runs this for {plan_path} ({plan.layout.short()}, world size {plan.layout.world_size}, " \
@@ -520,6 +528,8 @@ def render_torchrun(plan: Plan, plan_path: str, args) -> str:
 
 
 def render_slurm(plan: Plan, plan_path: str, args) -> str:
+    """An sbatch script that runs the plan on its nodes: one `plan launch` task per node, each with its own
+    --node-rank, the rendezvous on the first node. The Slurm values are checked to be safe in the script."""
     nodes = _nodes(plan, args)
     world = plan.layout.world_size
     nproc = world // nodes
@@ -572,6 +582,8 @@ def render_slurm(plan: Plan, plan_path: str, args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`plan export`: write the plan in the asked form to -o or standard output, its predictions on standard
+    error. Returns the exit status."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     plan = Plan.load(Path(args.plan))
     if args.output:

@@ -16,6 +16,7 @@ spread 13-48%, GPU-paced ones 2-4% (benchmarks/results/README.md)."""
 
 
 def host_paced(prediction) -> bool:
+    """Whether the host floor sets at least HOST_PACED_SHARE of the predicted step."""
     return prediction.breakdown_s.get("host", 0.0) >= HOST_PACED_SHARE * prediction.step_s
 
 
@@ -28,6 +29,8 @@ def host_paced_note(prediction) -> str:
 
 
 def _stage_summary(plan: Plan) -> str:
+    """The layers of each pipeline rank, with its full (F) and selective (S) recompute layers; the first four and
+    last two ranks where there are more than eight."""
     lay = plan.layout
     per_rank = []
     for r in range(lay.pp):
@@ -43,6 +46,7 @@ def _stage_summary(plan: Plan) -> str:
 
 
 def _recompute_summary(plan: Plan) -> str:
+    """The plan's recompute over all its layers: "none", or the selective and full layer counts."""
     full = sum(s.full_recompute_layers for s in plan.stages)
     sel = sum(s.selective_recompute_layers for s in plan.stages)
     n = plan.model.num_layers
@@ -260,6 +264,7 @@ def params_text(model) -> str:
 
 
 def result_json(result: SearchResult, elapsed_s: float, target=None) -> str:
+    """A search's result as `plan --json` prints it: the plans, the search's statistics and the alternatives."""
     st = result.stats
     roomier = next_best_with_more_free(result)
     model = result.plans[0].model

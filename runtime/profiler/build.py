@@ -26,6 +26,8 @@ from runtime.profiler.timing import at_power_cap, power_state_under_heat
 
 @dataclass
 class Options:
+    """What `plan profile` measures and how: the device, the processes, the mode, the time budget, the modelled
+    network, the power-cap timing, the host stage and the models whose GEMMs come first."""
     device: str = "cuda"
     gpus: int | None = None
     """Processes for the collectives (GPUs on CUDA; default all visible GPUs, 2 on CPU)."""
@@ -103,6 +105,7 @@ def gemm_devices(device: torch.device, world: int) -> list[str]:
 
 
 def _split_how(n: int, cuda: bool) -> str:
+    """How the GEMM grid was spread over `n` devices, in words for the gemm part's provenance."""
     if n == 1:
         return "timed on one GPU" if cuda else "timed in one process"
     where = f"{n} GPUs of the node" if cuda else f"{n} CPU processes"
@@ -129,13 +132,16 @@ class _ProfileRun:
 
     @property
     def cuda(self) -> bool:
+        """Whether the kernels run on a GPU."""
         return self.device.type == "cuda"
 
     @property
     def deadline(self) -> float:
+        """When the time budget runs out (time.monotonic())."""
         return self.t_start + self.budget_s
 
     def done(self, name: str) -> None:
+        """Record the seconds since the previous stage ended as stage `name`'s (extras.stage_seconds)."""
         self.extras["stage_seconds"][name] = round(time.monotonic() - self.stage_t, 2)
         self.stage_t = time.monotonic()
 
