@@ -177,16 +177,7 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
     _recompute(plan, add, notes)
     _model_shape(plan, add, notes)
     _precision(plan, add, notes)
-
-    script = "pretrain_gpt.py"
-    if m.family == "bert":
-        script = "pretrain_bert.py"
-        notes.append("BERT trains with pretrain_bert.py, whose model adds a binary (next-sentence) head unless "
-                     "--bert-no-binary-head is given; the plan has none")
-    notes.append(f"vocabulary: {m.vocab_size} token ids, which this runtime pads to {m.padded_vocab} rows (a multiple of 128); "
-                 f"Megatron-LM pads to a multiple of 128 x TP (for synthetic data: --tokenizer-type NullTokenizer "
-                 f"--vocab-size {m.vocab_size} --make-vocab-size-divisible-by 128)")
-    return MegatronExport(a, notes, script)
+    return _training_script(plan, a, notes)
 
 
 def _parallel_sizes(plan: Plan, add, notes: list[str]) -> None:
@@ -356,6 +347,21 @@ def _precision(plan: Plan, add, notes: list[str]) -> None:
         add("--fp8-recipe", "tensorwise")
         notes.append("FP8 in Megatron-LM runs through Transformer Engine, which must be installed; its FP8 also "
                      "covers the weight-gradient GEMMs, which this runtime keeps in bf16")
+
+
+def _training_script(plan: Plan, a: list[str], notes: list[str]) -> MegatronExport:
+    """The export of the arguments `a` and `notes`, with the training script that takes them (pretrain_bert.py for
+    BERT, pretrain_gpt.py for the rest) and the note on how the vocabulary is padded."""
+    m = plan.model
+    script = "pretrain_gpt.py"
+    if m.family == "bert":
+        script = "pretrain_bert.py"
+        notes.append("BERT trains with pretrain_bert.py, whose model adds a binary (next-sentence) head unless "
+                     "--bert-no-binary-head is given; the plan has none")
+    notes.append(f"vocabulary: {m.vocab_size} token ids, which this runtime pads to {m.padded_vocab} rows (a multiple of 128); "
+                 f"Megatron-LM pads to a multiple of 128 x TP (for synthetic data: --tokenizer-type NullTokenizer "
+                 f"--vocab-size {m.vocab_size} --make-vocab-size-divisible-by 128)")
+    return MegatronExport(a, notes, script)
 
 
 MEGATRON_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
