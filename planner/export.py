@@ -23,7 +23,7 @@ megatron/training/config/training_config.py (--micro-batch-size, --global-batch-
 megatron/core/transformer/pipeline_parallel_layer_layout.py (layout syntax). The rotary arguments (--rotary-base,
 an int there; --use-rope-scaling, --rope-scaling-factor) are hand-written in arguments.py; what the llama3 scaling
 applies is in megatron/core/models/common/embeddings/rotary_pos_embedding.py and gpt_builders.py (MEGATRON_ROPE_SCALING).
---virtual-pipeline-model-parallel-size is no longer a command-line argument there (excluded from the
+--virtual-pipeline-model-parallel-size is not a command-line argument there (excluded from the
 factory); --num-layers-per-virtual-pipeline-stage or the layout string set it.
 """
 from __future__ import annotations
