@@ -7,7 +7,7 @@
 - slurm: an sbatch script running the plan on N nodes: srun starts one `plan launch` per node, torchrun
   underneath, rendezvous on the first node.
 
-Megatron-LM argument names were checked against NVIDIA/Megatron-LM at commit d98e8a64 (2026-08-22):
+Megatron-LM argument names were checked against the NVIDIA/Megatron-LM source that MEGATRON_SOURCE names:
 megatron/training/arguments.py (hand-written arguments, e.g. --num-layers-per-virtual-pipeline-stage,
 --decoder-first-pipeline-num-layers, --pipeline-model-parallel-layout, --use-distributed-optimizer,
 --overlap-grad-reduce, --swiglu, --group-query-attention) and the dataclasses it turns into arguments
@@ -23,7 +23,7 @@ megatron/training/config/training_config.py (--micro-batch-size, --global-batch-
 megatron/core/transformer/pipeline_parallel_layer_layout.py (layout syntax). The rotary arguments (--rotary-base,
 an int there; --use-rope-scaling, --rope-scaling-factor) are hand-written in arguments.py; what the llama3 scaling
 applies is in megatron/core/models/common/embeddings/rotary_pos_embedding.py and gpt_builders.py (MEGATRON_ROPE_SCALING).
---virtual-pipeline-model-parallel-size is no longer a command-line argument there (excluded from the
+--virtual-pipeline-model-parallel-size is not a command-line argument there (excluded from the
 factory); --num-layers-per-virtual-pipeline-stage or the layout string set it.
 """
 from __future__ import annotations
@@ -48,6 +48,7 @@ MEGATRON_SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py (+ core/mo
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`plan export`'s arguments."""
     from planner.cli import _Parser, _positive_int
     from planner.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_STEPS, int_arg
 
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclass
 class MegatronExport:
+    """A plan as Megatron-LM arguments: what megatron_args returns and render_megatron writes."""
     args: list[str]
     """Flat argument list, as pretrain_gpt.py takes it."""
     notes: list[str] = field(default_factory=list)
@@ -144,7 +146,16 @@ def _layout_string(layers: list[int]) -> str:
 
 def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> MegatronExport:
     """The plan as Megatron-LM arguments; `optimizer`: the learning-rate schedule and AdamW settings that `plan launch`
-    would train with (default: its defaults)."""
+    would train with (default: its defaults).
+
+    The flags come in a fixed order, one step each: parallel sizes and the layer split, MoE, batch, optimizer, data
+    parallel sharding, communication overlap, recompute, model shape, precision; then the training script. Each
+    step adds its flags through `add(flag, *values)` and appends to `notes` what Megatron-LM cannot express, or
+    expresses only approximately.
+
+    Returns:
+        MegatronExport: the flat argument list, the notes and the script (pretrain_gpt.py or pretrain_bert.py).
+    """
     m, lay, st = plan.model, plan.layout, plan.stages
     optimizer = optimizer or OptimizerSettings(LrSchedule())
     a: list[str] = []
@@ -154,55 +165,86 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
         a.append(flag)
         a.extend(str(v) for v in vals)
 
-    # -- parallel sizes and the layer split
-    add("--tensor-model-parallel-size", lay.tp)
-    if lay.tp > 1:
-        add("--sequence-parallel")
-    add("--pipeline-model-parallel-size", lay.pp)
-    layers = [s.layers for s in st]
-    if lay.pp > 1:
-        uniform = len(set(layers)) == 1
-        if uniform and lay.vpp > 1:
-            add("--num-layers-per-virtual-pipeline-stage", layers[0])
-        elif not uniform and lay.vpp == 1 and lay.pp == 2:
-            add("--decoder-first-pipeline-num-layers", layers[0])
-        elif not uniform and lay.vpp == 1 and len(set(layers[1:-1])) == 1:
-            mid = layers[1]
-            if layers[0] != mid:
-                add("--decoder-first-pipeline-num-layers", layers[0])
-            if layers[-1] != mid:
-                add("--decoder-last-pipeline-num-layers", layers[-1])
-        elif not uniform:
-            add("--pipeline-model-parallel-layout", _layout_string(layers))
-            notes.append("the non-uniform split (" + " ".join(map(str, layers)) + " layers per virtual stage) is "
-                         "given as --pipeline-model-parallel-layout, added to Megatron-LM in June 2025 (commit "
-                         "77732c3); older Megatron can only set the ends (--decoder-first-pipeline-num-layers / "
-                         "--decoder-last-pipeline-num-layers) and would lose this split")
-    if lay.cp > 1:
-        add("--context-parallel-size", lay.cp)
-        add("--cp-comm-type", "p2p")
-    if m.is_moe:
-        add("--num-experts", m.num_experts)
-        add("--moe-router-topk", m.top_k)
-        add("--expert-model-parallel-size", lay.ep)
-        add("--moe-token-dispatcher-type", "alltoall")
-        add("--moe-aux-loss-coeff", m.moe_aux_loss_coeff)
-        if m.shared_expert_ffn:
-            add("--moe-shared-expert-intermediate-size", m.shared_expert_ffn)
-            if m.shared_expert_gate:
-                notes.append("the shared experts' output is gated per token (Qwen); Megatron-Core releases that "
-                             "support it take --moe-shared-expert-gate, older ones run them ungated")
-        if m.moe_capacity_factor:
-            add("--moe-expert-capacity-factor", m.moe_capacity_factor)
-        if not m.moe_normalize_topk:  # softmax over all experts, then top-k, not renormalised (Qwen MoE)
-            add("--moe-router-pre-softmax")
-        if lay.tp > 1:
-            add("--expert-tensor-parallel-size", 1)  # the planner keeps experts whole on each TP rank
+    _parallel_sizes(plan, add, notes)
+    _moe(plan, add, notes)
     # -- batch
     add("--micro-batch-size", lay.micro_batch)
     add("--global-batch-size", plan.training.global_batch)
     _optimizer(optimizer, add, notes)
-    # -- data parallel sharding and overlap
+    _data_parallel(plan, add, notes)
+    _overlap(plan, add, notes)
+    _cuda_graph(plan, notes)
+    _recompute(plan, add, notes)
+    _model_shape(plan, add, notes)
+    _precision(plan, add, notes)
+    return _training_script(plan, a, notes)
+
+
+def _parallel_sizes(plan: Plan, add, notes: list[str]) -> None:
+    """TP (with sequence parallelism), PP and its layer split, and CP, as Megatron's parallel sizes."""
+    lay = plan.layout
+    add("--tensor-model-parallel-size", lay.tp)
+    if lay.tp > 1:
+        add("--sequence-parallel")
+    add("--pipeline-model-parallel-size", lay.pp)
+    if lay.pp > 1:
+        _layer_split([s.layers for s in plan.stages], lay.pp, lay.vpp, add, notes)
+    if lay.cp > 1:
+        add("--context-parallel-size", lay.cp)
+        add("--cp-comm-type", "p2p")
+
+
+def _layer_split(layers: list[int], pp: int, vpp: int, add, notes: list[str]) -> None:
+    """The layers per virtual pipeline stage (`layers`, in model order; `pp` ranks of `vpp` virtual stages each)
+    in the simplest form Megatron takes:
+    a uniform interleaved split as layers per virtual stage, uneven ends of a plain pipeline as the first and
+    last stage's counts, and any other split as --pipeline-model-parallel-layout."""
+    uniform = len(set(layers)) == 1
+    if uniform and vpp > 1:
+        add("--num-layers-per-virtual-pipeline-stage", layers[0])
+    elif not uniform and vpp == 1 and pp == 2:
+        add("--decoder-first-pipeline-num-layers", layers[0])
+    elif not uniform and vpp == 1 and len(set(layers[1:-1])) == 1:
+        mid = layers[1]
+        if layers[0] != mid:
+            add("--decoder-first-pipeline-num-layers", layers[0])
+        if layers[-1] != mid:
+            add("--decoder-last-pipeline-num-layers", layers[-1])
+    elif not uniform:
+        add("--pipeline-model-parallel-layout", _layout_string(layers))
+        notes.append("the non-uniform split (" + " ".join(map(str, layers)) + " layers per virtual stage) is "
+                     "given as --pipeline-model-parallel-layout, added to Megatron-LM in June 2025 (commit "
+                     "77732c3); older Megatron can only set the ends (--decoder-first-pipeline-num-layers / "
+                     "--decoder-last-pipeline-num-layers) and would lose this split")
+
+
+def _moe(plan: Plan, add, notes: list[str]) -> None:
+    """An MoE model's experts, router and expert parallelism (nothing for a dense model)."""
+    m, lay = plan.model, plan.layout
+    if not m.is_moe:
+        return
+    add("--num-experts", m.num_experts)
+    add("--moe-router-topk", m.top_k)
+    add("--expert-model-parallel-size", lay.ep)
+    add("--moe-token-dispatcher-type", "alltoall")
+    add("--moe-aux-loss-coeff", m.moe_aux_loss_coeff)
+    if m.shared_expert_ffn:
+        add("--moe-shared-expert-intermediate-size", m.shared_expert_ffn)
+        if m.shared_expert_gate:
+            notes.append("the shared experts' output is gated per token (Qwen); Megatron-Core releases that "
+                         "support it take --moe-shared-expert-gate, older ones run them ungated")
+    if m.moe_capacity_factor:
+        add("--moe-expert-capacity-factor", m.moe_capacity_factor)
+    if not m.moe_normalize_topk:  # softmax over all experts, then top-k, not renormalised (Qwen MoE)
+        add("--moe-router-pre-softmax")
+    if lay.tp > 1:
+        add("--expert-tensor-parallel-size", 1)  # the planner keeps experts whole on each TP rank
+
+
+def _data_parallel(plan: Plan, add, notes: list[str]) -> None:
+    """Data-parallel sharding (ZeRO-1 as the distributed optimizer, ZeRO-2/3 as Megatron-FSDP), the main
+    gradients' dtype, and the overlap of the gradient reduction (and parameter gather) with compute."""
+    lay = plan.layout
     sharded = lay.sharding != "none"
     if lay.sharding == "optimizer":
         add("--use-distributed-optimizer")
@@ -222,6 +264,11 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
         add("--overlap-grad-reduce")
         if sharded:
             add("--overlap-param-gather")
+
+
+def _overlap(plan: Plan, add, notes: list[str]) -> None:
+    """The overlap of TP, PP and EP communication with compute, where the plan overlaps it and Megatron can."""
+    lay = plan.layout
     if lay.overlap_tp and lay.tp > 1:
         add("--tp-comm-overlap")
         notes.append("--tp-comm-overlap needs Transformer Engine with userbuffers (--transformer-impl "
@@ -231,7 +278,7 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
     if lay.overlap_ep and lay.ep > 1:
         # Megatron-Core's batch-level EP overlap (v0.14+): one micro-batch's all-to-alls beside another's layer. Its
         # TransformerConfig wants no pipeline or an interleaved one, and no full recompute
-        if (lay.pp == 1 or lay.vpp > 1) and not any(s.full_recompute_layers for s in st):
+        if (lay.pp == 1 or lay.vpp > 1) and not any(s.full_recompute_layers for s in plan.stages):
             add("--overlap-moe-expert-parallel-comm")
             add("--delay-wgrad-compute")
             notes.append("the plan overlaps the MoE all-to-alls (ours: two chunks per dispatch); Megatron-Core 0.14 "
@@ -240,15 +287,22 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
             notes.append("the plan dispatches MoE tokens in two chunks whose all-to-alls overlap the other chunk's "
                          "experts (this runtime's); Megatron's --overlap-moe-expert-parallel-comm needs no pipeline "
                          "or an interleaved one and no full recompute, so it is not exported")
-    if lay.cuda_graph:
-        # not exported as a flag: Megatron's CUDA graphs capture per layer through Transformer Engine, not the
-        # whole step, and their flags have changed between releases
+
+
+def _cuda_graph(plan: Plan, notes: list[str]) -> None:
+    """A note for a plan that replays its step as one CUDA graph. It is not exported as a flag: Megatron's CUDA
+    graphs capture per layer through Transformer Engine, not the whole step, and their flags differ between
+    releases."""
+    if plan.layout.cuda_graph:
         notes.append("the plan replays the whole step as one CUDA graph and its prediction counts no host time; "
                      "Megatron-LM runs it eagerly unless its own CUDA-graph options (Transformer Engine) are set, "
                      "and for small layers or TP > 1 the host may then pace the step")
-    # -- recompute
-    _recompute(plan, add, notes)
-    # -- model shape
+
+
+def _model_shape(plan: Plan, add, notes: list[str]) -> None:
+    """The model's architecture: layers, widths, heads, sequence, MLP, norms, positions, embeddings, biases and
+    (no) dropout."""
+    m = plan.model
     add("--num-layers", m.num_layers)
     add("--hidden-size", m.hidden)
     add("--ffn-hidden-size", m.ffn_hidden)
@@ -282,6 +336,10 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
                          f"{m.num_layers * m.hidden:,} of the plan's parameters")
     add("--attention-dropout", "0.0")
     add("--hidden-dropout", "0.0")
+
+
+def _precision(plan: Plan, add, notes: list[str]) -> None:
+    """bf16 weights and activations, and FP8 GEMMs where the plan runs them."""
     add("--bf16")
     if plan.layout.fp8:
         # E4M3 forward, E5M2 gradients, per-tensor scaling from the current amax: the runtime's recipe
@@ -289,6 +347,12 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
         add("--fp8-recipe", "tensorwise")
         notes.append("FP8 in Megatron-LM runs through Transformer Engine, which must be installed; its FP8 also "
                      "covers the weight-gradient GEMMs, which this runtime keeps in bf16")
+
+
+def _training_script(plan: Plan, a: list[str], notes: list[str]) -> MegatronExport:
+    """The export of the arguments `a` and `notes`, with the training script that takes them (pretrain_bert.py for
+    BERT, pretrain_gpt.py for the rest) and the note on how the vocabulary is padded."""
+    m = plan.model
     script = "pretrain_gpt.py"
     if m.family == "bert":
         script = "pretrain_bert.py"
@@ -373,6 +437,8 @@ def _recompute(plan: Plan, add, notes: list[str]) -> None:
 
 def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | None = None,
                     predictions: list[str] | None = None) -> str:
+    """The bash script of a plan's Megatron-LM arguments: a comment block (what it realises, the predictions, what
+    Megatron cannot express) and the MEGATRON_ARGS array, one flag per line."""
     ex = megatron_args(plan, optimizer)
     lay = plan.layout
     lines = [
@@ -410,10 +476,13 @@ def _script(lines: list[str]) -> str:
 # -- torchrun / slurm -------------------------------------------------------------------------------------
 
 def _gpus_per_node(plan: Plan, args) -> int:
+    """--gpus-per-node, else the plan's cluster's, else 8."""
     return args.gpus_per_node or int(plan.cluster.get("gpus_per_node") or 8)
 
 
 def _nodes(plan: Plan, args) -> int:
+    """The nodes the plan runs on: --nodes (which must divide the world size), else the world size over the GPUs
+    per node; a PlanError where the processes do not split evenly."""
     world = plan.layout.world_size
     if args.nodes:
         if world % args.nodes:
@@ -454,6 +523,7 @@ def torchrun_command(plan: Plan, plan_path: str, args) -> list[str]:
 
 
 def render_torchrun(plan: Plan, plan_path: str, args) -> str:
+    """The torchrun command of `plan launch` for this node, under a comment saying what it runs and where."""
     cmd = torchrun_command(plan, plan_path, args)
     nodes = _nodes(plan, args)
     head = f"# `plan launch` runs this for {plan_path} ({plan.layout.short()}, world size {plan.layout.world_size}, " \
@@ -464,6 +534,8 @@ def render_torchrun(plan: Plan, plan_path: str, args) -> str:
 
 
 def render_slurm(plan: Plan, plan_path: str, args) -> str:
+    """An sbatch script that runs the plan on its nodes: one `plan launch` task per node, each with its own
+    --node-rank, the rendezvous on the first node. The Slurm values are checked to be safe in the script."""
     nodes = _nodes(plan, args)
     world = plan.layout.world_size
     nproc = world // nodes
@@ -516,6 +588,8 @@ def render_slurm(plan: Plan, plan_path: str, args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`plan export`: write the plan in the asked form to -o or standard output, its predictions on standard
+    error. Returns the exit status."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     plan = Plan.load(Path(args.plan))
     if args.output:

@@ -11,11 +11,12 @@ from planner.search.result import PINNED_NOTE
 
 HOST_PACED_SHARE = 0.10
 """A plan is host-paced when the host floor (issuing the kernels) sets at least this share of its predicted step.
-Its time then depends on the CPU: the same host-paced 1-GPU plans measured on three lent H200 machines spread
-13-48%, GPU-paced ones 2-4% (benchmarks/results/README.md; commit f98243c, 2026-11-30)."""
+Its time then depends on the CPU: the same host-paced 1-GPU plans measured on three hosts with the same GPU kind
+spread 13-48%, GPU-paced ones 2-4% (benchmarks/results/README.md)."""
 
 
 def host_paced(prediction) -> bool:
+    """Whether the host floor sets at least HOST_PACED_SHARE of the predicted step."""
     return prediction.breakdown_s.get("host", 0.0) >= HOST_PACED_SHARE * prediction.step_s
 
 
@@ -28,6 +29,8 @@ def host_paced_note(prediction) -> str:
 
 
 def _stage_summary(plan: Plan) -> str:
+    """The layers of each pipeline rank, with its full (F) and selective (S) recompute layers; the first four and
+    last two ranks where there are more than eight."""
     lay = plan.layout
     per_rank = []
     for r in range(lay.pp):
@@ -43,6 +46,7 @@ def _stage_summary(plan: Plan) -> str:
 
 
 def _recompute_summary(plan: Plan) -> str:
+    """The plan's recompute over all its layers: "none", or the selective and full layer counts."""
     full = sum(s.full_recompute_layers for s in plan.stages)
     sel = sum(s.selective_recompute_layers for s in plan.stages)
     n = plan.model.num_layers
@@ -57,23 +61,55 @@ def _recompute_summary(plan: Plan) -> str:
 
 
 def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: bool = False, target=None) -> None:
-    """why_not: the alternatives were asked for (`plan --why-not`); target: the RuntimeTarget predicted for (its
-    name is read from the plan when not given)."""
+    """Print a search's result as `plan` shows it: the headline, the best plan's layout table, where its step goes,
+    the best plans, the next best with more free memory, why not another kind of layout, and what was searched.
+
+    Args:
+        result: the search's result (plans best first).
+        elapsed_s: how long the search took.
+        console: a rich Console to print to (default: standard output, 140 columns wide when not a terminal).
+        why_not: the alternatives were asked for (`plan --why-not`).
+        target: the RuntimeTarget predicted for (its name is read from the plan when not given).
+    """
     from rich.console import Console
-    from rich.table import Table
 
     import sys
 
     # a pipe or a file gets a fixed width wide enough for the tables (rich would fold them at 80)
     con = console or (Console() if sys.stdout.isatty() else Console(width=140))
     best = result.plans[0]
-    p, lay, shape = best.prediction, best.layout, best.training
+    p = best.prediction
+    _print_headline(con, result)
+    con.print(_layout_table(result, target))
+    con.print(memory_limit_line(best))
+    con.print(_breakdown_table(p))
+    if host_paced(p):
+        con.print(host_paced_note(p), style="yellow")
+    con.print(_best_plans_table(result))
+    _print_next_best(con, result)
+    _print_why_not(con, result, why_not)
+    _print_search_summary(con, result, elapsed_s)
+
+
+def _print_headline(con, result: SearchResult) -> None:
+    """The model, cluster and batch the plans are for; the pinned-layout note when the layout was pinned."""
+    best = result.plans[0]
+    shape = best.training
     con.print(f"[bold]{best.model.name}[/] ({params_text(best.model)}) on "
               f"{best.cluster['num_gpus']} x {best.cluster['gpu']} ({best.cluster['gpus_per_node']} per node), "
               f"seq {shape.seq_len}, global batch {shape.global_batch} sequences "
               f"({shape.seq_len * shape.global_batch / 1e6:.2f}M tokens)")
     if result.pinned:
         con.print(PINNED_NOTE, style="bold")
+
+
+def _layout_table(result: SearchResult, target=None):
+    """The best plan as a two-column table: its runtime, layout, batch, sharding, stages, recompute, overlap, CUDA
+    graph, step time, throughput and memory."""
+    from rich.table import Table
+
+    best = result.plans[0]
+    p, lay = best.prediction, best.layout
     t = Table(title="Pinned layout" if result.pinned else "Recommended layout", show_header=False,
               title_justify="left")
     t.add_column(style="bold")
@@ -98,8 +134,12 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
               + (f" (ranks {min(mems):.1f}-{max(mems):.1f})" if len(mems) > 1 else ""))
     if 1 < len(mems) <= 16:
         t.add_row("memory per pipeline rank", " ".join(f"{x:.0f}" for x in mems) + " GiB")
-    con.print(t)
-    con.print(memory_limit_line(best))
+    return t
+
+
+def _breakdown_table(p):
+    """Where the predicted step `p` goes on its slowest pipeline rank: each nonzero part's seconds and share."""
+    from rich.table import Table
 
     b = Table(title="Where the step goes (slowest pipeline rank)", title_justify="left")
     b.add_column("part")
@@ -109,10 +149,14 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
         v = p.breakdown_s.get(k, 0.0)
         if v > 0:
             b.add_row(BREAKDOWN_LABEL[k], f"{v:.3f}", f"{v / p.step_s:.1%}")
-    con.print(b)
-    if host_paced(p):
-        con.print(host_paced_note(p), style="yellow")
+    return b
 
+
+def _best_plans_table(result: SearchResult):
+    """The plans shown, one row each, with their step time against the best's."""
+    from rich.table import Table
+
+    p = result.plans[0].prediction
     r = Table(title="Best plans", title_justify="left")
     for col in ("#", "layout", "mb", "sharding", "recompute", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB", "vs best"):
         r.add_column(col, justify="right" if col not in ("layout", "sharding", "recompute") else "left")
@@ -121,7 +165,12 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
         r.add_row(str(i + 1), plan.layout.short(), str(plan.layout.micro_batch), plan.layout.sharding,
                   _recompute_summary(plan), f"{q.step_s:.3f}", f"{q.tokens_per_s:,.0f}", f"{q.tflops_per_gpu:.0f}",
                   f"{q.mfu:.1%}", f"{max(q.memory_gib_per_rank):.1f}", f"+{q.step_s / p.step_s - 1:.1%}" if i else "")
-    con.print(r)
+    return r
+
+
+def _print_next_best(con, result: SearchResult) -> None:
+    """The next best plan with more free memory (next_best_with_more_free), or that none of those shown has it."""
+    p = result.plans[0].prediction
     roomier = next_best_with_more_free(result)
     if roomier is not None:
         q = roomier.prediction
@@ -131,6 +180,14 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
     elif len(result.plans) > 1:
         con.print(f"no other plan of the {len(result.plans)} shown leaves {MORE_FREE_GIB:.0f} GiB or more free beyond "
                   "the best's (--top shows more)", style="dim")
+
+
+def _print_why_not(con, result: SearchResult, why_not: bool) -> None:
+    """The best plan of each other kind of layout and where it loses (`--why-not`), that there is none, or a hint
+    that --why-not shows them."""
+    from rich.table import Table
+
+    p = result.plans[0].prediction
     if result.alternatives:
         w = Table(title="Why not another kind of layout (the best found of each)", title_justify="left")
         for col in ("instead", "its best layout", "mb", "sharding", "step s", "vs best", "where it loses"):
@@ -150,13 +207,18 @@ def print_result(result: SearchResult, elapsed_s: float, console=None, why_not: 
     else:
         con.print("why not TP 8, no pipeline, ZeRO-3, ...? --why-not shows the best plan of each other kind of layout "
                   "and where it loses time", style="dim")
+
+
+def _print_search_summary(con, result: SearchResult, elapsed_s: float) -> None:
+    """What the search looked at and how long it took, whether the best plan is proven, and where the times came
+    from (the profile, what is modelled, the profile's warnings)."""
     st = result.stats
     con.print(f"searched {st.layouts_enumerated} layouts ({st.layouts_bounded} bounded beyond their compute, {st.layouts_fit_bound} of "
               f"those within the memory bound), "
               f"{st.layouts_greedy} split greedily, {st.layouts_solved} by CP-SAT ({st.proven_optimal} proven optimal); "
               f"{elapsed_s:.2f} s")
     con.print(f"best plan: {st.optimality}", style=None if st.optimality == "proven" else "yellow")
-    prov = best.provenance
+    prov = result.plans[0].provenance
     con.print(f"times from profile {prov.get('profile')} ({prov.get('profile_kind')}); modelled: "
               + "; ".join(prov.get("modelled", [])), style="dim")
     for w in prov.get("profile_warnings", []):
@@ -202,6 +264,7 @@ def params_text(model) -> str:
 
 
 def result_json(result: SearchResult, elapsed_s: float, target=None) -> str:
+    """A search's result as `plan --json` prints it: the plans, the search's statistics and the alternatives."""
     st = result.stats
     roomier = next_best_with_more_free(result)
     model = result.plans[0].model
