@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from planner.errors import PlanError
+from planner.collectives import collective_named, collective_names
 
 
 PROFILE_FORMAT = "parallel-plan/profile"
@@ -14,21 +14,17 @@ PROFILE_VERSION = 1
 EFFICIENCY_TERMS = ("compute", "expert", "tp", "cp", "ep", "pp", "dp", "optimizer", "host", "host_tp", "host_cp",
                     "ring")
 
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COLLECTIVE_OPS = collective_names()
+"""The built-in collectives' names (planner.collectives, read at import; a collective registered later is valid in
+a profile too: validate.py asks the registry)."""
 
 
 def bus_factor(op: str, n: int) -> float:
     """Bytes each rank moves over its link per byte of the collective's (full) buffer, nccl-tests' busbw
-    convention: time = latency + size * factor / bus_bandwidth."""
+    convention: time = latency + size * factor / bus_bandwidth (planner.collectives); 0 for a group of one."""
     if n <= 1:
         return 0.0
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if op == "send_recv":
-        return 1.0
-    raise PlanError(f"unknown collective '{op}'")
+    return collective_named(op).bus_factor(n)
 
 
 @dataclass(frozen=True)
