@@ -30,6 +30,9 @@ Across nodes (k nodes, g ranks of the group on each, one NIC per GPU of N GB/s p
   intra-node part at the NVLink busbw; the slower bounds the collective (the two pipeline against each other),
   and the latencies add: t = lat_intra(g) + lat_net(k) + S factor(n) / min(busbw_intra, g busbw_net).
   All-to-all: the share (n - g)/n of the buffer leaves the node over the NICs, (g - 1)/n stays on NVLink.
+
+What differs between collectives (bus factor, ring / latency / network steps, which efficiency, NVLS, a pair,
+the all-to-all share split) is read from planner.collectives' table; this module holds the figures.
 """
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ class HostOverheads:
     The base figures above come from DP2, whose gradient hooks and bucketed reductions cost host time a
     plan without a data-parallel group (dp * cp == 1) does not spend; for those plans layer_host_s takes
     off the difference (the same for every recompute mode: the hooks are per parameter). Empty in profiles measured
-    before commit 5ffbfbe (2026-11-30), and when the probe ran on one GPU (its base is then single-rank already)."""
+    without it, and when the probe ran on one GPU (its base is then single-rank already)."""
     family_single_rank_ends_s: dict = field(default_factory=dict)
     """family -> seconds per micro-batch outside the layers, in one process without data parallelism."""
 
@@ -124,9 +124,8 @@ class HostOverheads:
         """Host seconds per layer and micro-batch that data parallelism's gradient reduction adds: the DP2 base
         minus the single-rank figure; 0 where the single-rank figure was not measured. Not clipped at 0, so that
         a plan without data parallelism is priced at the single-rank figure itself, measured for exactly that
-        case. (Clipped, a single-rank figure above the base, from another machine's probe or from the probe's
-        noise, was ignored: an H200 probe on 2026-12-02 measured 3.3 ms against a base of 2.0 ms from another machine;
-        commit b652326.)"""
+        case. Clipping would ignore a single-rank figure above the base, which a probe on another GPU or the
+        probe's noise can give (an H200 probe has measured 3.3 ms against a base of 2.0 ms from another GPU)."""
         single = self.family_single_rank_layer_s.get(family or "llama")
         if single is None:
             return 0.0
@@ -157,8 +156,8 @@ class HostOverheads:
 
     def recompute_order_violations(self) -> list[str]:
         """Families whose per-layer host time breaks none <= selective <= full. Recompute only adds work to a
-        layer, so such a figure is the probe's noise (the H200 probe of 2026-11-30, commit 6ea686f: llama selective
-        5.1 ms above full 3.8 ms), and the planner will misjudge recompute in host-paced plans; worth a
+        layer, so such a figure is the probe's noise (an H200 probe has measured llama selective 5.1 ms above full
+        3.8 ms), and the planner will misjudge recompute in host-paced plans; worth a
         re-measurement."""
         out = []
         tables = dict(self.family_layer_s)

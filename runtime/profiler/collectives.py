@@ -10,7 +10,12 @@ absorbs the ranks' skew, the slowest rank's. The fits are made
 with planner.profile.fit_collective over 1 MiB and up (the messages training sends), the points below kept.
 
 NVLink multicast (NVLS) stays off in every spawned process: NCCL_NVLS_ENABLE=0 and
-TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (the lent machines require it).
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (FORCED_ENV, recorded in the profile's provenance as environment_forced), so the
+measured entries are NCCL's ring ones; planner/profile/physics.py models NVLS for targets that run with it.
+
+What is timed is one table: TIMINGS, keyed by the names of planner.collectives.COLLECTIVES, says for each
+collective which torch.distributed call runs it and how its buffers are shaped; a pairwise collective
+(send/recv) is timed in the 2-rank group only.
 """
 from __future__ import annotations
 
@@ -157,16 +162,16 @@ def _time_batch(fn, device, warmup: int, repeats: int, batch: int, group) -> flo
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             # hold the GPU while the host enqueues the batch, as timing.time_fn does for kernels: a 1 MiB
             # collective runs in about 20 us on NVLink, about what c10d needs to enqueue one, so an unheld
-            # batch timed the host's pace (2026-11-30, commit 053b23e: 1 MiB all-reduce 24 us in one run, 49 us minutes later)
+            # batch times the host's pace (a 1 MiB all-reduce read 24 us in one run and 49 us in the next)
             hold_gpu(device, (batch + 1) * max(30e-6, 2.0 * host_call_s) + 50e-6)
             # line the ranks' GPUs up behind one tiny all-reduce: a small send completes without its receiver
-            # (NCCL buffers it), so the untimed call below did not absorb the skew for send_recv (2026-11-30, commit cc3d222:
-            # 4 KiB - 16 MiB points of 8 us and of 40-90 us in one profile)
+            # (NCCL buffers it), so the untimed call below alone does not absorb the skew for send_recv
+            # (without it, 4 KiB - 16 MiB points of 8 us and of 40-90 us in one profile)
             dist.all_reduce(align, group=group)
             # one untimed call first: the ranks leave barrier() and synchronize() at different host times,
             # and the first collective of a batch absorbs that skew (it waits for the later rank). Timing
-            # from its end measures the collective, not the skew (2026-11-30, commit 2e4784f: a 4 MiB all-gather timed in a
-            # batch of 4 came out at 97 us between 43 us at 8 MiB and 48 us at 2 MiB).
+            # from its end measures the collective, not the skew (timed from the start, a 4 MiB all-gather in a
+            # batch of 4 read 97 us between 43 us at 8 MiB and 48 us at 2 MiB).
             fn()
             s.record()
             for _ in range(batch):
@@ -227,8 +232,8 @@ def _worker(rank: int, world: int, device_type: str, port: int, job: dict, resul
 
 WARM_UP_S = 0.5
 """Seconds of back-to-back collectives before the first timed one of a group (GPU only). The first op timed
-(all-reduce at the smallest sizes) came out 20-66% slower at 1-4 MiB than the same sizes re-measured later in
-the same device run (2026-11-30, commit 67048bf): a GPU leaving idle clocks and NCCL setting up its connections."""
+(all-reduce at the smallest sizes) reads 20-66% slower at 1-4 MiB without it than the same sizes re-measured
+later in the same run: a GPU leaving idle clocks and NCCL setting up its connections."""
 
 
 def _warm_up(ops, g, rank, group, device, dtype) -> None:

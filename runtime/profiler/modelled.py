@@ -1,7 +1,7 @@
-"""Stated models for what a profile cannot measure on the machine it runs on. Every figure here is labelled
+"""Stated models for what a profile cannot measure on the host the profiler runs on. Every figure here is labelled
 modelled in the profile, with its model and source.
 
-- NVSwitch groups larger than the largest measured one (4 and 8 GPUs when only 2 were available): the same
+- NVSwitch groups larger than the largest measured one (4 and 8 GPUs when only 2 are available): the same
   bus bandwidth as the largest measured group (on NVSwitch every GPU drives its own NVLinks, so per-GPU bus
   bandwidth does not fall with the group), latency scaled by the ring's (n-1) steps. This is the rule
   planner.profile._collective_lookup applies; writing the entries out makes them visible in provenance.
@@ -10,6 +10,8 @@ modelled in the profile, with its model and source.
   for all-reduce (reduce then broadcast). Matches planner.cluster.ClusterSpec's defaults.
 - One GPU only: NVLink from the datasheet bandwidth times the efficiency measured on 2x H200.
 - Overlap: see OVERLAP.
+
+What differs between collectives (NIC hops, a pair whatever the group) is read from planner.collectives.
 """
 from __future__ import annotations
 
