@@ -22,7 +22,8 @@ provenance.
 
 Modules: records (the format's dataclasses and constants), core (the Profile and its look-ups), table
 (interpolation between measured GEMMs, collective fits), validate (checks of a loaded profile), files (where
-profiles live, which one a plan reads, loading it).
+profiles live, which one a plan reads, loading it), grouped (the MoE experts' grouped GEMMs), physics (collectives
+beyond the measured GPUs). Which collectives exist and what distinguishes them is planner/collectives.py's table.
 """
 from planner.profile.core import Profile
 from planner.profile.files import (check_output_file, default_profile_path, gpu_kind_of_device, load_profile,
