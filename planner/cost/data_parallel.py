@@ -79,8 +79,7 @@ class DataParallelTerms:
         fp32 call per tensor, issued in backward's gradient hooks on the compute stream: exposed. Once per step
         (on the last micro-batch), every micro-batch under 'optimizer+grads' (whose gradients are reduced every
         micro-batch); under 'full' on the rank's shard of each. Under MoE with TP the experts' weights are among
-        them: 2 GiB per step for moe-small at TP2 (11 ms), which the planner had not priced (found re-predicting
-        measured H200 TP2 runs; commit 318483e, 2026-12-01)."""
+        them: 2 GiB per step for moe-small at TP2 (11 ms on H200)."""
         lay = self.lay
         if lay.tp == 1:
             return 0.0

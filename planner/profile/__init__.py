@@ -10,7 +10,7 @@ kinds of question, each answered from measured points:
 - `wgrad_s(m, n, k)`: the weight-gradient GEMM dY^T X as the runtime runs it, accumulating into an fp32
   main gradient (reads and writes m x n fp32 besides the bf16 operands), from its own measured points:
   with few tokens (k) it is far slower than a bf16-output GEMM of the same shape, so one table for both
-  mispredicted either by up to 60% (H200, commit 3841b61, 2026-11-30; benchmarks/results/README.md).
+  mispredicted either by up to 60% (H200; benchmarks/results/README.md).
 - `attention_s(...)`: flash/SDPA attention forward and backward; achieved rate interpolated over measured
   (sequence, head_dim, causal) points.
 - `memory_bound_s(bytes)`: elementwise work at the measured device-copy bandwidth times an efficiency.
@@ -22,7 +22,8 @@ provenance.
 
 Modules: records (the format's dataclasses and constants), core (the Profile and its look-ups), table
 (interpolation between measured GEMMs, collective fits), validate (checks of a loaded profile), files (where
-profiles live, which one a plan reads, loading it).
+profiles live, which one a plan reads, loading it), grouped (the MoE experts' grouped GEMMs), physics (collectives
+beyond the measured GPUs). Which collectives exist and what distinguishes them is planner/collectives.py's table.
 """
 from planner.profile.core import Profile
 from planner.profile.files import (check_output_file, default_profile_path, gpu_kind_of_device, load_profile,

@@ -52,13 +52,13 @@ class Profile:
     source_path: str = ""
     extras: dict = field(default_factory=dict)
     host: HostOverheads | None = None
-    """Measured host time per layer (runtime/profiler/host.py); None: no host floor (older profiles)."""
+    """Measured host time per layer (runtime/profiler/host.py); None: no host floor (a profile measured without the host probe)."""
     wgrad_points: list[tuple[int, int, int, float]] = field(default_factory=list)
     """(m, n, k, seconds) of weight-gradient GEMMs [m,k] x [k,n] accumulated into fp32 (k = tokens); empty in
-    profiles measured before commit 3841b61 (2026-11-30), where wgrad_s falls back to gemm_s."""
+    profiles measured without them, where wgrad_s falls back to gemm_s."""
     fp8_points: list[tuple[int, int, int, float]] = field(default_factory=list)
     """(m, n, k, seconds) of FP8 GEMMs as runtime/parallel/fp8.py runs them (per-tensor scaling of both bf16
-    operands included), forward and input-gradient layouts; empty before commit 940723c (2026-11-30) and on devices
+    operands included), forward and input-gradient layouts; empty in profiles measured without them and on devices
     without FP8, where fp8_gemm_s is modelled."""
     grouped_points: list[GroupedGemmPoint] = field(default_factory=list)
     """The MoE experts' grouped GEMMs against dense GEMMs of all their rows (planner/profile/grouped.py,
@@ -114,7 +114,7 @@ class Profile:
     @property
     def kernels_timed_at_power_cap(self) -> bool:
         """Whether the profiler timed this profile's kernels with the GPU held at its power cap
-        (runtime/profiler/timing.py; profiles from before commit 871086d, 2026-12-01, were timed in short bursts).
+        (runtime/profiler/timing.py); False: in short bursts, at whatever clock the GPU was at.
         Kernels timed to compare with it, or to add to it, are timed the same way."""
         return any(part.get("part") == "kernel_timing" and part.get("at_power_cap")
                    for part in self.provenance.get("parts", []))
@@ -187,8 +187,8 @@ class Profile:
     def attention_kernel_head_dim(self, head_dim: int, causal: bool) -> int:
         """The head dimension whose measured kernel this one is priced as: itself where measured; else the next
         larger one measured, since the kernels pad the head dimension to their tile (on H200, head dimensions 80,
-        96 and 112 ran in the time of 128 within 2%, forward and backward, and 160 in that of 192: commit c21f8b1,
-        2026-12-02, benchmarks/attention_head_dims.py); above the largest measured, itself (at the nearest one's
+        96 and 112 run in the time of 128 within 2%, forward and backward, and 160 in that of 192, as
+        benchmarks/attention_head_dims.py measures); above the largest measured, itself (at the nearest one's
         rate)."""
         dims = {p["head_dim"] for p in self.attention_points if p["causal"] == causal} \
             or {p["head_dim"] for p in self.attention_points}

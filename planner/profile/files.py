@@ -16,7 +16,7 @@ def check_output_file(path: Path, option: str, overwrite: bool = False, append: 
     """Refuses, in one sentence and before any measuring or fitting, an output path the command could not write
     at its end: a folder, an existing file (unless overwrite or append), or a folder it cannot create or write
     in (/proc, a file where a folder should be, no permission). Creates nothing: the writer makes a missing
-    parent folder when it writes (the commands always have)."""
+    parent folder when it writes (as every command does)."""
     path = Path(path)
     if path.is_dir():
         raise PlanError(f"{option} '{path}' is a folder; give a file name")
@@ -43,9 +43,9 @@ def shipped_profile_path(gpu: str) -> Path:
 
 def default_profile_path(gpu: str) -> Path:
     """The profile the planner reads for `gpu` without --profile: the calibrated one where it ships (the
-    measured profile with its overlap and efficiency factors refitted on measured runs by `plan calibrate`; H200,
-    commit b66dd1f, 2026-11-30: 3.0% median, 13.2% worst step-time error on held-out GPU-paced runs against 10.1% /
-    28.3% for the measured one, benchmarks/results/README.md), else the measured one."""
+    measured profile with its overlap and efficiency factors refitted on measured runs by `plan calibrate`; on
+    H200, 3.0% median, 13.2% worst step-time error on held-out GPU-paced runs against 10.1% / 28.3% for the
+    measured one, benchmarks/results/calibration/), else the measured one."""
     calibrated = shipped_profile_path(f"{gpu}-calibrated")
     return calibrated if calibrated.exists() else shipped_profile_path(gpu)
 

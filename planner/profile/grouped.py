@@ -3,9 +3,9 @@
 
 Why a table of its own: a grouped GEMM of G experts of M rows each is neither one dense GEMM of G x M rows (it
 pays per-expert tiles and a ragged last tile) nor G small GEMMs of M rows (it fills the GPU with several experts'
-tiles at once). One H200 measured the forward at 1.0-1.2x the dense GEMM of all its rows from 1024 rows per expert
-and 2.3-4x at 64, where G separate GEMMs took 6-8x at 256, and the runtime's fp32-accumulating weight gradient at
-1.6-2.5x even at 4096-8192 rows (benchmarks/results/grouped-gemm/, commit a7c5c4d, 2026-12-03). So the
+tiles at once). On H200 the forward runs at 1.0-1.2x the dense GEMM of all its rows from 1024 rows per expert
+and 2.3-4x at 64, where G separate GEMMs take 6-8x at 256, and the runtime's fp32-accumulating weight gradient at
+1.6-2.5x even at 4096-8192 rows (benchmarks/results/grouped-gemm/). So the
 profiler (runtime/profiler/grouped.py) times both, grouped and dense, beside each other at the same clock, and
 the cost model reads their ratio at the rows per expert a layout gives, times the profile's own dense GEMM of
 those rows.

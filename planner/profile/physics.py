@@ -30,14 +30,18 @@ Across nodes (k nodes, g ranks of the group on each, one NIC per GPU of N GB/s p
   intra-node part at the NVLink busbw; the slower bounds the collective (the two pipeline against each other),
   and the latencies add: t = lat_intra(g) + lat_net(k) + S factor(n) / min(busbw_intra, g busbw_net).
   All-to-all: the share (n - g)/n of the buffer leaves the node over the NICs, (g - 1)/n stays on NVLink.
+
+What differs between collectives (bus factor, ring / latency / network steps, which efficiency, NVLS, a pair,
+the all-to-all share split) is read from planner.collectives' table; this module holds the figures.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
 
+from planner.collectives import COLLECTIVES, Collective, collective_named
 from planner.errors import PlanError
-from planner.profile.records import COLLECTIVE_OPS, CollectiveFit, bus_factor
+from planner.profile.records import CollectiveFit, bus_factor
 
 CSV = "benchmarks/published/collectives.csv"
 
@@ -111,52 +115,54 @@ NOMINAL_NIC_GB_PER_S = 50.0
 rescales them to the cluster's inter_node_gb_per_s."""
 
 
+def node_efficiency(p: NodePhysics, collective: Collective) -> float:
+    """The achieved fraction of `p`'s NVLink rate that `collective` reaches (its node_efficiency)."""
+    return {"ring": p.ring_eff, "all_to_all": p.alltoall_eff, "pair": p.p2p_eff}[collective.node_efficiency]
+
+
+NETWORK_EFFICIENCY = {"ring": NET_EFF, "all_to_all": NET_A2A_EFF}
+"""planner.collectives.NETWORK_EFFICIENCIES -> the achieved fraction of the NIC rate."""
+
+
 def ring_steps(op: str, n: int) -> int:
-    """Steps of NCCL's ring for `op` over n ranks (a pair for send/recv, one round of sends for all-to-all)."""
+    """Steps of NCCL's ring for `op` over n ranks (planner.collectives: a pair for send/recv, one round of sends
+    for all-to-all)."""
     if n <= 1:
         return 0
-    if op == "all_reduce":
-        return 2 * (n - 1)
-    if op in ("all_gather", "reduce_scatter"):
-        return n - 1
-    return 1
+    return collective_named(op).ring_steps(n)
 
 
 def node_fit(op: str, n: int, gpu: str, nvls: bool = False) -> CollectiveFit:
     """`op` over n GPUs of one NVSwitch node of `gpu` (modelled). nvls: all-reduce with NVLink SHARP where the
     GPU has it and n > 4 (NCCL picks ring at 4 or fewer)."""
     p = NODES[gpu]
+    c = collective_named(op)
     b = p.nvlink_gb_per_s * 1e9
-    if op == "all_reduce" and nvls and p.nvls_eff > 0 and n > 4:
+    if c.nvls and nvls and p.nvls_eff > 0 and n > 4:
         # S moved once at nvls_eff x B, in busbw terms: busbw = factor x algbw
         return CollectiveFit(op=op, link="nvlink", group_size=n, latency_s=p.nvls_latency_s,
                              bus_bandwidth_bytes_per_s=bus_factor(op, n) * p.nvls_eff * b, measured=False,
                              fill_ratio=NVLS_FILL_RATIO, fill_s=NVLS_FILL_S)
+    busbw = node_efficiency(p, c) * b
+    if not c.pipeline_fill:
+        return CollectiveFit(op=op, link="nvlink", group_size=n, latency_s=p.ll_step_s * c.latency_steps(n),
+                             bus_bandwidth_bytes_per_s=busbw, measured=False)
     steps = ring_steps(op, n)
-    if op == "send_recv":
-        return CollectiveFit(op=op, link="nvlink", group_size=n, latency_s=p.ll_step_s * 2,
-                             bus_bandwidth_bytes_per_s=p.p2p_eff * b, measured=False)
-    if op == "all_to_all":
-        return CollectiveFit(op=op, link="nvlink", group_size=n, latency_s=p.ll_step_s * 2 * (n - 1),
-                             bus_bandwidth_bytes_per_s=p.alltoall_eff * b, measured=False)
-    return CollectiveFit(op=op, link="nvlink", group_size=n, latency_s=p.ll_step_s * steps,
-                         bus_bandwidth_bytes_per_s=p.ring_eff * b, measured=False,
+    return CollectiveFit(op=op, link="nvlink", group_size=n, latency_s=p.ll_step_s * c.latency_steps(n),
+                         bus_bandwidth_bytes_per_s=busbw, measured=False,
                          fill_ratio=FILL_RATIO, fill_s=FILL_STEP_S * steps)
 
 
 def network_steps(op: str, k: int) -> int:
+    """Latency steps of `op` across k nodes of one rank each (planner.collectives: all-reduce as NCCL's tree)."""
     if k <= 1:
         return 0
-    if op == "all_reduce":
-        return min(2 * (k - 1), 2 * math.ceil(math.log2(k)))   # NCCL's tuner: ring at 2-3 nodes, tree above
-    if op in ("all_gather", "reduce_scatter"):
-        return k - 1
-    return 1
+    return collective_named(op).network_steps(k)
 
 
 def network_fit(op: str, k: int, nic_gb_per_s: float = NOMINAL_NIC_GB_PER_S) -> CollectiveFit:
     """`op` over k ranks on k nodes, each over its own NIC (modelled)."""
-    eff = NET_A2A_EFF if op == "all_to_all" else NET_EFF
+    eff = NETWORK_EFFICIENCY[collective_named(op).network_efficiency]
     return CollectiveFit(op=op, link="network", group_size=k, latency_s=NET_STEP_S * network_steps(op, k),
                          bus_bandwidth_bytes_per_s=eff * nic_gb_per_s * 1e9, measured=False)
 
@@ -170,9 +176,10 @@ def spanning_s(op: str, size_bytes: float, per_node: int, nodes: int, intra: Col
         return 0.0
     if per_node <= 1 or intra is None:
         return net.time_s(size_bytes)
-    if op == "send_recv":
+    c = collective_named(op)
+    if c.pairwise:
         return net.time_s(size_bytes)
-    if op == "all_to_all":
+    if c.node_shares:
         t_net = (n - per_node) / n * size_bytes / net.bus_bandwidth_bytes_per_s
         t_intra = (per_node - 1) / n * size_bytes / intra.bus_bandwidth_bytes_per_s
         return intra.latency_s + net.latency_s + max(t_net, t_intra)
@@ -188,19 +195,19 @@ def modelled_entries(gpu: str, kept: list[CollectiveFit], max_group: int = 8,
     carried from a measured profile). send/recv over a larger group is still a pair: it copies the kept pair."""
     have = {(c.op, c.group_size) for c in kept if c.link == "nvlink"}
     out = []
-    for op in COLLECTIVE_OPS:
+    for op, coll in COLLECTIVES.items():
         n = 2
         while n <= max_group:
             if (op, n) not in have:
                 pair = [c for c in kept if c.link == "nvlink" and c.op == op and c.group_size == 2]
-                if op == "send_recv" and pair:
+                if coll.pairwise and pair:
                     c = pair[0]
                     out.append(CollectiveFit(op=op, link="nvlink", group_size=n, latency_s=c.latency_s,
                                              bus_bandwidth_bytes_per_s=c.bus_bandwidth_bytes_per_s, measured=False))
                 else:
                     out.append(node_fit(op, n, gpu, nvls))
             n *= 2
-    for op in COLLECTIVE_OPS:
+    for op in COLLECTIVES:
         out += [network_fit(op, 2 ** i) for i in range(1, 13)]
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from planner.errors import PlanError
+from planner.collectives import collective_named, collective_names
 
 
 PROFILE_FORMAT = "parallel-plan/profile"
@@ -14,21 +14,17 @@ PROFILE_VERSION = 1
 EFFICIENCY_TERMS = ("compute", "expert", "tp", "cp", "ep", "pp", "dp", "optimizer", "host", "host_tp", "host_cp",
                     "ring")
 
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COLLECTIVE_OPS = collective_names()
+"""The built-in collectives' names (planner.collectives, read at import; a collective registered later is valid in
+a profile too: validate.py asks the registry)."""
 
 
 def bus_factor(op: str, n: int) -> float:
     """Bytes each rank moves over its link per byte of the collective's (full) buffer, nccl-tests' busbw
-    convention: time = latency + size * factor / bus_bandwidth."""
+    convention: time = latency + size * factor / bus_bandwidth (planner.collectives); 0 for a group of one."""
     if n <= 1:
         return 0.0
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if op == "send_recv":
-        return 1.0
-    raise PlanError(f"unknown collective '{op}'")
+    return collective_named(op).bus_factor(n)
 
 
 @dataclass(frozen=True)
@@ -115,7 +111,7 @@ class HostOverheads:
     The base figures above come from DP2, whose gradient hooks and bucketed reductions cost host time a
     plan without a data-parallel group (dp * cp == 1) does not spend; for those plans layer_host_s takes
     off the difference (the same for every recompute mode: the hooks are per parameter). Empty in profiles measured
-    before commit 5ffbfbe (2026-11-30), and when the probe ran on one GPU (its base is then single-rank already)."""
+    without it, and when the probe ran on one GPU (its base is then single-rank already)."""
     family_single_rank_ends_s: dict = field(default_factory=dict)
     """family -> seconds per micro-batch outside the layers, in one process without data parallelism."""
 
@@ -128,9 +124,8 @@ class HostOverheads:
         """Host seconds per layer and micro-batch that data parallelism's gradient reduction adds: the DP2 base
         minus the single-rank figure; 0 where the single-rank figure was not measured. Not clipped at 0, so that
         a plan without data parallelism is priced at the single-rank figure itself, measured for exactly that
-        case. (Clipped, a single-rank figure above the base, from another machine's probe or from the probe's
-        noise, was ignored: an H200 probe on 2026-12-02 measured 3.3 ms against a base of 2.0 ms from another machine;
-        commit b652326.)"""
+        case. Clipping would ignore a single-rank figure above the base, which a probe on another GPU or the
+        probe's noise can give (an H200 probe has measured 3.3 ms against a base of 2.0 ms from another GPU)."""
         single = self.family_single_rank_layer_s.get(family or "llama")
         if single is None:
             return 0.0
@@ -161,8 +156,8 @@ class HostOverheads:
 
     def recompute_order_violations(self) -> list[str]:
         """Families whose per-layer host time breaks none <= selective <= full. Recompute only adds work to a
-        layer, so such a figure is the probe's noise (the H200 probe of 2026-11-30, commit 6ea686f: llama selective
-        5.1 ms above full 3.8 ms), and the planner will misjudge recompute in host-paced plans; worth a
+        layer, so such a figure is the probe's noise (an H200 probe has measured llama selective 5.1 ms above full
+        3.8 ms), and the planner will misjudge recompute in host-paced plans; worth a
         re-measurement."""
         out = []
         tables = dict(self.family_layer_s)

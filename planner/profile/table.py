@@ -12,7 +12,8 @@ from planner.profile.records import CollectiveFit, bus_factor
 LINE_MAX_BRACKET_OCTAVES = 2.0
 """A GEMM is interpolated along a measured line only where the line's points either side of it are at most this
 many octaves apart (a factor of 4). Over a wider bracket the rate's curve is far from straight in log2: 512 x 3072 x
-2304 read 42% slow between n = 768 and 16384 (a study of the lookup on measured shapes, 2026-12-02, commit 175947e)."""
+2304 reads 42% slow between n = 768 and 16384 in a study of the lookup on measured H200 shapes (the lookup's
+leave-one-out accuracy: benchmarks/results/gemm-interpolation/)."""
 
 PLANE_NEAREST_POINTS = 20
 """How many measured shapes nearest in log2 shape the off-line fallback fits its plane to."""
@@ -63,10 +64,10 @@ class _GemmTable:
         """Log rate at a shape on no usable line: a plane in log2 shape fitted by weighted least squares to the
         PLANE_NEAREST_POINTS nearest measured shapes (weights 1 / squared distance), clamped to the range of
         their rates so that it never extrapolates past them. It follows the rate's slope where inverse-distance
-        weights over the 4 nearest averaged it away. With the two-octave line rule, over 8,335 off-grid shapes
-        measured on an H200 (2026-12-02, commit 175947e) the share missing by more than 15% went from 2.4% to 1.3%,
-        the 99th percentile from 17.7% to 15.6%, the median from 3.1% to 2.9%
-        (the study's data and script are in git history at e14e583, benchmarks/results/)."""
+        weights over the 4 nearest average it away. With the two-octave line rule, over 8,335 off-grid shapes
+        measured on H200, the plane brings the share missing by more than 15% from 2.4% (inverse-distance
+        weights) to 1.3%, the 99th percentile from 17.7% to 15.6%, the median from 3.1% to 2.9%
+        (the lookup's leave-one-out accuracy: benchmarks/results/gemm-interpolation/)."""
         import numpy as np
 
         query = np.log2([m, n, k])

@@ -4,9 +4,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from planner.collectives import COLLECTIVES
 from planner.errors import PlanError
 from planner.profile.grouped import GROUPED_DIRECTIONS, GroupedGemmPoint
-from planner.profile.records import COLLECTIVE_OPS, EFFICIENCY_TERMS, HostOverheads
+from planner.profile.records import EFFICIENCY_TERMS, HostOverheads
 
 if TYPE_CHECKING:  # planner.profile.core calls _validate as it loads a profile
     from planner.profile.core import Profile
@@ -130,9 +131,9 @@ def _check_attention(p: Profile, check: _Checker) -> None:
 def _check_collectives(p: Profile, check: _Checker) -> None:
     for i, c in enumerate(p.collectives):
         name = f"collectives[{i}]"
-        if c.op not in COLLECTIVE_OPS:
+        if c.op not in COLLECTIVES:
             raise PlanError(f"{check.where} is corrupted: {name}.op is '{c.op}', not one of "
-                            f"{', '.join(COLLECTIVE_OPS)}")
+                            f"{', '.join(COLLECTIVES)}")
         check.size(f"{name}.group_size", c.group_size)
         check.non_negative(f"{name}.latency_s", c.latency_s)
         check.positive(f"{name}.bus_bandwidth_bytes_per_s", c.bus_bandwidth_bytes_per_s)

@@ -10,7 +10,12 @@ absorbs the ranks' skew, the slowest rank's. The fits are made
 with planner.profile.fit_collective over 1 MiB and up (the messages training sends), the points below kept.
 
 NVLink multicast (NVLS) stays off in every spawned process: NCCL_NVLS_ENABLE=0 and
-TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (the lent machines require it).
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (FORCED_ENV, recorded in the profile's provenance as environment_forced), so the
+measured entries are NCCL's ring ones; planner/profile/physics.py models NVLS for targets that run with it.
+
+What is timed is one table: TIMINGS, keyed by the names of planner.collectives.COLLECTIVES, says for each
+collective which torch.distributed call runs it and how its buffers are shaped; a pairwise collective
+(send/recv) is timed in the 2-rank group only.
 """
 from __future__ import annotations
 
@@ -20,11 +25,85 @@ import os
 import socket
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+from planner.collectives import collective_named
 
 FORCED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 FIT_MIN_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class CollectiveTiming:
+    """How the profiler runs one collective of planner.collectives.COLLECTIVES (same name) to time it.
+
+    numel is the collective's full buffer in elements (nccl-tests' size: all-gather output, reduce-scatter input),
+    a multiple of the group size g.
+    """
+
+    name: str
+    input_numel: Callable[[int, int], int]
+    """(numel, g) -> elements of this rank's input buffer."""
+    output_numel: Callable[[int, int], int]
+    """(numel, g) -> elements of its output buffer; 0: the call runs in place on the input."""
+    bind: Callable
+    """(torch.distributed, input, output, group, rank) -> a closure that issues one call."""
+
+
+def _whole(numel: int, g: int) -> int:
+    return numel
+
+
+def _in_place(numel: int, g: int) -> int:
+    return 0
+
+
+def _share(numel: int, g: int) -> int:
+    return numel // g
+
+
+def _bind_all_reduce(dist, inp, out, group, rank):
+    return lambda: dist.all_reduce(inp, group=group)
+
+
+def _bind_all_gather(dist, inp, out, group, rank):
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # renamed in torch 2.13
+    return lambda: ag(out, inp, group=group)
+
+
+def _bind_reduce_scatter(dist, inp, out, group, rank):
+    rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor   # renamed in torch 2.13
+    return lambda: rs(out, inp, group=group)
+
+
+def _bind_all_to_all(dist, inp, out, group, rank):
+    return lambda: dist.all_to_all_single(out, inp, group=group)
+
+
+def _bind_send_recv(dist, inp, out, group, rank):
+    """Rank 0 sends its buffer to rank 1, which receives it in place."""
+    peer = 1 - rank
+    if rank == 0:
+        return lambda: dist.send(inp, dst=peer, group=group)
+    return lambda: dist.recv(inp, src=peer, group=group)
+
+
+TIMINGS: dict[str, CollectiveTiming] = {t.name: t for t in (
+    CollectiveTiming("all_reduce", _whole, _in_place, _bind_all_reduce),
+    CollectiveTiming("all_gather", _share, _whole, _bind_all_gather),
+    CollectiveTiming("reduce_scatter", _whole, _share, _bind_reduce_scatter),
+    CollectiveTiming("all_to_all", _whole, _whole, _bind_all_to_all),
+    CollectiveTiming("send_recv", _whole, _in_place, _bind_send_recv),
+)}
+"""name -> how to time it; the profiler times every entry (OPS), in this order."""
+OPS = tuple(TIMINGS)
+
+
+def times_at(op: str, g: int) -> bool:
+    """Whether `op` is timed in the group of g ranks: a pairwise collective (send/recv) only in the 2-rank group."""
+    return g == 2 or not collective_named(op).pairwise
 
 
 def force_env() -> None:
@@ -83,16 +162,16 @@ def _time_batch(fn, device, warmup: int, repeats: int, batch: int, group) -> flo
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             # hold the GPU while the host enqueues the batch, as timing.time_fn does for kernels: a 1 MiB
             # collective runs in about 20 us on NVLink, about what c10d needs to enqueue one, so an unheld
-            # batch timed the host's pace (2026-11-30, commit 053b23e: 1 MiB all-reduce 24 us in one run, 49 us minutes later)
+            # batch times the host's pace (a 1 MiB all-reduce read 24 us in one run and 49 us in the next)
             hold_gpu(device, (batch + 1) * max(30e-6, 2.0 * host_call_s) + 50e-6)
             # line the ranks' GPUs up behind one tiny all-reduce: a small send completes without its receiver
-            # (NCCL buffers it), so the untimed call below did not absorb the skew for send_recv (2026-11-30, commit cc3d222:
-            # 4 KiB - 16 MiB points of 8 us and of 40-90 us in one profile)
+            # (NCCL buffers it), so the untimed call below alone does not absorb the skew for send_recv
+            # (without it, 4 KiB - 16 MiB points of 8 us and of 40-90 us in one profile)
             dist.all_reduce(align, group=group)
             # one untimed call first: the ranks leave barrier() and synchronize() at different host times,
             # and the first collective of a batch absorbs that skew (it waits for the later rank). Timing
-            # from its end measures the collective, not the skew (2026-11-30, commit 2e4784f: a 4 MiB all-gather timed in a
-            # batch of 4 came out at 97 us between 43 us at 8 MiB and 48 us at 2 MiB).
+            # from its end measures the collective, not the skew (timed from the start, a 4 MiB all-gather in a
+            # batch of 4 read 97 us between 43 us at 8 MiB and 48 us at 2 MiB).
             fn()
             s.record()
             for _ in range(batch):
@@ -136,7 +215,7 @@ def _worker(rank: int, world: int, device_type: str, port: int, job: dict, resul
             if rank < g:
                 _warm_up(job["ops"], g, rank, group, device, dtype)
                 for op in job["ops"]:
-                    if op == "send_recv" and g != 2:
+                    if not times_at(op, g):
                         continue   # point-to-point: one pair, measured in the 2-rank group
                     for size in job["sizes"]:
                         numel = max(size // esize // g * g, g)
@@ -153,8 +232,8 @@ def _worker(rank: int, world: int, device_type: str, port: int, job: dict, resul
 
 WARM_UP_S = 0.5
 """Seconds of back-to-back collectives before the first timed one of a group (GPU only). The first op timed
-(all-reduce at the smallest sizes) came out 20-66% slower at 1-4 MiB than the same sizes re-measured later in
-the same device run (2026-11-30, commit 67048bf): a GPU leaving idle clocks and NCCL setting up its connections."""
+(all-reduce at the smallest sizes) reads 20-66% slower at 1-4 MiB without it than the same sizes re-measured
+later in the same run: a GPU leaving idle clocks and NCCL setting up its connections."""
 
 
 def _warm_up(ops, g, rank, group, device, dtype) -> None:
@@ -163,7 +242,7 @@ def _warm_up(ops, g, rank, group, device, dtype) -> None:
 
     cuda = device.type == "cuda"
     numel = (64 << 20) // torch.tensor([], dtype=dtype).element_size() // g * g if cuda else g * 256
-    fns = [_op_fn(op, numel, g, rank, group, device, dtype) for op in ops if op != "send_recv" or g == 2]
+    fns = [_op_fn(op, numel, g, rank, group, device, dtype) for op in ops if times_at(op, g)]
     deadline = time.monotonic() + (WARM_UP_S if cuda else 0.0)
     while True:
         for fn in fns:
@@ -176,34 +255,18 @@ def _warm_up(ops, g, rank, group, device, dtype) -> None:
 
 
 def _op_fn(op, numel, g, rank, group, device, dtype):
-    """A closure running one `op` over `numel` elements of this rank's buffers (allocated once)."""
+    """A closure running one `op` over `numel` elements of this rank's buffers (allocated once, as TIMINGS[op]
+    shapes them)."""
     import torch
     import torch.distributed as dist
 
-    def rnd(n):
-        return torch.randn(n, device=device, dtype=torch.float32).to(dtype)
-
-    if op == "all_reduce":
-        x = rnd(numel)
-        fn = lambda: dist.all_reduce(x, group=group)  # noqa: E731
-    elif op == "all_gather":
-        inp, out = rnd(numel // g), torch.empty(numel, device=device, dtype=dtype)
-        ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # renamed in torch 2.13
-        fn = lambda: ag(out, inp, group=group)  # noqa: E731
-    elif op == "reduce_scatter":
-        inp, out = rnd(numel), torch.empty(numel // g, device=device, dtype=dtype)
-        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        fn = lambda: rs(out, inp, group=group)  # noqa: E731
-    elif op == "all_to_all":
-        inp, out = rnd(numel), torch.empty(numel, device=device, dtype=dtype)
-        fn = lambda: dist.all_to_all_single(out, inp, group=group)  # noqa: E731
-    elif op == "send_recv":
-        x = rnd(numel)
-        peer = 1 - rank
-        fn = (lambda: dist.send(x, dst=peer, group=group)) if rank == 0 else (lambda: dist.recv(x, src=peer, group=group))
-    else:
+    timing = TIMINGS.get(op)
+    if timing is None:
         raise ValueError(op)
-    return fn
+    inp = torch.randn(timing.input_numel(numel, g), device=device, dtype=torch.float32).to(dtype)
+    out_numel = timing.output_numel(numel, g)
+    out = torch.empty(out_numel, device=device, dtype=dtype) if out_numel else inp
+    return timing.bind(dist, inp, out, group, rank)
 
 
 def _time_op(op, numel, g, rank, group, device, dtype, job) -> float:
@@ -256,7 +319,7 @@ def steps(world: int, device_type: str, quick: bool) -> int:
     """How many progress steps `measure` reports (for the progress bar)."""
     n = len(message_sizes(device_type, quick))
     gs = group_sizes(world)
-    return sum(n * (len(OPS) - (0 if g == 2 else 1)) for g in gs)
+    return sum(n * sum(times_at(op, g) for op in OPS) for g in gs)
 
 
 def fit_points(raw: list[dict], link: str, fit_min_bytes: int = FIT_MIN_BYTES):

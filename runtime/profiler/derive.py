@@ -9,7 +9,7 @@ the same NVLink 4 (NV18, 900 GB/s bidirectional). They differ in HBM: 3.35 TB/s 
 - copy bandwidth scales by 3.35 / 4.8, the optimizer step (memory bound) by 4.8 / 3.35; elementwise efficiency
   (a fraction of the copy bandwidth) is kept;
 - collectives and overlap are kept (same NVLink, same NCCL).
-The H100 SXM with 96 GB HBM2e (torchtitan's benchmark GPU, its docs/performance.md at commit 9dec370: "96GB HBM2e
+The H100 SXM with 96 GB HBM2e (torchtitan's benchmark GPU, its docs/performance.md: "96GB HBM2e
 with 2.4 TB/sec") is the same die and NVLink with 2.4 TB/s HBM, derived the same way (profiles/build_h100_96gb_profile.py).
 
     python -m runtime.profiler.derive profiles/h200-sxm.json --out profiles/h100-sxm.json
@@ -28,7 +28,7 @@ from planner.profile import Profile
 HBM_TB_PER_S = {"h200-sxm": 4.8, "h100-sxm": 3.35, "h100-96gb": 2.4}
 SOURCE = ("NVIDIA H100 SXM5 / H200 SXM datasheets: same GH100 SMs and clocks (989 dense bf16 TFLOP/s), same NVLink 4 "
           "NV18; HBM 3.35 vs 4.8 TB/s")
-SOURCES = {"h100-96gb": SOURCE + "; H100 SXM 96 GB HBM2e at 2.4 TB/s: torchtitan docs/performance.md (commit 9dec370)"}
+SOURCES = {"h100-96gb": SOURCE + "; H100 SXM 96 GB HBM2e at 2.4 TB/s: torchtitan docs/performance.md"}
 """The datasheet line each target's derived parts cite (SOURCE unless named here)."""
 
 

@@ -2,11 +2,11 @@
 not measured its head dimension) on this GPU and add them to a profile.
 
 A plan whose layer GEMMs fall between a profile's measured points reads interpolated times, and between the
-grid's lines cuBLAS runs some shapes 10-25% off the interpolated rate, repeatably (benchmarks/results/README.md,
-2026-12-01 and 2026-12-02: 2560 x 2560 x 8192 weight gradients, for instance). The planner says so in every such plan's
+grid's lines cuBLAS runs some shapes 10-25% off the interpolated rate, repeatably (2560 x 2560 x 8192 weight
+gradients, for instance; benchmarks/results/README.md). The planner says so in every such plan's
 provenance. Measuring a whole new profile to fix that takes five minutes and loses what the base profile holds
 that a fresh one does not: the calibration `plan calibrate` fitted on measured runs, host figures from another
-machine, collectives from a two-GPU node. This times only the GEMMs of the models asked for that the base has
+host, collectives from a two-GPU node. This times only the GEMMs of the models asked for that the base has
 not measured (shapes.model_gemm_shapes: every TP degree, micro-batch 1-16, CP 1-8), in the profiler's own way
 (warm-up, median of repeats, at the power cap if the base was timed there), adds them to the base's tables and
 records in the provenance what was added, on which machine, when and at which commit. Nothing else changes.

@@ -144,8 +144,8 @@ def time_gemms(shapes: list[GemmShape], device, *, warmup: int, repeats: int, de
 def sustained_gemm(device, size: int, seconds: float) -> dict:
     """One square GEMM timed as the grid times it (short batches behind a spin) and back to back for `seconds`
     (the last quarter timed with events): whether a GPU under sustained load runs GEMMs slower than in the
-    grid's bursts (clocks, power). A diagnostic kept in extras; the cost model does not apply it (2026-11-30,
-    commit 1e41d35: GPU-paced steps ran 6-10% slower than predicted while isolated layers did not)."""
+    grid's bursts (clocks, power). A diagnostic kept in extras; the cost model does not apply it. It explains
+    GPU-paced steps running 6-10% slower than a burst-timed profile predicts while isolated layers do not."""
     device = torch.device(device)
     dtype = compute_dtype(device)
     a = [torch.randn(size, size, device=device, dtype=dtype) for _ in range(2)]
@@ -204,7 +204,7 @@ def time_attention(batch: int, heads: int, seq: int, head_dim: int, causal: bool
 
     # the full reheat before each: between cases the host draws new inputs (randn, a forward for the backward's
     # outputs), low-power GPU work that lets the clock climb; attention's timed window (~25 ms) is too short to
-    # bring it back down (2026-12-02, commit dae945c: cases timed again without their first call's setup ran 8% faster)
+    # bring it back down (without the reheat, cases timed again without their first call's setup ran 8% faster)
     tf = time_fn(fwd, device, warmup=warmup, repeats=repeats, min_heat_s=REHEAT_MAX_S)
     outs = []
     for q, k, v in sets:

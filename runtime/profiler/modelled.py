@@ -1,7 +1,7 @@
-"""Stated models for what a profile cannot measure on the machine it runs on. Every figure here is labelled
+"""Stated models for what a profile cannot measure on the host the profiler runs on. Every figure here is labelled
 modelled in the profile, with its model and source.
 
-- NVSwitch groups larger than the largest measured one (4 and 8 GPUs when only 2 were available): the same
+- NVSwitch groups larger than the largest measured one (4 and 8 GPUs when only 2 are available): the same
   bus bandwidth as the largest measured group (on NVSwitch every GPU drives its own NVLinks, so per-GPU bus
   bandwidth does not fall with the group), latency scaled by the ring's (n-1) steps. This is the rule
   planner.profile._collective_lookup applies; writing the entries out makes them visible in provenance.
@@ -10,12 +10,13 @@ modelled in the profile, with its model and source.
   for all-reduce (reduce then broadcast). Matches planner.cluster.ClusterSpec's defaults.
 - One GPU only: NVLink from the datasheet bandwidth times the efficiency measured on 2x H200.
 - Overlap: see OVERLAP.
+
+What differs between collectives (NIC hops, a pair whatever the group) is read from planner.collectives.
 """
 from __future__ import annotations
 
-import math
-
-from planner.profile import COLLECTIVE_OPS, CollectiveFit
+from planner.collectives import COLLECTIVES
+from planner.profile import CollectiveFit
 
 NIC_GB_PER_S = 50.0
 NIC_LATENCY_US = 10.0
@@ -35,7 +36,7 @@ def nvswitch_groups(fits: list[CollectiveFit], max_group: int, link: str = "nvli
     while g <= max_group:
         sizes.append(g)
         g *= 2
-    for op in COLLECTIVE_OPS:
+    for op, coll in COLLECTIVES.items():
         mine = [f for f in measured if f.op == op]
         if not mine:
             continue
@@ -44,17 +45,19 @@ def nvswitch_groups(fits: list[CollectiveFit], max_group: int, link: str = "nvli
         for n in sizes:
             if n in have:
                 continue
-            steps = 1.0 if op == "send_recv" else (n - 1) / max(base.group_size - 1, 1)
+            steps = 1.0 if coll.pairwise else (n - 1) / max(base.group_size - 1, 1)
             out.append(CollectiveFit(op=op, link=link, group_size=n, latency_s=base.latency_s * steps,
                                      bus_bandwidth_bytes_per_s=base.bus_bandwidth_bytes_per_s, measured=False))
     return out
 
 
 def network_links(nic_gb_per_s: float = NIC_GB_PER_S, latency_us: float = NIC_LATENCY_US) -> list[CollectiveFit]:
+    """The nominal network entries (NETWORK_GROUP_SIZES) of every collective: one NIC of nic_gb_per_s per rank,
+    latency_us per hop, hops from the collective's network_hops (planner.collectives)."""
     out = []
-    for op in COLLECTIVE_OPS:
+    for op, coll in COLLECTIVES.items():
         for n in NETWORK_GROUP_SIZES:
-            hops = 1 if op == "send_recv" else math.ceil(math.log2(n)) * (2 if op == "all_reduce" else 1)
+            hops = coll.network_hops(n)
             out.append(CollectiveFit(op=op, link="network", group_size=n, latency_s=latency_us * 1e-6 * hops,
                                      bus_bandwidth_bytes_per_s=nic_gb_per_s * 1e9, measured=False))
     return out
@@ -69,10 +72,10 @@ NVLINK_LATENCY_S = 35e-6
 def single_gpu_nvlink(nvlink_gb_per_s: float, max_group: int = 8) -> list[CollectiveFit]:
     """When only one GPU was available: NVLink modelled from the datasheet bandwidth x NVLINK_EFFICIENCY."""
     out = []
-    for op in COLLECTIVE_OPS:
+    for op, coll in COLLECTIVES.items():
         n = 2
         while n <= max_group:
-            lat = NVLINK_LATENCY_S * (1 if op == "send_recv" else (n - 1))
+            lat = NVLINK_LATENCY_S * (1 if coll.pairwise else (n - 1))
             out.append(CollectiveFit(op=op, link="nvlink", group_size=n, latency_s=lat,
                                      bus_bandwidth_bytes_per_s=nvlink_gb_per_s * 1e9 * NVLINK_EFFICIENCY,
                                      measured=False))

@@ -11,11 +11,11 @@ Callers pass `fn(i)` where i counts calls, so they can rotate through several in
 flatter the result; see kernels.RandomPool). The answer is the median over batches, with the spread recorded.
 
 Power: a GPU under sustained tensor load runs at its power cap, at a lower SM clock than in short bursts
-(2026-12-01, commit 871086d, one H200 at 700 W: 1980 MHz in the first ~0.1 s, then 1485-1665 MHz; big bf16 GEMMs 9-23%
-slower, whole layers 14-16%, a copy not at all). Training is sustained, so the profiler times every kernel at
+(an H200 at 700 W: 1980 MHz in the first ~0.1 s, then 1485-1665 MHz; big bf16 GEMMs 9-23% slower, whole layers
+14-16%, a copy not at all). Training is sustained, so the profiler times every kernel at
 that operating point: inside `at_power_cap(device)` a heater (bf16 GEMMs, `PowerHeater`) runs before each
 kernel and before each timed batch, in place of the spin, and keeps the GPU at its cap. Without it a grid's
-big shapes were timed throttled and its small ones at boost, depending on what ran just before. It does not
+big shapes are timed throttled and its small ones at boost, depending on what ran just before. It does not
 hold every kernel at one clock: runtime/profiler/README.md, "Timing at the power cap", says how far it gets.
 """
 from __future__ import annotations
@@ -69,14 +69,14 @@ def hold_gpu(device: torch.device, seconds: float) -> None:
 
 
 HEAT_FIRST_S = 1.0
-"""Heat from cold: the clock reached its capped level within 0.06-0.15 s of sustained GEMMs (2026-12-01, commit 871086d)."""
+"""Heat from cold: the clock reaches its capped level within 0.06-0.15 s of sustained GEMMs (H200)."""
 HEAT_BEFORE_S = 4e-3
 """Heat before each kernel's warm-up, when the previous kernel was timed just before."""
 REHEAT_AFTER_IDLE_S = 5e-3
 """A GPU left idle longer than this (the host preparing the next kernel's inputs) has its clock back towards
 boost within ~20 ms; it is heated again for REHEAT_PER_IDLE x the idle time, at most REHEAT_MAX_S (the
-clock fell to its capped level within 0.06-0.15 s of sustained load). A profile of 2026-12-01 (commit 9ea6620) heated only
-HEAT_BEFORE_S and timed its attention grid at 1840-1980 MHz where its GEMM grid ran at 1410-1500."""
+clock falls to its capped level within 0.06-0.15 s of sustained load). Heated only HEAT_BEFORE_S, a profile times
+its attention grid at 1840-1980 MHz where its GEMM grid runs at 1410-1500."""
 REHEAT_PER_IDLE = 5.0
 REHEAT_MAX_S = 0.15
 HEAT_PER_BATCH_S = 4e-4
@@ -216,7 +216,7 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
     inner = int(min(max_inner, max(1, math.ceil(target_batch_s / max(est, 1e-9)))))
     # heat after the warm-up, right before the timed batches: a kernel's first calls can keep the host busy
     # for tenths of a second (cuDNN builds its attention graphs per shape) while the GPU idles back to boost.
-    # Heated before them, a profile of 2026-12-02 (commit 0b987ec) timed its first pass of attention cases at 1980 MHz and the
+    # Heated before the warm-up instead, a profile timed its first pass of attention cases at 1980 MHz and the
     # next two at 1600-1700 MHz, 13% slower
     if heater is not None:  # the warm-up's own GPU time is not idle (q2 counted it: 58 against 36 ms a GEMM)
         heater.heat_before_kernel(busy_s=calls * est, min_s=min_heat_s)
@@ -225,8 +225,8 @@ def time_fn(fn, device: torch.device, *, warmup: int = 3, repeats: int = 10, tar
         events = []
         for _ in range(repeats):
             # hold the GPU while the host enqueues the batch: twice the measured host cost per call (a fixed
-            # 15 us per call let the FP8 path's quantisation launches and the wgrad calls run dry, timing
-            # the host's pace: on 2026-11-30 (commit 536ba55) small FP8 GEMMs measured at 270-320 us)
+            # 15 us per call lets the FP8 path's quantisation launches and the wgrad calls run dry, timing
+            # the host's pace: small FP8 GEMMs then read 270-320 us)
             spin_s = inner * max(15e-6, 2.0 * host_call_s) + 20e-6
             for _ in range(2):  # a second attempt only if the enqueue outlasted the spin
                 if heater is not None:
