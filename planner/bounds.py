@@ -8,8 +8,7 @@ import math
 
 from planner import memory as mem
 from planner.cost import CostModel
-from planner.plan import StagePlan, TrainingShape
-from planner.schedule import pipeline_lower_bound_s
+from planner.plan import StagePlan, TrainingShape, num_micro_batches
 
 
 def compute_bound_s(cm: CostModel, shape: TrainingShape, recompute: str | None = None) -> float:
@@ -17,18 +16,16 @@ def compute_bound_s(cm: CostModel, shape: TrainingShape, recompute: str | None =
     host floor, data-parallel traffic, optimizer or hops): cheap enough for every layout, so the full bounds are
     worked out only for layouts it cannot rule out."""
     lay, L = cm.lay, cm.layer
-    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+    num_micro = num_micro_batches(shape, lay)
     extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute or "", 0.0)
     exposed_host = cm.stage_expert_host_s(StagePlan(1)) if lay.ep > 1 else 0.0
     total = cm.m.num_layers * (L.fwd_bwd_s + extra + exposed_host)
-    if cm.dual_pipe:  # every rank runs half the micro-batches through each of its two stages: m total / pp at least
-        return num_micro * total / lay.pp
-    return pipeline_lower_bound_s(lay.pp, num_micro, total, L.fwd_bwd_s, 0.0)
+    return cm.schedule.lower_bound_s(lay.pp, num_micro, total, L.fwd_bwd_s, 0.0)
 
 
 def whole_layers_bound_s(cm: CostModel, num_micro: int, gpu_layer_s: float, host_layer_s: float,
                          exposed_layer_s: float) -> float:
-    """A lower bound of schedule.fill_drain_bound_s over every split into whole layers: rank r with n_r layers
+    """A lower bound of planner.schedules.base.fill_drain_bound_s over every split into whole layers: rank r with n_r layers
     takes at least t_r = max(n_r gpu_layer_s + e_r, n_r host_layer_s) + n_r exposed_layer_s (e_r: the embedding
     on rank 0, the head on the last; CostModel.stage_time_s), each rank holds at least vpp layers and the span is
     at least m t_r + r (gpu_layer_s + 2 hop) for every r. Layers go one at a time to the rank whose bound then
@@ -74,8 +71,8 @@ def least_recompute_cost_s(cm: CostModel, saved_bytes: float, layers: float) -> 
     `layers` layers, each recomputed selectively (saving d_s for s_s seconds), fully (d_f for s_f) or not, in
     fractions: a linear programme whose least lies at one of three points (all selective, all full, or every layer
     recomputed with the two mixed). Selective is the cheaper per byte but saves less; once it is not enough, each
-    further byte costs (s_f - s_s) / (d_f - d_s) (llama3-70b's layer: 0.014 s/GiB fully against 0.005 selectively;
-    pricing every byte at the cheaper rate let 25% more layouts through to a split; commit 4d6f280, 2026-12-02).
+    further byte costs (s_f - s_s) / (d_f - d_s) (llama3-70b's layer: 0.014 s/GiB fully against 0.005 selectively,
+    so pricing every byte at the cheaper rate would let far more layouts through to a split).
     0 where neither mode saves anything; the all-full cost where even that cannot save enough (no split fits)."""
     acts, L = cm.activations, cm.layer
     d_s, s_s = acts.none_bytes - acts.selective_bytes, L.selective_recompute_s
@@ -98,7 +95,7 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
     memory `limit`, the time bound counts the least recompute that fitting in it takes."""
     lay, m = cm.lay, cm.m
     L = cm.layer
-    num_micro = shape.global_batch // (lay.micro_batch * lay.dp)
+    num_micro = num_micro_batches(shape, lay)
     stages = lay.pp * lay.vpp
     extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute or "", 0.0)
     # a stage costs max(GPU, host less the MoE's exposed host time) + that exposed time (CostModel.stage_time_s);
@@ -116,11 +113,9 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
     gpu_total = m.num_layers * (L.fwd_bwd_s + extra) + cm.ends.embedding_s + cm.ends.head_s + cm.ends.head_comm_s
     total = max(gpu_total, m.num_layers * host_layer) + m.num_layers * exposed_host
     # a lower bound of the played schedule (CostModel.predict, the step a plan reports and is ranked by) over
-    # every split: each stage holds at least one layer (schedule.pipeline_lower_bound_s)
-    if cm.dual_pipe:  # DualPipe (CostModel.dual_pipe): the busiest rank's work alone, no fill (compute_bound_s)
-        pipe = num_micro * total / lay.pp
-    else:
-        pipe = pipeline_lower_bound_s(lay.pp, num_micro, total, L.fwd_bwd_s, cm.p2p_s)
+    # every split: each stage holds at least one layer (PipelineSchedule.lower_bound_s)
+    pipe = cm.schedule.lower_bound_s(lay.pp, num_micro, total, L.fwd_bwd_s, cm.p2p_s)
+    if cm.schedule.fill_drain_bound_holds:
         pipe = max(pipe, whole_layers_bound_s(cm, num_micro, L.fwd_bwd_s + pinned_extra, host_layer,
                                               exposed_host))
     # data-parallel traffic and optimizer of a rank with the fewest layers the busiest rank can hold, without the

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from planner.errors import PlanError
 from planner.model import ModelSpec
+from planner.schedules import SCHEDULES, num_micro_batches, schedule_named
 
 if TYPE_CHECKING:  # planner.plan imports this module to check the plans it loads
     from planner.plan import Layout, Plan, StagePlan, TrainingShape
@@ -71,9 +72,9 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
     if shape.global_batch % (lay.micro_batch * lay.dp):
         return (f"global batch {shape.global_batch} is not divisible by micro-batch x DP = "
                 f"{lay.micro_batch}*{lay.dp}")
-    m = shape.global_batch // (lay.micro_batch * lay.dp)
-    if lay.vpp > 1 and m % lay.pp:
-        return f"interleaved schedule needs micro-batches ({m}) divisible by PP {lay.pp}"
+    why = schedule_violation(shape, lay)
+    if why:
+        return why
     if lay.sharding == "full" and lay.ep > 1:
         # runtime/parallel/data.py's FSDP path shards expert weights over all data x context ranks instead
         # of the expert-data-parallel group; refuse the layout rather than plan what the runtime gets wrong
@@ -85,6 +86,14 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
         if why:
             return f"a CUDA-graph step is not possible here: {why}"
     return None
+
+
+def schedule_violation(shape: TrainingShape, lay: Layout) -> str | None:
+    """Why the layout's pipeline schedule (Layout.schedule) cannot run its degrees and micro-batches, or None."""
+    schedule = SCHEDULES.get(lay.schedule)
+    if schedule is None:
+        return f"the pipeline schedule {lay.schedule!r} is not known (known: {', '.join(SCHEDULES)})"
+    return schedule.violation(lay.pp, lay.vpp, num_micro_batches(shape, lay))
 
 
 GROUPED_GEMM_GPUS = ("h200-sxm", "h100-sxm", "h100-96gb", "h800")
@@ -134,6 +143,9 @@ def check_plan(plan: Plan) -> None:
     why = stages_violation(plan.model, plan.layout, plan.stages)
     if why:
         raise PlanError(f"illegal plan: {why}")
+    schedule = schedule_named(plan.layout.schedule)
+    if plan.runtime == "ours" and not schedule.runs_on_ours:
+        raise PlanError(f"illegal plan: {schedule.refusal}")
 
 
 def check_recompute_name(mode: str) -> None:

@@ -22,12 +22,11 @@ that (plan_memory_limit_bytes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from planner.cluster import ClusterSpec
 from planner.model import ModelSpec
 from planner.plan import Layout, TrainingShape
-from planner.schedule import warmup_forwards
+from planner.schedules import schedule_named
 
 GIB = 2**30
 BF16_BYTES = 2
@@ -441,21 +440,12 @@ def in_flight_by_chunk(rank: int, lay: Layout, num_micro_batches: int) -> tuple[
     return tuple(max(h[c] for h in peaks) for c in range(lay.vpp))
 
 
-@lru_cache(maxsize=65536)
-def _capped_peaks(p: int, v: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
-    return _in_flight_peaks(p, v, rank, min(m, _micro_batch_cap(p, v)))
-
-
 def in_flight_peaks(rank: int, lay: Layout, num_micro_batches: int) -> tuple[tuple[int, ...], ...]:
-    """The micro-batches each of the rank's chunks holds at once, at every moment that can be the rank's memory peak.
-
-    From the rank's action order (planner.schedule.rank_schedule, which the runtime plays; counted in closed form by
-    _in_flight_peaks): a forward of chunk c adds one micro-batch's saved tensors to c, its backward frees them. A peak follows a forward, so the vectors
-    after each forward are the candidates; of those only the ones no other vector is at least as large as in every
-    chunk can be the peak for some bytes per chunk (chunks differ: uneven layer splits, per-stage recompute, the
-    embedding and the head). The peak of a rank whose chunks keep w_c bytes per micro-batch is
-    max over these vectors h of sum_c h_c w_c (peak_in_flight_bytes)."""
-    return _capped_peaks(lay.pp, lay.vpp, rank, num_micro_batches)
+    """The micro-batches each of the rank's chunks holds at once, at every moment that can be the rank's memory peak:
+    the layout's schedule's (PipelineSchedule.in_flight_peaks, from the action order the runtime plays). The peak of a
+    rank whose chunks keep w_c bytes per micro-batch is max over these vectors h of sum_c h_c w_c
+    (peak_in_flight_bytes)."""
+    return schedule_named(lay.schedule).in_flight_peaks(lay.pp, lay.vpp, num_micro_batches, rank)
 
 
 def peak_in_flight_bytes(peaks: tuple[tuple[int, ...], ...], per_micro_batch_bytes) -> float:
@@ -468,37 +458,3 @@ def peak_in_flight_bytes(peaks: tuple[tuple[int, ...], ...], per_micro_batch_byt
         if t > best:
             best = t
     return best
-
-
-def _micro_batch_cap(p: int, v: int) -> int:
-    """Micro-batches beyond which a rank's held vectors repeat: rank r's k-th forward and backward run chunks
-    periodic in k (period p*v, p micro-batches per chunk each period), so after the warm-up (at most
-    2 (p - 1) + (v - 1) p forwards) the vectors after each steady-state forward repeat every p*v of them, and the
-    cool-down runs no forward. A multiple of p (the interleaved schedule needs one)."""
-    if v == 1:
-        return p
-    need = -(-(2 * (p - 1) + (2 * v - 1) * p) // v)
-    return -(-need // p) * p
-
-
-@lru_cache(maxsize=65536)
-def _in_flight_peaks(p: int, v: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
-    """The walk of rank_schedule(p, v, m, rank), cut short (tests/planner/test_interleaved_memory.py walks the whole
-    order itself): the k-th forward runs chunk (k mod p*v) // p, the k-th backward chunk v - 1 - (k mod p*v) // p.
-    The warm-up only adds, so of its vectors only its last can be a peak (among the first W forwards chunk c ran
-    p (W // (p*v)) + clip(W mod p*v - c p, 0, p)); then the vector after each steady-state forward, which repeat
-    every p*v steps; the cool-down only frees."""
-    total, group = m * v, p * v
-    warm = warmup_forwards(p, v, m, rank)
-
-    held = [p * (warm // group) + min(max(warm % group - c * p, 0), p) for c in range(v)]
-    vecs = {tuple(held)} if warm else set()
-    for b in range(min(total - warm, group)):  # the steady state repeats every p*v steps
-        held[((warm + b) % group) // p] += 1            # forward W + b
-        vecs.add(tuple(held))
-        held[v - 1 - (b % group) // p] -= 1             # backward b
-    keep: list[tuple[int, ...]] = []
-    for h in sorted(vecs, key=sum, reverse=True):  # dropped when a kept one is at least as large in every chunk
-        if not any(all(x >= y for x, y in zip(g, h)) for g in keep):
-            keep.append(h)
-    return tuple(keep)

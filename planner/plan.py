@@ -2,8 +2,7 @@
 
 A plan holds the model spec, the cluster, the training shape, the layout (parallel degrees, micro-batch,
 sharding level, overlap switches), the per-stage split of layers with recompute, the prediction and its
-provenance. `runtime/` imports this module (and `planner.model`) and nothing else of the planner, so it
-must stay free of heavy imports.
+provenance. The runtime loads plans through this module, so it stays free of heavy imports.
 
 Rank order (the runtime builds its process groups in this order, the planner prices groups by it):
 tensor-parallel ranks are adjacent, then context, then data, then pipeline (Megatron-Core's "tp-cp-dp-pp");
@@ -19,6 +18,7 @@ from planner.errors import PlanError, read_json
 from planner.legality import check_plan
 from planner.model import ModelSpec
 from planner.plan_check import check_plan_dict
+from planner.schedules import default_schedule_name, num_micro_batches  # noqa: F401 (planner.plan's name)
 
 PLAN_FORMAT = "parallel-plan/plan"
 PLAN_VERSION = 2
@@ -76,6 +76,14 @@ class Layout:
     a step the host would pace runs at the GPU's pace, and the cost model prices no host time for it. Legal
     only where the step never waits for the GPU on the host (planner/legality.py, cuda_graph_violation); the
     search turns it on wherever it is legal on a GPU. CPU runs ignore it."""
+    schedule: str = ""
+    """The pipeline schedule's name (planner/schedules/, SCHEDULES): '1f1b', 'interleaved', 'dualpipe' (modelled for
+    the megatron target only) or a registered one. Left empty (and in plan files that carry no such key) it is
+    'interleaved' when vpp > 1, else '1f1b'."""
+
+    def __post_init__(self):
+        if not self.schedule:
+            object.__setattr__(self, "schedule", default_schedule_name(self.vpp))
 
     @property
     def world_size(self) -> int:
@@ -163,7 +171,7 @@ class Plan:
 
     @property
     def num_micro_batches(self) -> int:
-        return self.training.global_batch // (self.layout.micro_batch * self.layout.dp)
+        return num_micro_batches(self.training, self.layout)
 
     def stages_of_rank(self, rank: int) -> list[int]:
         return [j for j in range(len(self.stages)) if j % self.layout.pp == rank]

@@ -27,10 +27,10 @@ INT_RANGES = {
 }
 """Whole-number fields and their ranges; a layout degree not listed here takes 1..MAX_GPUS."""
 
-LATER_LAYOUT_KEYS = ("overlap_ep", "fp8", "grad_dtype", "cuda_graph")
-"""Layout keys added after the first plan files (hundreds of which are kept under benchmarks/): absent, they take
-the dataclass default, which is what every plan written before them ran with (no EP chunking, bf16 GEMMs, fp32
-gradients, eager steps). Every other layout key must be there."""
+LATER_LAYOUT_KEYS = ("overlap_ep", "fp8", "grad_dtype", "cuda_graph", "schedule")
+"""Layout keys a plan file may lack (hundreds of plans kept under benchmarks/ carry none of them): absent, they take
+the dataclass default, which is what those plans run with (no EP chunking, bf16 GEMMs, fp32 gradients, eager
+steps, the schedule their vpp implies: Layout.schedule). Every other layout key must be there."""
 
 
 def check_section(d, cls, section: str, source: str, all_keys: bool = True, optional: tuple[str, ...] = ()) -> None:
@@ -91,6 +91,7 @@ def check_plan_dict(d: dict, source: str, schema: dict) -> None:
         raise PlanError(f"{source}: {exc}") from None
     check_section(d["training"], TrainingShape, "training", source)
     check_section(d["layout"], Layout, "layout", source, optional=LATER_LAYOUT_KEYS)  # its values: legality.py
+    check_schedule_name(d["layout"].get("schedule"), source)
     stages = d["stages"]
     if not isinstance(stages, list) or not 1 <= len(stages) <= MAX_LAYERS:
         raise PlanError(f"{source}: stages must be a list of 1 to {MAX_LAYERS} stages")
@@ -107,3 +108,12 @@ def check_plan_dict(d: dict, source: str, schema: dict) -> None:
             raise PlanError(f"{source}: prediction.breakdown_s must map names to finite numbers")
     if not isinstance(d["provenance"], dict):
         raise PlanError(f"{source}: provenance is not an object")
+
+
+def check_schedule_name(name, source: str) -> None:
+    """A layout's schedule name (absent or empty: derived from vpp) is a registered schedule (planner/schedules/)."""
+    from planner.schedules import SCHEDULES
+
+    if name and name not in SCHEDULES:
+        raise PlanError(f"{source}: layout.schedule {name!r} is not a known pipeline schedule "
+                        f"(known: {', '.join(SCHEDULES)})")

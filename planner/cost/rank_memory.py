@@ -35,12 +35,11 @@ class MemoryTermsOfRanks:
 
     def rank_memory_bytes(self, rank: int, rank_stages: list[tuple[int, StagePlan]], num_micro: int) -> float:
         """Peak bytes of one pipeline rank: states + the activations of the micro-batches its chunks hold at once
-        at the schedule's peak (memory.in_flight_peaks) + the largest transient (a layer's backward working set,
+        at the schedule's peak (PipelineSchedule.in_flight_peaks) + the largest transient (a layer's backward working set,
         the output layer's logits, a fully recomputed layer's rematerialised activations). Under
         'optimizer+grads' the in-flight full-size gradient buckets sit beside the activations during every
-        backward, so they add to this peak. (Before commit 467bdc0, 2026-12-01, ZeRO-1 had a second,
-        end-of-backward peak: its reduce-scatter outputs, one per bucket, held until the step; it now reduces in
-        place, memory.dp_reduction_transient_bytes.)"""
+        backward, so they add to this peak. ZeRO-1 reduces in place, so it has no second, end-of-backward peak
+        of reduce-scatter outputs (memory.dp_reduction_transient_bytes)."""
         static, per_mb = self.rank_memory_parts(rank_stages)
         return static + mem.peak_in_flight_bytes(self.in_flight_peaks(rank, num_micro), per_mb)
 

@@ -12,14 +12,35 @@ from planner.cost.rank_memory import MemoryTermsOfRanks
 from planner.cost.targets import OURS, RuntimeTarget
 from planner.cost.terms import cached_property
 from planner.model import ModelSpec
-from planner.plan import Layout, Plan, Prediction, StagePlan, TrainingShape
+from planner.plan import Layout, Plan, Prediction, StagePlan, TrainingShape, num_micro_batches
 from planner.profile import Profile
-from planner.schedule import closed_form_s, pipeline_time_s
+from planner.schedules import DUAL_PIPE, ONE_F_ONE_B, PipelineSchedule, schedule_named
 
 
 class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParallelTerms):
     """Costs of one (model, shape, layout) on one cluster with one profile; the search builds one per
-    candidate layout and asks it about many stage splits."""
+    candidate layout and asks it about many stage splits.
+
+    The five mixins share this object's state and call each other through `self`. Their contract:
+
+    - CostModel itself provides the inputs `m` (ModelSpec), `shape`, `lay` (Layout), `cluster`, `prof` (Profile),
+      `target` (RuntimeTarget), `_shared` (the search's memo) and `_memo(name, fn)` (memoised by `layer_key`), and
+      `num_micro`, `schedule`, `rank_chunks`, `in_flight_peaks`, `dispatch_chunks`, `stacks_expert_weights`,
+      `_ep_beside_layer`, the stage times (`stage_time_s`, `stage_gpu_s`, `stage_fwd_share`) and `predict`.
+    - CommTerms (cost/comm.py) needs m, lay, cluster, prof, target, tokens, _shared; provides `group_collective_s`,
+      `strides`, `p2p_s`, `_network_fit`.
+    - LayerTerms (cost/layer.py) needs m, shape, lay, cluster, prof, target, _memo, dispatch_chunks,
+      stacks_expert_weights, _ep_beside_layer, group_collective_s, strides, _network_fit, _moe_row_passes_s;
+      provides `layer` (LayerCosts), `ends` (EndCosts), `activations`, `tokens`.
+    - HostTerms (cost/host.py) needs m, lay, prof, target, dispatch_chunks, _shared; provides `stage_host_s`,
+      `stage_expert_host_s`, `host_per_layer_s`, `extra_chunk_host_s`.
+    - MemoryTermsOfRanks (cost/rank_memory.py) needs m, shape, lay, cluster, target, _memo, activations, num_micro,
+      rank_chunks, in_flight_peaks; provides `rank_memory_bytes`, `memory_terms`, `params_of`, `rank_params`,
+      `per_layer_params`, `rank_fixed_bytes`, `memory_lower_bound_bytes`.
+    - DataParallelTerms (cost/data_parallel.py) needs m, shape, lay, cluster, prof, target, group_collective_s,
+      strides; provides `dp_comm_s`, `optimizer_s`, `fused_wgrad_params`, `tp_grad_reduce_s`,
+      `param_bookkeeping_s`, `_moe_row_passes_s`.
+    """
 
     def __init__(self, model: ModelSpec, shape: TrainingShape, layout: Layout, cluster: ClusterSpec,
                  profile: Profile, shared: dict | None = None, target: RuntimeTarget = OURS):
@@ -60,32 +81,31 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
     @cached_property
     def num_micro(self) -> int:
         """Micro-batches per step on each data-parallel rank."""
-        return self.shape.global_batch // (self.lay.micro_batch * self.lay.dp)
+        return num_micro_batches(self.shape, self.lay)
 
     @cached_property
+    def schedule(self) -> PipelineSchedule:
+        """The pipeline schedule priced: the layout's (Layout.schedule), or DualPipe in place of 1F1B where the
+        target runs it (RuntimeTarget.dual_pipe) and the layout admits it (DualPipe.violation)."""
+        lay = self.lay
+        if (self.target.dual_pipe and lay.schedule == ONE_F_ONE_B.name
+                and DUAL_PIPE.violation(lay.pp, lay.vpp, self.num_micro) is None):
+            return DUAL_PIPE
+        return schedule_named(lay.schedule)
+
+    @property
     def dual_pipe(self) -> bool:
-        """Whether the pipeline runs DualPipe (RuntimeTarget.dual_pipe): the target runs it and the layout admits it
-        (an even PP >= 2, no interleaving, an even number of at least PP micro-batches, half entering at each end)."""
-        lay, n = self.lay, self.num_micro
-        return (self.target.dual_pipe and lay.pp >= 2 and lay.pp % 2 == 0 and lay.vpp == 1 and n >= lay.pp
-                and n % 2 == 0)
+        """Whether the pipeline runs DualPipe (CostModel.schedule)."""
+        return self.schedule is DUAL_PIPE
 
     def rank_chunks(self, rank: int) -> list[int]:
-        """The (virtual) stages pipeline rank `rank` holds: stages rank, rank + pp, ... (1F1B and interleaved
-        1F1B); under DualPipe stage rank and stage pp - 1 - rank."""
-        lay = self.lay
-        if self.dual_pipe:
-            return [rank, lay.pp - 1 - rank]
-        return list(range(rank, lay.pp * lay.vpp, lay.pp))
+        """The (virtual) stages pipeline rank `rank` holds (PipelineSchedule.rank_chunks)."""
+        return self.schedule.rank_chunks(self.lay.pp, self.lay.vpp, rank)
 
     def in_flight_peaks(self, rank: int, num_micro: int) -> tuple[tuple[int, ...], ...]:
         """The micro-batches each of the rank's chunks (rank_chunks) holds at each moment that can be its peak
-        (memory.in_flight_peaks); under DualPipe its two opposite 1F1B pipelines of half the micro-batches each at
-        their peaks together, pp - rank and rank + 1 (Table 2's "PP+1")."""
-        if self.dual_pipe:
-            half = num_micro // 2
-            return ((min(self.lay.pp - rank, half), min(rank + 1, half)),)
-        return mem.in_flight_peaks(rank, self.lay, num_micro)
+        (PipelineSchedule.in_flight_peaks)."""
+        return self.schedule.in_flight_peaks(self.lay.pp, self.lay.vpp, num_micro, rank)
 
     def _memo(self, name, fn):
         k = (name, self.layer_key)
@@ -128,14 +148,13 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
 
     def predict(self, stages: list[StagePlan], play: bool = True) -> Prediction:
         """The plan's step time, memory and breakdown. play=False times a pipeline by the schedule's closed
-        form (planner/schedule.py, closed_form_s) with every hop on the path, instead of playing the schedule:
+        form (PipelineSchedule.span_s) with every hop on the path, instead of playing the schedule:
         the search scores its candidates that way (a play costs milliseconds) and plays the plans it keeps."""
         lay, m = self.lay, self.m
         num_micro = self.num_micro
         per_rank_t, mems, dp_t, opt_t, tpg_t = [], [], [], [], []
         times = [self.stage_time_s(j, st) for j, st in enumerate(stages)]
-        dual = self.dual_pipe
-        share = 0.5 if dual else 1.0  # under DualPipe a micro-batch passes one of the rank's two stages
+        share = self.schedule.micro_batch_share
         for r in range(lay.pp):
             rs = [(j, stages[j]) for j in self.rank_chunks(r)]
             t_r = share * sum(times[j] for j, _ in rs)
@@ -150,24 +169,12 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
             opt_t.append(self.optimizer_s(dense, expert, self.fused_wgrad_params(layers, last, first)))
             tpg_t.append(self.tp_grad_reduce_s(layers, first, last, num_micro))
         t_max = max(per_rank_t)
-        if lay.pp == 1:
-            pipe = ideal = num_micro * t_max
-        elif dual:
-            # Table 2: bubble (PP/2 - 1)(F&B + B - 3W) of the slowest rank's chunks: F&B = F + B (the pair's
-            # compute runs back to back; what overlaps is communication), W, the weight-gradient part of B, taken
-            # as half of it (a backward's GEMMs split evenly into input and weight gradients); hops hidden
-            r = per_rank_t.index(t_max)
-            f = share * sum(times[j] * self.stage_fwd_share(j, stages[j]) for j in self.rank_chunks(r))
-            b = t_max - f
-            pipe = ideal = num_micro * t_max + (lay.pp / 2 - 1) * (f + 2 * b - 3 * b / 2)
-        else:
-            ideal = closed_form_s(per_rank_t, num_micro, lay.vpp)  # equal chunks, free hops
-            if not play:
-                pipe = closed_form_s([t + 2 * lay.vpp * self.p2p_s for t in per_rank_t], num_micro, lay.vpp)
-            else:  # the runtime's schedule, played with these stages' times (planner/schedule.py)
-                fwd = [t * self.stage_fwd_share(j, st) for j, (t, st) in enumerate(zip(times, stages))]
-                bwd = [t - f for t, f in zip(times, fwd)]
-                pipe = pipeline_time_s(lay.pp, lay.vpp, num_micro, fwd, bwd, self.p2p_s)
+
+        def stage_split():  # each virtual stage's (forward, backward) seconds, for the schedule's play
+            fwd = [t * self.stage_fwd_share(j, st) for j, (t, st) in enumerate(zip(times, stages))]
+            return fwd, [t - f for t, f in zip(times, fwd)]
+
+        pipe, ideal = self.schedule.span_s(lay.pp, lay.vpp, num_micro, per_rank_t, stage_split, self.p2p_s, play)
         # after the pipeline: the data-parallel reduction left exposed and the TP reduction of replicated
         # parameters' gradients (both in the last backward's hooks), then the optimizer
         ends_t = [d + g for d, g in zip(dp_t, tpg_t)]

@@ -95,9 +95,9 @@ class EndCosts:
 @dataclass(frozen=True)
 class MemoryTerms:
     """One rank's memory as a function of its chunks' layer counts n_c, fully f_c and selectively s_c recomputed:
-    base + state * sum_c n_c + a_none if any f_c + the largest over the peak vectors h (memory.in_flight_peaks) of
-    sum_c h_c (fixed_c + a_none n_c - d_full f_c - d_sel s_c): linear for each h, so CP-SAT takes one constraint
-    per h."""
+    base + state * sum_c n_c + a_none if any f_c + the largest over the peak vectors h
+    (PipelineSchedule.in_flight_peaks) of sum_c h_c (fixed_c + a_none n_c - d_full f_c - d_sel s_c): linear for each
+    h, so CP-SAT takes one constraint per h."""
     base_bytes: float
     """Bytes no layer count moves and no moment of the schedule changes (states of the ends, workspaces, transient)."""
     state_per_layer_bytes: float

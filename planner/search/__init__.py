@@ -15,9 +15,10 @@ fixes any of the degrees and the search does the rest.
 Inner problem (exact, CP-SAT): integer variables per virtual stage j: layers n_j >= 1, full-recompute
 layers f_j and selective layers s_j with f_j + s_j <= n_j; rank time
 T_r = sum_{j on r} (n_j * t_layer + f_j * t_full + s_j * t_sel) + ends_r; rank memory linear in the same
-variables with each chunk's in-flight micro-batch count; objective (m*v - 1) * max_r T_r + sum_r T_r,
-which is v times the schedule's step time. Times are integers in microseconds, memory in KiB rounded
-up (so rounding never lets a plan past the limit).
+variables with each chunk's in-flight micro-batch count (the schedule's in-flight peaks); objective the
+schedule's closed form of the T_r in whole numbers (PipelineSchedule.objective_weights: for 1F1B and interleaved
+1F1B (m*v - 1) * max_r T_r + sum_r T_r, v times their closed-form step). Times are integers in microseconds,
+memory in KiB rounded up (so rounding never lets a plan past the limit).
 
 Modules: result (Pins, SearchStats, SearchResult, Alternative), layouts (enumeration of candidate layouts), stages
 (the greedy split and the CP-SAT model of a layout's stages), scoring (candidates scored by bounds and greedy

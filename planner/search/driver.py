@@ -92,25 +92,8 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     if not target.cuda_graph and pins.cuda_graph:
         pins = replace(pins, cuda_graph=False)
     stats = SearchStats(exact=exact)
-    t0 = time.perf_counter()
     limit = mem.plan_memory_limit_bytes(cluster)
-    candidates: list[_Candidate] = []
-    shared: dict = {}
-    first_violation = None
-    for lay in enumerate_layouts(model, shape, cluster, pins):
-        stats.layouts_enumerated += 1
-        why = layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node)
-        if why:
-            first_violation = first_violation or (lay, why)
-            continue
-        stats.layouts_legal += 1
-        cm = CostModel(model, shape, lay, cluster, profile, shared, target)
-        if lay.ep > 1 and "ep" not in pins.no_overlap and (target.two_chunk_dispatch or target.ep_a2a_beside_layer):
-            cm = _cheaper_dispatch(cm, model, shape, cluster, profile, shared)
-            lay = cm.lay
-        candidates.append(_Candidate(lay, cm, compute_bound_s(cm, shape, pins.recompute)))
-    stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
-
+    candidates, first_violation = _bounded_candidates(model, shape, cluster, profile, pins, target, stats)
     t1 = time.perf_counter()
     if exact:
         evaluated, least = _exact_first(candidates, shape, pins, limit, solve_work, stats)
@@ -133,7 +116,48 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     stats.phase_s["optimality"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
-    first, rest = evaluated[0], list(evaluated[1:])
+    first = evaluated[0]
+    rest = _runners_up(candidates, list(evaluated[1:]), done, top_k, shape, pins, limit, solve_work, stats)
+    shown = [(first[0], first[3], first[1], first[2])] + rest
+    stats.faster_runner_up = any(step < first[0] for step, *_ in rest)
+    plans = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
+    stats.phase_s["runners_up"] = time.perf_counter() - t3
+    stats.gap_to_bound = max(0.0, first[0] / lowest_unevaluated_s - 1)
+    result = SearchResult(plans=plans, stats=stats, pinned=pins.every_dimension(model) and stats.layouts_legal == 1)
+    if alternatives:
+        t4 = time.perf_counter()
+        result.alternatives = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
+        stats.phase_s["alternatives"] = time.perf_counter() - t4
+    return result
+
+
+def _bounded_candidates(model, shape, cluster, profile, pins, target, stats) -> tuple[list[_Candidate], tuple | None]:
+    """Every legal layout as a candidate with its cost model (the cheaper MoE dispatch chosen) and its compute bound;
+    and the first illegal layout with the sentence of its violation (None when none was illegal)."""
+    t0 = time.perf_counter()
+    candidates: list[_Candidate] = []
+    shared: dict = {}
+    first_violation = None
+    for lay in enumerate_layouts(model, shape, cluster, pins):
+        stats.layouts_enumerated += 1
+        why = layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node)
+        if why:
+            first_violation = first_violation or (lay, why)
+            continue
+        stats.layouts_legal += 1
+        cm = CostModel(model, shape, lay, cluster, profile, shared, target)
+        if lay.ep > 1 and "ep" not in pins.no_overlap and (target.two_chunk_dispatch or target.ep_a2a_beside_layer):
+            cm = _cheaper_dispatch(cm, model, shape, cluster, profile, shared)
+            lay = cm.lay
+        candidates.append(_Candidate(lay, cm, compute_bound_s(cm, shape, pins.recompute)))
+    stats.phase_s["enumerate_and_bound"] = time.perf_counter() - t0
+    return candidates, first_violation
+
+
+def _runners_up(candidates, rest: list, done: set, top_k: int, shape, pins, limit, solve_work, stats) -> list:
+    """The top_k - 1 runners-up after the first plan, as (step, stages, order, candidate) sorted: the evaluated layouts
+    `rest`, then the layouts next in bound order scored by their greedy splits played, until the next bound exceeds
+    the top_k-th step; each shown gets CP-SAT's split where that plays faster."""
     queue = [(c.compute_bound_s, i, False) for i, c in enumerate(candidates) if id(c) not in done]
     heapq.heapify(queue)
     while len(rest) < top_k - 1:  # more runners-up: greedy splits played, in bound order, below the k-th step
@@ -159,19 +183,8 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
             step = c.cost.predict(res.stages).step_s
             if step < c.cost.predict(stages).step_s:
                 refined[id(c)] = (step, res.stages)
-    rest = sorted(((*refined.get(id(c), (step, stages)), order, c) for step, order, c, stages in rest),
+    return sorted(((*refined.get(id(c), (step, stages)), order, c) for step, order, c, stages in rest),
                   key=lambda x: (x[0], x[2]))
-    shown = [(first[0], first[3], first[1], first[2])] + rest
-    stats.faster_runner_up = any(step < first[0] for step, *_ in rest)
-    plans = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
-    stats.phase_s["runners_up"] = time.perf_counter() - t3
-    stats.gap_to_bound = max(0.0, first[0] / lowest_unevaluated_s - 1)
-    result = SearchResult(plans=plans, stats=stats, pinned=pins.every_dimension(model) and stats.layouts_legal == 1)
-    if alternatives:
-        t4 = time.perf_counter()
-        result.alternatives = _alternatives(plans, candidates, model, shape, cluster, profile, pins, limit)
-        stats.phase_s["alternatives"] = time.perf_counter() - t4
-    return result
 
 
 def _exact_first(candidates, shape, pins, limit, solve_work, stats) -> tuple[list, tuple | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner import memory as mem
 from planner.bounds import compute_bound_s, time_and_memory_bounds
@@ -102,7 +102,8 @@ def _plan_of(c: _Candidate, stages: list[StagePlan], pred, model, shape, cluster
                else "read at the nearest measured one's rate")
         prov["modelled"].insert(0, f"attention: head dimension {model.head_dim} not measured, {how} (`plan profile "
                                    f"--model {model.name} --base {profile_argument(profile)}` measures it)")
-    return Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=c.layout, stages=stages,
+    layout = c.layout if c.layout.schedule == c.cost.schedule.name else replace(c.layout, schedule=c.cost.schedule.name)
+    return Plan(model=model, cluster=cluster.to_dict(), training=shape, layout=layout, stages=stages,
                 prediction=pred, provenance=prov, runtime=c.cost.target.name)
 
 

@@ -1,17 +1,16 @@
-"""Pipeline parallelism: 1F1B and interleaved 1F1B over the plan's (non-uniform) virtual stages.
+"""Pipeline parallelism: the executor of any registered pipeline schedule (planner/schedules/) over the plan's
+(non-uniform) virtual stages.
 
 Stages: virtual stage j (of V = pp * vpp, in model order) lives on pipeline rank j % pp as that rank's
 chunk j // pp; it holds the plan's `StagePlan.layers` consecutive layers with the plan's per-layer
 recompute modes (`StagePlan.layer_modes()`), the embedding when j == 0 and the head + loss when j == V-1
 (`build_pipeline_stages`, on top of runtime.model.build_stage).
 
-Schedule (per pipeline rank, Megatron-LM's order; v = vpp, m micro-batches, m % pp == 0 when v > 1):
-  * v == 1 (1F1B): warm-up of min(pp - r - 1, m) forwards, then steady one-forward-one-backward, then the
-    remaining backwards.
-  * v > 1 (interleaved): the k-th forward runs chunk (k mod pp*v) // pp on micro-batch
-    (k // (pp*v)) * pp + k mod pp, the k-th backward the chunks in reverse order; warm-up of
-    min(2 (pp - r - 1) + (v - 1) pp, m v) forwards (all of them when m == pp), then 1F1B, then cool-down.
-Why our own schedule rather than torch.distributed.pipelining (Schedule1F1B / ScheduleInterleaved1F1B):
+Schedule: the layout's (Layout.schedule: 1F1B, interleaved 1F1B or any registered schedule whose `runs_on_ours`
+is set, all on the placement above): each rank runs `PipelineSchedule.actions(pp, v, m, rank)` in order, the
+order the planner plays to time the step and walks to count the micro-batches in flight. A schedule the runtime
+does not run (DualPipe) is refused with its `refusal` sentence.
+Why our own executor rather than torch.distributed.pipelining (Schedule1F1B / ScheduleInterleaved1F1B):
 its stages take one tensor in and one out with a loss_fn on the last stage, while ours take tokens on the
 first stage, labels on the last and positions on every stage, and the step needs control it does not give:
 per-stage MoE auxiliary losses backpropagated on their own stage, the tied-embedding gradient summed
@@ -27,12 +26,11 @@ send/recv order deadlock even for pp = 2, where both directions share one pair),
 before they are needed and sends right after the producing compute, and a rank waits only on the receive
 an action consumes, so transfers overlap compute on both sides.
 
-Step time in the planner: planner/schedule.py plays these same action lists (`rank_schedule` lives there,
-one order for both) with each virtual stage's forward and backward time and a hop time between ranks. Its
-closed form, `analytic_step_time` here, m * max_r t_r + (sum_r t_r - max_r t_r) / v, is what that play gives
-for equal stages and free transfers; until commit 0b7710e (2026-11-30) it was the planner's model, and replayed interleaved
-steps measured 10-17% above it (uneven chunks pace the fill and drain, and the hops wait: the per-tick
-batches serialise on the NCCL stream). The planner now plays the schedule, and calibration fits the hop.
+Step time in the planner: PipelineSchedule.play_s plays these same action lists with each virtual stage's
+forward and backward time and a hop time between ranks. Its closed form, `analytic_step_time` here,
+m * max_r t_r + (sum_r t_r - max_r t_r) / v, is what that play gives for equal stages and free transfers; with
+uneven chunks (which pace the fill and drain) and hops that wait (the per-tick batches serialise on the NCCL
+stream) replayed steps run above it, which the play models and calibration fits the hop of.
 `measured_bubble_fraction(timelines)` measures the same quantity from the recorded action start/end
 times: 1 - (busy time of the busiest rank) / (span of the step from its first action to its last).
 """
@@ -43,7 +41,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from planner.schedule import closed_form_s, rank_schedule  # the one schedule order (planner and runtime)
+from planner.schedule import closed_form_s, megatron_schedule, rank_schedule  # noqa: F401 (re-exported)
+from planner.schedules import PipelineSchedule, schedule_named
 from runtime.label_count import global_label_count
 from runtime.parallel.tensor import group_size
 
@@ -85,13 +84,15 @@ def build_pipeline_stages(spec, groups, stage_plans, overlap: bool = True, devic
 # ------------------------------------------------------------------------------------------------
 # the schedule
 
-def simulate(pp: int, v: int, m: int):
-    """Unit-time execution of every rank's schedule. Returns (ticks, messages):
+def simulate(pp: int, v: int, m: int, schedule: PipelineSchedule | None = None):
+    """Unit-time execution of every rank's schedule (`schedule`, by default 1F1B for v == 1 and interleaved 1F1B for
+    v > 1). Returns (ticks, messages):
     ticks[r] = list of (tick, Action); messages = list of
     (tick, kind, src_rank, src_chunk, dst_rank, dst_chunk, mb) where
     kind 'act' carries virtual stage j's output to j+1 and 'grad' carries j's input gradient to j-1."""
+    schedule = schedule or megatron_schedule(v)
     V = pp * v
-    scheds = [rank_schedule(pp, v, m, r) for r in range(pp)]
+    scheds = [schedule.actions(pp, v, m, r) for r in range(pp)]
     pos = [0] * pp
     done = {}  # (kind, j, mb) -> tick
     ticks = [[] for _ in range(pp)]
@@ -110,7 +111,7 @@ def simulate(pp: int, v: int, m: int):
                 ready = done.get(("F", j, a.mb), t) < t and (j == V - 1 or done.get(("B", j + 1, a.mb), t) < t)
             if ready:
                 ran.append((r, a, j))
-        if not ran and t > 4 * (len(scheds[0]) + V):
+        if not ran and t > 4 * (max(len(x) for x in scheds) + V):
             raise RuntimeError("pipeline schedule cannot make progress (deadlock in the action order)")
         for r, a, j in ran:
             done[(a.kind, j, a.mb)] = t
@@ -245,179 +246,223 @@ class _Clock:
         return self.t0.elapsed_time(mark) / 1e3 if self.cuda else mark
 
 
+def layout_schedule(layout) -> PipelineSchedule:
+    """The schedule the runtime runs for `layout` (Layout.schedule); a schedule it does not run is refused in one
+    sentence (PipelineSchedule.refusal)."""
+    schedule = schedule_named(layout.schedule)
+    if not schedule.runs_on_ours:
+        raise ValueError(schedule.refusal)
+    return schedule
+
+
+class _RankProgram:
+    """What one pipeline rank does in a step, from the unit-time simulation: its action at each tick, the transfers
+    it posts at each tick, the ticks where it does either, and each chunk's micro-batch of its last backward."""
+
+    def __init__(self, schedule: PipelineSchedule, pp: int, v: int, m: int, r: int):
+        ticks, msgs = _schedule_cache(schedule, pp, v, m)
+        self.tick_ops: dict[int, list] = {}
+        for (t, kind, src, schunk, dst, dchunk, mb) in msgs:
+            if src == r:
+                self.tick_ops.setdefault(t, []).append(("send", kind, dst, schunk, mb))
+            if dst == r:
+                self.tick_ops.setdefault(t, []).append(("recv", kind, src, dchunk, mb))
+        self.actions = dict(ticks[r])
+        self.events = sorted(set(self.actions) | set(self.tick_ops))
+        self.last_backward = {}  # chunk -> micro-batch of its last backward on this rank
+        for (_, a) in ticks[r]:
+            if a.kind == "B":
+                self.last_backward[a.chunk] = a.mb
+
+
+class _PipelineStep:
+    """One rank's state through a pipeline step: the received, outgoing and saved tensors, the batches of
+    point-to-point ops in flight, the loss and the timeline. train_step drives it tick by tick."""
+
+    def __init__(self, stages, micro_batches, opt, groups, record_timeline: bool):
+        lay = groups.layout
+        self.stages, self.micro_batches, self.opt, self.groups = stages, micro_batches, opt, groups
+        self.pp, self.r, self.v, self.m = lay.pp, groups.pp_rank, len(stages), len(micro_batches)
+        self.V = self.pp * self.v
+        self.overlap_pp = lay.overlap_pp
+        self.device = micro_batches[0]["tokens"].device
+        self.dtype = _act_dtype(stages, opt)
+        self.dp_cp = group_size(groups.dp_cp)
+        self.count = global_label_count(micro_batches, groups)
+        self.program = _RankProgram(layout_schedule(lay), self.pp, self.v, self.m, self.r)
+        self.capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        self.record_timeline = record_timeline and not self.capturing  # a replayed graph has no host-side timeline
+        self.tied = _tied_params(stages) if (self.pp > 1 and stages[0].spec.tie_embeddings) else []
+        self.emb_group = _embedding_group(groups) if (self.pp > 1 and stages[0].spec.tie_embeddings) else None
+        self.dist_opt = hasattr(opt, "sync")
+        self.hold_sync = self.dist_opt and bool(self.tied)  # reduce tied grads before the DP reduction launches
+        seq = micro_batches[0]["tokens"].shape[1]
+        bsz = micro_batches[0]["tokens"].shape[0]
+        self.act_shape = (seq // group_size(groups.tp), bsz, stages[0].spec.hidden)
+        self.recvs = {}     # (kind, chunk, mb) -> (buffer, batch)
+        self.outgoing = {}  # (kind, chunk, mb) -> tensor to send (produced by this rank's action)
+        self.sends = []     # (batch, sent tensor): each kept alive only until its batch has completed
+        self.batches = []
+        self.saved = {}     # (chunk, mb) -> (input, output, aux)
+        self.total = torch.zeros((), dtype=torch.float32, device=self.device)
+        self.timeline = []
+        self.clock = None
+
+    def peer(self, pp_rank):
+        return dist.get_global_rank(self.groups.pp, pp_rank)
+
+    def wait_recv(self, key):
+        buf, batch = self.recvs.pop(key)
+        batch.wait()
+        return buf
+
+    def run_action(self, a) -> None:
+        """Run one forward or backward, its input waited for before its start mark, so the recorded span is the
+        compute only (on CUDA the wait is a stream dependency: the start event fires once the data is in)."""
+        j = a.chunk * self.pp + self.r
+        pending = ("act", a.chunk, a.mb) if a.kind == "F" else ("grad", a.chunk, a.mb)
+        if pending in self.recvs:
+            self.recvs[pending][1].wait()
+        t0 = self.clock.mark()
+        if a.kind == "F":
+            self.forward(a, j)
+        else:
+            self.backward(a, j)
+        if self.record_timeline:
+            self.timeline.append(dict(rank=self.r, kind=a.kind, chunk=a.chunk, stage=j, mb=a.mb, start=t0,
+                                      end=self.clock.mark()))
+
+    def forward(self, a, j: int) -> None:
+        from runtime.parallel.expert import collect_aux_loss
+
+        st, mb = self.stages[a.chunk], self.micro_batches[a.mb]
+        x = mb["tokens"] if j == 0 else self.wait_recv(("act", a.chunk, a.mb)).requires_grad_()
+        out = st(x, mb.get("positions"), mb.get("token_types") if j == 0 else None,
+                 mb["labels"] if j == self.V - 1 else None)
+        aux = collect_aux_loss(st)
+        if j == self.V - 1:
+            loss_sum, _ = out
+            out = loss_sum / self.count
+            self.total += out.detach()
+        else:
+            self.outgoing[("act", a.chunk, a.mb)] = out.detach()
+        self.saved[(a.chunk, a.mb)] = (x if j > 0 else None, out, aux)
+
+    def backward(self, a, j: int) -> None:
+        """The backward of one micro-batch through chunk a.chunk; the data-parallel reduction is told whether it is
+        the chunk's last."""
+        st = self.stages[a.chunk]
+        x, out, aux = self.saved.pop((a.chunk, a.mb))
+        last = self.program.last_backward[a.chunk] == a.mb
+        if self.dist_opt:
+            self.opt.sync = (not self.hold_sync) and last
+        elif hasattr(st, "set_requires_gradient_sync"):   # FSDP2
+            st.set_requires_gradient_sync(last)
+        # MoE load-balancing losses of this stage: a mean over micro-batches and dp*cp ranks
+        aux = aux / (self.m * self.dp_cp) if aux is not None else None
+        if j == self.V - 1:
+            torch.autograd.backward(out + aux if aux is not None else out)
+        else:
+            g = self.wait_recv(("grad", a.chunk, a.mb))
+            if aux is not None:
+                torch.autograd.backward([out, aux], [g, torch.ones_like(aux)])
+            else:
+                torch.autograd.backward(out, g)
+        if j > 0:
+            self.outgoing[("grad", a.chunk, a.mb)] = x.grad
+
+    def post_transfers(self, t: int) -> None:
+        """Post this tick's sends and receives as one batch; drop sent tensors whose transfer is done."""
+        ops, new_recvs, sent = [], [], []
+        for (what, kind, other, chunk, mbi) in self.program.tick_ops.get(t, ()):
+            if what == "send":
+                tensor = self.outgoing.pop((kind, chunk, mbi)).contiguous()
+                ops.append(dist.P2POp(dist.isend, tensor, self.peer(other), self.groups.pp))
+                sent.append(tensor)
+            else:
+                buf = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
+                ops.append(dist.P2POp(dist.irecv, buf, self.peer(other), self.groups.pp))
+                new_recvs.append(((kind, chunk, mbi), buf))
+        if ops:
+            batch = _Batch(dist.batch_isend_irecv(ops))
+            for key, buf in new_recvs:
+                self.recvs[key] = (buf, batch)
+            self.batches.append(batch)
+            self.sends.extend((batch, tensor) for tensor in sent)
+            if sent and not self.overlap_pp:
+                # the plan turned the overlap off (planner/cost/comm.py p2p_s prices it): the sender waits for its
+                # transfer before its next action, as Megatron's --no-overlap-p2p-communication does
+                batch.wait()
+        # drop sent activations and gradients as soon as their transfer is done, so a step does not keep every
+        # micro-batch's boundary tensors alive to its end. While a CUDA graph captures the step nothing has run and
+        # a captured transfer cannot be polled: a batch counts as done once this stream has waited for it (the
+        # receive that shares the batch was consumed), which orders any reuse of the memory after the transfer.
+        self.sends = [(b, x) for b, x in self.sends if not (b.done if self.capturing else b.finished())]
+
+    def finish_gradients(self) -> None:
+        """The tied embedding's gradient summed between the first and last stage, and the data-parallel reduction
+        finished."""
+        opt = self.opt
+        if self.tied:
+            if self.hold_sync:
+                for p in self.tied:
+                    dist.all_reduce(opt.buffer_of[p].grad_view(p), group=self.emb_group)
+                opt.sync = True
+            opt.finish_grads()
+            if not self.hold_sync:   # FSDP2: the reduced shards of both copies line up (same shape, same dp_cp rank)
+                for p in self.tied:
+                    if p.grad is not None:
+                        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                        dist.all_reduce(g, group=self.emb_group)
+        else:
+            if self.dist_opt:
+                opt.sync = True
+            opt.finish_grads()
+
+    def reduce_loss(self):
+        """The global-batch mean loss, the same on every rank (the last stage's sum over data x context ranks)."""
+        if self.r == self.pp - 1 and self.dp_cp > 1:
+            dist.all_reduce(self.total, group=self.groups.dp_cp)
+        if self.r != self.pp - 1:
+            self.total.zero_()
+        dist.all_reduce(self.total, group=self.groups.pp)
+        return self.total
+
+    def publish_timeline(self) -> None:
+        """The recorded actions in seconds from the step's start, as `last_timeline`."""
+        if self.clock.cuda:
+            torch.cuda.synchronize()
+        for rec in self.timeline:
+            rec["start"], rec["end"] = self.clock.seconds(rec["start"]), self.clock.seconds(rec["end"])
+        last_timeline[:] = self.timeline
+
+
 def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None, record_timeline: bool = True):
-    """One optimizer step with the pipeline schedule (the runtime.step.train_step signature, for pp > 1).
+    """One optimizer step with the layout's pipeline schedule (the runtime.step.train_step signature, for pp > 1).
 
     stages: this rank's chunks in order (build_pipeline_stages); micro_batches: all m micro-batches of
     this rank (dicts with tokens/labels [b, s], optional positions [s], token_types [b, s]); every
     pipeline rank gets the same list (only the first stage reads tokens, only the last labels).
     Returns (global-batch mean loss, same on every rank; gradient norm)."""
-    from runtime.parallel.expert import collect_aux_loss
-
-    lay = groups.layout
-    pp, r, v, m = lay.pp, groups.pp_rank, len(stages), len(micro_batches)
-    V = pp * v
-    pg = groups.pp
-    device = micro_batches[0]["tokens"].device
-    dtype = _act_dtype(stages, opt)
-    tp = group_size(groups.tp)
-    dp_cp = group_size(groups.dp_cp)
-    count = global_label_count(micro_batches, groups)
-    ticks, msgs = _schedule_cache(pp, v, m)
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    record_timeline = record_timeline and not capturing  # a replayed graph has no host-side timeline
-
-    # per tick: the ops this rank posts
-    tick_ops: dict[int, list] = {}
-    for (t, kind, src, schunk, dst, dchunk, mb) in msgs:
-        if src == r:
-            tick_ops.setdefault(t, []).append(("send", kind, dst, schunk, mb))
-        if dst == r:
-            tick_ops.setdefault(t, []).append(("recv", kind, src, dchunk, mb))
-    my_actions = dict(ticks[r])
-    events = sorted(set(my_actions) | set(tick_ops))
-
-    tied = _tied_params(stages) if (pp > 1 and stages[0].spec.tie_embeddings) else []
-    emb_group = _embedding_group(groups) if (pp > 1 and stages[0].spec.tie_embeddings) else None
-    dist_opt = hasattr(opt, "sync")
-    hold_sync = dist_opt and bool(tied)  # reduce tied grads before the DP reduction launches
+    step = _PipelineStep(stages, micro_batches, opt, groups, record_timeline)
     opt.zero_grad()
     opt.begin_micro_batch(last=True)     # reset bucket counters once; `sync` is then set per backward
-    last_b = {}                          # chunk -> micro-batch of its last backward on this rank
-    for (_, a) in ticks[r]:
-        if a.kind == "B":
-            last_b[a.chunk] = a.mb
-
-    def peer(pp_rank):
-        return dist.get_global_rank(pg, pp_rank)
-
-    seq = micro_batches[0]["tokens"].shape[1]
-    bsz = micro_batches[0]["tokens"].shape[0]
-    act_shape = (seq // tp, bsz, stages[0].spec.hidden)
-
-    recvs = {}        # (kind, chunk, mb) -> (buffer, reqs)
-    outgoing = {}     # (kind, chunk, mb) -> tensor to send (produced by this rank's action)
-    sends = []        # (batch, sent tensor): each kept alive only until its batch has completed
-    batches = []
-    saved = {}        # (chunk, mb) -> (input, output, aux)
-    total = torch.zeros((), dtype=torch.float32, device=device)
-    timeline = []
-    if record_timeline:
-        dist.barrier(group=pg)
-    clock = _Clock(device)
-
-    def wait_recv(key):
-        buf, batch = recvs.pop(key)
-        batch.wait()
-        return buf
-
-    for t in events:
-        a = my_actions.get(t)
+    if step.record_timeline:
+        dist.barrier(group=groups.pp)
+    step.clock = _Clock(step.device)
+    for t in step.program.events:
+        a = step.program.actions.get(t)
         if a is not None:
-            st = stages[a.chunk]
-            j = a.chunk * pp + r
-            mb = micro_batches[a.mb]
-            # wait for this action's input before its start mark, so the recorded span is the compute
-            # only (on CUDA the wait is a stream dependency: the start event fires once the data is in)
-            pending = ("act", a.chunk, a.mb) if a.kind == "F" else ("grad", a.chunk, a.mb)
-            if pending in recvs:
-                recvs[pending][1].wait()
-            t0 = clock.mark()
-            if a.kind == "F":
-                if j == 0:
-                    x = mb["tokens"]
-                else:
-                    x = wait_recv(("act", a.chunk, a.mb)).requires_grad_()
-                out = st(x, mb.get("positions"), mb.get("token_types") if j == 0 else None,
-                         mb["labels"] if j == V - 1 else None)
-                aux = collect_aux_loss(st)
-                if j == V - 1:
-                    loss_sum, _ = out
-                    out = loss_sum / count
-                    total += out.detach()
-                else:
-                    outgoing[("act", a.chunk, a.mb)] = out.detach()
-                saved[(a.chunk, a.mb)] = (x if j > 0 else None, out, aux)
-            else:
-                x, out, aux = saved.pop((a.chunk, a.mb))
-                if dist_opt:
-                    opt.sync = (not hold_sync) and last_b[a.chunk] == a.mb
-                elif hasattr(st, "set_requires_gradient_sync"):   # FSDP2
-                    st.set_requires_gradient_sync(last_b[a.chunk] == a.mb)
-                # MoE load-balancing losses of this stage: a mean over micro-batches and dp*cp ranks
-                aux = aux / (m * dp_cp) if aux is not None else None
-                if j == V - 1:
-                    torch.autograd.backward(out + aux if aux is not None else out)
-                else:
-                    g = wait_recv(("grad", a.chunk, a.mb))
-                    if aux is not None:
-                        torch.autograd.backward([out, aux], [g, torch.ones_like(aux)])
-                    else:
-                        torch.autograd.backward(out, g)
-                if j > 0:
-                    outgoing[("grad", a.chunk, a.mb)] = x.grad
-                del x, out, aux
-            if record_timeline:
-                timeline.append(dict(rank=r, kind=a.kind, chunk=a.chunk, stage=j, mb=a.mb, start=t0, end=clock.mark()))
-        ops, new_recvs, sent = [], [], []
-        for (what, kind, other, chunk, mbi) in tick_ops.get(t, ()):
-            if what == "send":
-                tensor = outgoing.pop((kind, chunk, mbi)).contiguous()
-                ops.append(dist.P2POp(dist.isend, tensor, peer(other), pg))
-                sent.append(tensor)
-            else:
-                buf = torch.empty(act_shape, dtype=dtype, device=device)
-                ops.append(dist.P2POp(dist.irecv, buf, peer(other), pg))
-                new_recvs.append(((kind, chunk, mbi), buf))
-        if ops:
-            batch = _Batch(dist.batch_isend_irecv(ops))
-            for key, buf in new_recvs:
-                recvs[key] = (buf, batch)
-            batches.append(batch)
-            sends.extend((batch, tensor) for tensor in sent)
-            if sent and not lay.overlap_pp:
-                # the plan turned the overlap off (planner/cost/comm.py p2p_s prices it): the sender waits for its
-                # transfer before its next action, as Megatron's --no-overlap-p2p-communication does
-                batch.wait()
-        # drop sent activations and gradients as soon as their transfer is done: holding them to the end of
-        # the step kept every micro-batch's boundary tensors alive (m x chunks of them). While a CUDA graph
-        # captures the step nothing has run and a captured transfer cannot be polled: a batch counts as done
-        # once this stream has waited for it (the receive that shares the batch was consumed), which orders
-        # any reuse of the memory after the transfer. (Measured on 2x H200 with at most 8 micro-batches, when
-        # every sent tensor was kept to the end of the capture: within 3.5% of the memory prediction.)
-        sends = [(b, x) for b, x in sends if not (b.done if capturing else b.finished())]
-    for batch in batches:
+            step.run_action(a)
+        step.post_transfers(t)
+    for batch in step.batches:
         batch.wait()
-    del sends
-    assert not recvs and not outgoing and not saved, "pipeline schedule left work behind"
-
-    if tied:
-        if hold_sync:
-            for p in tied:
-                dist.all_reduce(opt.buffer_of[p].grad_view(p), group=emb_group)
-            opt.sync = True
-        opt.finish_grads()
-        if not hold_sync:   # FSDP2: the reduced shards of both copies line up (same shape, same dp_cp rank)
-            for p in tied:
-                if p.grad is not None:
-                    g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                    dist.all_reduce(g, group=emb_group)
-    else:
-        if dist_opt:
-            opt.sync = True
-        opt.finish_grads()
-
-    if r == pp - 1 and dp_cp > 1:
-        dist.all_reduce(total, group=groups.dp_cp)
-    if r != pp - 1:
-        total.zero_()
-    dist.all_reduce(total, group=pg)
-    if record_timeline:
-        if clock.cuda:
-            torch.cuda.synchronize()
-        for rec in timeline:
-            rec["start"], rec["end"] = clock.seconds(rec["start"]), clock.seconds(rec["end"])
-        last_timeline[:] = timeline
+    step.sends = []
+    assert not step.recvs and not step.outgoing and not step.saved, "pipeline schedule left work behind"
+    step.finish_gradients()
+    total = step.reduce_loss()
+    if step.record_timeline:
+        step.publish_timeline()
     if before_step is not None:
         before_step()
     norm = opt.clip_grad_norm()
@@ -430,8 +475,8 @@ pipeline_train_step = train_step
 _SCHED: dict = {}
 
 
-def _schedule_cache(pp, v, m):
-    key = (pp, v, m)
+def _schedule_cache(schedule: PipelineSchedule, pp: int, v: int, m: int):
+    key = (schedule.name, pp, v, m)
     if key not in _SCHED:
-        _SCHED[key] = simulate(pp, v, m)
+        _SCHED[key] = simulate(pp, v, m, schedule)
     return _SCHED[key]
