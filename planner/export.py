@@ -262,7 +262,7 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
     add("--max-position-embeddings", m.max_seq_len)
     if m.gated_mlp:
         add("--swiglu")
-    add("--normalization", "LayerNorm" if m.has_bias else "RMSNorm")
+    add("--normalization", "LayerNorm" if m.layernorm else "RMSNorm")
     add("--position-embedding-type", "learned_absolute" if m.learned_positions else "rope")
     if not m.learned_positions:
         _rotary(m, add, notes)
@@ -290,7 +290,7 @@ def megatron_args(plan: Plan, optimizer: OptimizerSettings | None = None) -> Meg
         notes.append("FP8 in Megatron-LM runs through Transformer Engine, which must be installed; its FP8 also "
                      "covers the weight-gradient GEMMs, which this runtime keeps in bf16")
     script = "pretrain_gpt.py"
-    if m.family == "bert":
+    if m.model_family.masked_lm:
         script = "pretrain_bert.py"
         notes.append("BERT trains with pretrain_bert.py, whose model adds a binary (next-sentence) head unless "
                      "--bert-no-binary-head is given; the plan has none")
