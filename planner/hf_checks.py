@@ -4,7 +4,7 @@ feature that changes cost or numerics and that the runtime does not build, numbe
 Refused by name, in one sentence each: encoder-decoder models (T5, BART, ...), state-space and recurrent models
 (Mamba, RWKV: their layers are not attention), a model type parallel-plan does not know, attention or final logit
 soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's and OLMo 2's blocks, Granite's multipliers, a gated MLP whose activation is
-not SiLU (Gemma's GeGLU, which an export would otherwise give Megatron-LM as --swiglu). Nothing is dropped
+not SiLU (Gemma's GeGLU, which an export would otherwise give Megatron-LM as --swiglu). Nothing is left out
 without a word; what is read is what the runtime trains and the cost model prices."""
 from __future__ import annotations
 
