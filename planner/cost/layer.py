@@ -168,7 +168,7 @@ class LayerTerms:
         per expert, as runtime/parallel/expert_mlp.py runs it (torch._grouped_mm: one kernel per projection and
         direction, forward, dgrad and wgrad, over all the local experts). Where the profile measured grouped
         GEMMs (Profile.grouped_gemm_s): the measured grouped-over-dense ratio at these rows per expert times the
-        dense GEMM of all experts x rows rows. Else (older profiles): each expert's GEMM at its own small M from
+        dense GEMM of all experts x rows rows. Else (a profile without grouped GEMMs): each expert's GEMM at its own small M from
         the GEMM tables, times the experts, one launch per call; that overstates few rows per expert several
         times over (a grouped kernel fills the GPU with several experts' tiles at once), as plans say."""
         fp8 = self.lay.fp8 and self.target.fp8_experts
