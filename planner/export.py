@@ -316,7 +316,7 @@ def _model_shape(plan: Plan, add, notes: list[str]) -> None:
     add("--max-position-embeddings", m.max_seq_len)
     if m.gated_mlp:
         add("--swiglu")
-    add("--normalization", "LayerNorm" if m.has_bias else "RMSNorm")
+    add("--normalization", "LayerNorm" if m.layernorm else "RMSNorm")
     add("--position-embedding-type", "learned_absolute" if m.learned_positions else "rope")
     if not m.learned_positions:
         _rotary(m, add, notes)
@@ -354,7 +354,7 @@ def _training_script(plan: Plan, a: list[str], notes: list[str]) -> MegatronExpo
     BERT, pretrain_gpt.py for the rest) and the note on how the vocabulary is padded."""
     m = plan.model
     script = "pretrain_gpt.py"
-    if m.family == "bert":
+    if m.model_family.masked_lm:
         script = "pretrain_bert.py"
         notes.append("BERT trains with pretrain_bert.py, whose model adds a binary (next-sentence) head unless "
                      "--bert-no-binary-head is given; the plan has none")

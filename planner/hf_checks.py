@@ -4,8 +4,8 @@ feature that changes cost or numerics and that the runtime does not build, numbe
 Refused by name, in one sentence each: encoder-decoder models (T5, BART, ...), state-space and recurrent models
 (Mamba, RWKV: their layers are not attention), a model type parallel-plan does not know, attention or final logit
 soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's and OLMo 2's blocks, Granite's multipliers, a gated MLP whose activation is
-not SiLU (Gemma's GeGLU, which an export would otherwise give Megatron-LM as --swiglu). Nothing is dropped
-silently; what is read is what the runtime trains and the cost model prices."""
+not SiLU (Gemma's GeGLU, which an export would otherwise give Megatron-LM as --swiglu). Nothing is left out
+without a word; what is read is what the runtime trains and the cost model prices."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -59,6 +59,24 @@ def hf_model_name(path) -> str:
     return safe_model_name(Path(path).parent.name or Path(path).stem)
 
 
+HF_READING_FAMILY = {"bert": "bert", "plain_mlp": "gpt", "gpt2": "gpt", "llama_style": "llama"}
+"""The model family (planner/model/families.py) each way of reading a config (hf_reading) gives its ModelSpec."""
+
+
+def hf_reading(cfg: dict, model_type: str) -> str:
+    """Which keys planner/model/hf_config.py reads a config by, the one rule it and check_hf_config share: 'bert'
+    (BERT's keys: model_type bert or a type_vocab_size key), 'plain_mlp' (PLAIN_MLP_TYPES: hidden_size keys, a
+    plain GELU MLP), 'gpt2' (GPT-2's n_embd keys) or 'llama_style' (hidden_size keys, a gated MLP: every other
+    type). HF_READING_FAMILY gives each its family."""
+    if model_type == "bert" or "type_vocab_size" in cfg:
+        return "bert"
+    if model_type in PLAIN_MLP_TYPES:
+        return "plain_mlp"
+    if "n_embd" in cfg or model_type == "gpt2":
+        return "gpt2"
+    return "llama_style"
+
+
 def known_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(exact model types, prefixes) that planner/model/hf_config.py reads."""
     return ("bert", "gpt2") + PLAIN_MLP_TYPES + LLAMA_STYLE_TYPES, LLAMA_STYLE_PREFIXES
@@ -85,11 +103,13 @@ def check_hf_config(cfg: dict, model_type: str, path) -> None:
         raise PlanError(f"{where}: {', '.join(multipliers)} scale the model's activations (Granite), which "
                         "parallel-plan's runtime does not build; planning it without them would train another model")
     exact, prefixes = known_types()
-    bert_or_gpt = model_type in ("bert", "gpt2") or "type_vocab_size" in cfg or "n_embd" in cfg
-    if not bert_or_gpt and model_type not in exact and not model_type.startswith(prefixes):
+    reading = hf_reading(cfg, model_type)
+    if reading == "llama_style" and model_type not in exact and not model_type.startswith(prefixes):
         raise PlanError(f"{where}: model_type '{model_type}' is not one parallel-plan builds; it reads "
                         f"{', '.join(t for t in exact if t and t not in EXTRA_NORM_TYPES)} and {', '.join(p + '*' for p in prefixes)}")
-    if not bert_or_gpt and model_type not in PLAIN_MLP_TYPES:
+    # a late import: planner.model's package imports planner/model/hf_config.py, which imports this module
+    from planner.model.families import family_of
+    if family_of(HF_READING_FAMILY[reading]).gated_mlp:
         act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu").lower()
         if act not in SILU:
             raise PlanError(f"{where}: its gated MLP uses the activation '{act}' (GeGLU and the like); the runtime's "

@@ -106,19 +106,25 @@ def layer_expert_params_local(m: ModelSpec, ep: int) -> float:
 
 
 def embedding_params_local(m: ModelSpec, tp: int) -> float:
+    """Input side on the first stage: the vocabulary-parallel embedding, and whole on every TP rank the learned
+    positions, token types and embedding norm (as the family has them)."""
+    fam = m.model_family
     n = m.padded_vocab * m.hidden / tp
     if m.learned_positions:
         n += m.max_seq_len * m.hidden
-    if m.family == "bert":
-        n += 2 * m.hidden + m.norm_params()
+    if fam.token_types:
+        n += 2 * m.hidden
+    if fam.embedding_norm:
+        n += m.norm_params()
     return n
 
 
 def head_params_local(m: ModelSpec, tp: int, pp: int) -> float:
-    """Output side on the last stage; a tied output layer on a separate stage keeps its own copy."""
+    """Output side on the last stage; a tied output layer on a separate stage keeps its own copy. A head transform
+    (BERT's masked-LM head) adds its dense weight and bias (whole) and the output layer's bias (vocabulary-parallel)."""
     h = m.hidden
     n = m.norm_params()
-    if m.family == "bert":
+    if m.model_family.head_transform:
         n += h * h + h + m.padded_vocab / tp
     if not m.tie_embeddings or pp > 1:
         n += m.padded_vocab * h / tp
@@ -130,11 +136,12 @@ def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, las
     activations they touch are sequence-sharded: their gradients are partial per TP rank, and the runtime
     all-reduces each over TP, one call per tensor (runtime/parallel/data.py, `sequence_parallel`; the list
     follows runtime/model.py, tensor.py and expert.py): the norms' weights and biases, the row-parallel biases,
-    learned positions, BERT's token types, embedding norm and head transform, and under MoE the router and the
+    learned positions, token types, the embedding norm and the head transform (BERT), and under MoE the router and the
     local experts' weights, which every TP rank holds whole. Likewise the q/k norms' weights (qk_norm), which touch
     head-sharded activations: each rank's gradient is its own heads' part of the sum."""
     h, f = m.hidden, m.ffn_hidden
-    norm = 2 if m.has_bias else 1                                   # LayerNorm: weight and bias
+    fam = m.model_family
+    norm = 2 if m.layernorm else 1                                  # LayerNorm: weight and bias
     per_layer = [(2 * norm, h)]
     if m.qk_norm:
         per_layer.append((2, m.head_dim))                           # q_norm and k_norm weights
@@ -156,11 +163,13 @@ def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, las
     if first:
         if m.learned_positions:
             out.append((1, m.max_seq_len * h))
-        if m.family == "bert":
-            out += [(1, 2 * h), (2, h)]                             # token types, embedding LayerNorm
+        if fam.token_types:
+            out.append((1, 2 * h))                                  # token types
+        if fam.embedding_norm:
+            out.append((norm, h))                                   # embedding norm
     if last:
-        out.append((norm, h))                                       # final (BERT: head) norm
-        if m.family == "bert":
+        out.append((norm, h))                                       # final (head transform's) norm
+        if fam.head_transform:
             out += [(1, h * h), (1, h)]                             # head transform and its bias
     return out
 
@@ -316,7 +325,7 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
     tok_t = tokens / t  # sequence-parallel share
     h, f = m.hidden, m.ffn_hidden
     a = BF16_BYTES
-    stats = FP32_BYTES * (2 if m.has_bias else 1)  # LayerNorm keeps mean and rstd, RMSNorm only rstd
+    stats = FP32_BYTES * (2 if m.layernorm else 1)  # LayerNorm keeps mean and rstd, RMSNorm only rstd
     norms_in = 2 * (a * h + stats) * tok_t
     gemm_in = 2 * a * h * tok_t  # QKV and FC1 inputs (the norm outputs), sequence-sharded
     qkv = a * (m.q_width + 2 * m.kv_width) * tok_t
@@ -389,21 +398,22 @@ def unfused_core_layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layo
 
 def head_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> tuple[float, float]:
     """(kept per in-flight micro-batch, transient peak) on the stage holding the output layer and loss:
-    final-norm input and output, and the cross-entropy's gradient of the logits, which
+    final-norm input and output (with a head transform also its dense output and GELU output), and the
+    cross-entropy's gradient of the logits, which
     runtime/parallel/cross_entropy.py computes in forward and keeps in the compute dtype; transiently the
     logits themselves while that gradient is written."""
     tokens = lay.micro_batch * shape.seq_len / lay.cp
     h, v = m.hidden, m.padded_vocab
     kept = 2 * BF16_BYTES * h * tokens / lay.tp + BF16_BYTES * v / lay.tp * tokens
-    if m.family == "bert":
+    if m.model_family.head_transform:
         kept += 2 * BF16_BYTES * h * tokens / lay.tp
     transient = BF16_BYTES * v / lay.tp * tokens
     return kept, transient
 
 
 def embedding_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> float:
-    """Embedding backward needs only the token ids; BERT's embedding LayerNorm keeps its input."""
-    if m.family != "bert":
+    """Embedding backward needs only the token ids; an embedding norm (BERT's) keeps its input."""
+    if not m.model_family.embedding_norm:
         return 0.0
     tokens = lay.micro_batch * shape.seq_len / lay.cp
     return BF16_BYTES * m.hidden * tokens / lay.tp

@@ -16,7 +16,7 @@ Sources (all validated when opened, before any GPU work; errors are one sentence
 
 Token ids: every token of every file is checked to lie in [0, vocab) when the file is opened (`_check_ids`),
 so an out-of-range id never reaches the model (at TP1 it would fail inside the embedding, at TP>1 the
-vocab-parallel embedding silently zeroes it). `plan launch` opens the sources before torchrun, and each
+vocab-parallel embedding would zero it without a word). `plan launch` opens the sources before torchrun, and each
 worker opens them again before any GPU work; a worker scans only a file that is not, by path, size and
 modification time, one the launcher already scanned (`scanned_files_env`), so a file replaced in between is
 checked too and an unchanged one is not read once per worker.
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from planner.errors import PlanError
+from planner.model.families import family_of
 from runtime.model import IGNORE_INDEX
 
 
@@ -96,7 +97,7 @@ def scanned_files_env() -> dict:
 def _check_ids(tokens: np.ndarray, name: str, vocab: int) -> None:
     """Every token in [0, vocab): a chunked scan of the whole file (max only for unsigned dtypes), skipped
     when the dtype cannot hold an id outside the vocabulary, or when the launcher scanned this very file
-    (SCANNED_FILES_ENV). Measured on 1 GB (2 CPU cores): 0.13 s from the page cache (0.25 s for int32, which
+    (SCANNED_FILES_ENV). A 1 GB file takes 0.13 s from the page cache (0.25 s for int32, which
     needs the min too), 0.5-1.6 s read cold from disk."""
     info = np.iinfo(tokens.dtype)
     if info.min >= 0 and info.max < vocab:
@@ -248,7 +249,7 @@ def open_source(spec_str: str | None, vocab: int, seq_len: int, dtype: str | Non
 # -- batches ---------------------------------------------------------------------------------------
 
 def mask_for_mlm(tokens: np.ndarray, vocab: int, index: int, seed: int, mask_id: int | None = None):
-    """BERT masking: 15% of positions are predicted; of those 80% [MASK], 10% random, 10% unchanged."""
+    """Masked-LM masking (BERT's): 15% of positions are predicted; of those 80% [MASK], 10% random, 10% unchanged."""
     rng = np.random.default_rng([seed, 11, index])
     mask_id = (103 if vocab > 103 else vocab - 1) if mask_id is None else mask_id
     chosen = rng.random(tokens.shape) < 0.15
@@ -262,12 +263,24 @@ def mask_for_mlm(tokens: np.ndarray, vocab: int, index: int, seed: int, mask_id:
 
 
 def make_sequence(source, family: str, vocab: int, seq_len: int, index: int, seed: int = 0) -> dict:
+    """Sequence `index` of `source` as one training example of the family's objective (ModelFamily.objective):
+    next-token labels for a causal LM, masked positions (mask_for_mlm) for a masked LM; with token types (BERT's
+    segments) the first half of the sequence is type 0, the second type 1.
+
+    Args:
+        family: the model's family name (ModelSpec.family).
+    Returns:
+        {tokens, labels[, token_types]}: int64 arrays of seq_len."""
+    fam = family_of(family)
     seq = source.sequence(index, seq_len + 1)
-    if family == "bert":
+    if fam.masked_lm:
         tokens, labels = mask_for_mlm(seq[:seq_len], vocab, index, seed)
-        types = (np.arange(seq_len) >= seq_len // 2).astype(np.int64)
-        return dict(tokens=tokens, labels=labels, token_types=types)
-    return dict(tokens=seq[:-1], labels=seq[1:])
+    else:
+        tokens, labels = seq[:-1], seq[1:]
+    out = dict(tokens=tokens, labels=labels)
+    if fam.token_types:
+        out["token_types"] = (np.arange(seq_len) >= seq_len // 2).astype(np.int64)
+    return out
 
 
 def cp_split(x: torch.Tensor, cp: int, cp_rank: int, dim: int = -1) -> torch.Tensor:

@@ -1,4 +1,6 @@
-"""GPT, Llama-style and BERT models from a planner ModelSpec, built from the tensor-parallel layers.
+"""GPT, Llama-style and BERT models (any registered family) from a planner ModelSpec, built from the tensor-parallel
+layers as the family's traits say (planner/model/families.py: norm kind, pre- or post-norm, MLP kind, biases,
+positions, token types, embedding norm, head transform).
 
 A model is a sequence of pieces so that a pipeline stage is simply (optional embedding, a contiguous
 range of layers, optional head):  `build_stage(spec, groups, start, end, has_embedding, has_head, modes)`.
@@ -24,7 +26,7 @@ dtype (bf16 on GPU). "h/t" = sequence-sharded, "x/t" otherwise = head/feature-sh
     the column-parallel backward), without the activation output (recomputed from its input inside the
     row-parallel backward), and the attention core (q/k norms + rotary + SDPA) is checkpointed: its input, the qkv
     GEMM output (q_width + 2 kv_width)/t, is kept instead of q, k, v, the log-sum-exp and the q/k norms' tensors.
-    BERT is post-norm: its norm outputs are the residual stream itself, so there is nothing to drop there.
+    A post-norm family (BERT): its norm outputs are the residual stream itself, so there is nothing to drop there.
   recompute 'full': only the layer input h/t (torch.utils.checkpoint of the whole layer).
 Head stage: the final norm input h/t, its output h/t (sequence-sharded), and the fp32 softmax of the
 logits over the full sequence, V/t floats per token (vocab-parallel cross-entropy), plus int64 targets.
@@ -55,12 +57,13 @@ IGNORE_INDEX = -100
 
 
 class Norm(nn.Module):
-    """LayerNorm with bias (GPT, BERT) or RMSNorm (Llama). Replicated over TP, applied to sequence shards.
+    """LayerNorm with bias (GPT, BERT) or RMSNorm (Llama), as the family's norm trait says. Replicated over TP, applied
+    to sequence shards.
     `residual(x, delta)` fuses the residual add before it (runtime/norm.py: one Triton kernel each way on CUDA)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.rms = not spec.has_bias
+        self.rms = not spec.layernorm
         self.eps = spec.norm_eps
         self.weight = _tp_param((spec.hidden,), None, init=("ones",), sequence_parallel=True)
         self.bias = None if self.rms else _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)
@@ -81,16 +84,18 @@ class Norm(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding (vocab-parallel), learned positions (GPT, BERT), token types and norm (BERT)."""
+    """Token embedding (vocab-parallel), and as the family has them learned positions (GPT, BERT), token types and an
+    embedding norm (BERT)."""
 
     def __init__(self, spec: ModelSpec, groups):
         super().__init__()
+        fam = spec.model_family
         self.spec, self.tp = spec, groups.tp
         self.word = VocabParallelEmbedding(spec.padded_vocab, spec.hidden, groups.tp)
         self.position = _tp_param((spec.max_seq_len, spec.hidden), None, sequence_parallel=True) \
             if spec.learned_positions else None
-        self.token_type = _tp_param((2, spec.hidden), None, sequence_parallel=True) if spec.family == "bert" else None
-        self.norm = Norm(spec) if spec.family == "bert" else None
+        self.token_type = _tp_param((2, spec.hidden), None, sequence_parallel=True) if fam.token_types else None
+        self.norm = Norm(spec) if fam.embedding_norm else None
 
     def forward(self, tokens, positions, token_types=None):
         """tokens, token_types [s, b]; positions [s] -> [s/t, b, h]."""
@@ -196,7 +201,7 @@ class TransformerLayer(nn.Module):
     def __init__(self, spec: ModelSpec, groups, recompute: str, overlap: bool = True):
         super().__init__()
         assert recompute in ("none", "selective", "full")
-        self.recompute, self.post_norm = recompute, spec.family == "bert"
+        self.recompute, self.post_norm = recompute, spec.model_family.post_norm
         self.attn_norm = Norm(spec)
         self.attn = Attention(spec, groups, overlap)
         self.mlp_norm = Norm(spec)
@@ -209,7 +214,7 @@ class TransformerLayer(nn.Module):
 
     def _forward(self, x, rope):
         sel = self.recompute == "selective"
-        if self.post_norm:  # BERT: x = LN(x + attn(x)); x = LN(x + mlp(x))
+        if self.post_norm:  # x = LN(x + attn(x)); x = LN(x + mlp(x))
             _, x = self.attn_norm.residual(x, self.attn(x, rope, sel))
             return self.mlp_norm.residual(x, self.mlp(x, sel))[1]
         # pre-norm: s is the residual stream; each norm takes the add before it, and in backward the
@@ -226,15 +231,17 @@ class TransformerLayer(nn.Module):
 
 
 class Head(nn.Module):
-    """Decoders: final norm + output projection (vocab-parallel, tied or not) + vocab-parallel CE.
-    BERT: dense + GELU + LayerNorm + tied decoder with its own bias, CE on masked positions only."""
+    """Final norm + output projection (vocab-parallel, tied or not) + vocab-parallel CE over the labelled positions.
+    With a head transform (BERT's masked-LM head): dense + GELU + norm before the output layer, which has its own
+    bias."""
 
     def __init__(self, spec: ModelSpec, groups, overlap: bool, own_tied_copy: bool):
         super().__init__()
         self.spec, self.tp = spec, groups.tp
         t = group_size(groups.tp)
         v = spec.padded_vocab  # ModelSpec.padded_vocab: aligned output GEMMs
-        if spec.family == "bert":
+        self.transform = spec.model_family.head_transform
+        if self.transform:
             self.dense = _tp_param((spec.hidden, spec.hidden), None, sequence_parallel=True)
             self.dense_bias = _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)
             self.decoder_bias = _tp_param((v // t,), 0, [v], init=("zeros",))
@@ -252,7 +259,7 @@ class Head(nn.Module):
 
     def forward(self, x, labels, tied_weight=None):
         """x [s/t, b, h], labels [s, b] -> (sum of per-token losses (fp32), number of labelled tokens)."""
-        if self.spec.family == "bert":
+        if self.transform:
             x = self.norm(gelu(F.linear(x, self.dense, self.dense_bias)))
         else:
             x = self.norm(x)
@@ -260,7 +267,7 @@ class Head(nn.Module):
         if w is None:
             w = tied_weight if tied_weight is not None else self.word_weight
         logits = self.output(x, weight=w)
-        if self.spec.family == "bert":
+        if self.transform:
             logits = logits + self.decoder_bias
         s, b, vl = logits.shape
         losses = vocab_parallel_cross_entropy(logits.reshape(s * b, vl), labels.reshape(-1), self.tp, IGNORE_INDEX)

@@ -22,15 +22,16 @@ class HostTerms:
 
     @cached_property
     def host_per_layer_s(self) -> dict:
-        """Host time to issue one layer, by recompute mode (profile.host; the search asks for it per stage and split,
-        so it is worked out once per layout)."""
+        """Host time to issue one layer, by recompute mode (profile.host, its figures of the model's family or of
+        the measured family it names, ModelFamily.host_key; the search asks for it per stage and split, so it is
+        worked out once per layout)."""
         host, lay, m = self.prof.host, self.lay, self.m
         data_parallel = lay.dp * lay.cp > 1
         key = ("host per layer", lay.tp, lay.cp, lay.sharding, lay.ep, data_parallel, self.dispatch_chunks)
         v = self._shared.get(key)
         if v is None:
             v = self._shared[key] = {
-                mode: host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.family,
+                mode: host.layer_host_s(mode, lay.tp, lay.cp, lay.sharding, m.is_moe, lay.ep, m.model_family.host_key,
                                         self.prof.eff("host_tp"), self.prof.eff("host_cp"), data_parallel)
                 + self.extra_chunk_host_s for mode in ("none", "selective", "full")}
         return v
@@ -59,5 +60,5 @@ class HostTerms:
         t = none * per_layer["none"] + st.full_recompute_layers * per_layer["full"] \
             + st.selective_recompute_layers * per_layer["selective"]
         if j == lay.pp * lay.vpp - 1:
-            t += host.micro_batch_ends_s(m.family, lay.dp * lay.cp > 1)
+            t += host.micro_batch_ends_s(m.model_family.host_key, lay.dp * lay.cp > 1)
         return (t + (host.pp_chunk_s if lay.pp > 1 else 0.0)) * self.prof.eff("host")

@@ -2,6 +2,8 @@
 expert-parallel communication beside them (LayerCosts), and the embedding and output ends (EndCosts)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from planner import memory as mem
 from planner.cluster import place_group
 from planner.cost.terms import (BF16, FP32, EndCosts, LayerCosts, cached_property, ep_beside_layer_exposed_s, exposed_s,
@@ -55,6 +57,19 @@ def torch_cp_fp32_pass_bytes(out_elems: float, kv_elems: float, cp: int) -> tupl
     bwd = out_elems * (4 + 10 * block_share + 8 * halves + 6) \
         + 2 * kv_elems * (4 + 18 * n + 8 * halves + 4 * n + 6)
     return fwd, bwd
+
+
+@dataclass(frozen=True)
+class _MoeCosts:
+    """The routed experts of one MoE layer on one rank (LayerTerms._moe_s); all 0 for a dense layer."""
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+    all_to_all_s: float = 0.0
+    """One dispatch (or combine) all-to-all, calibrated."""
+    ep_fraction: float = 0.0
+    """The share of the all-to-alls hidden beside compute (one dispatch chunk)."""
+    comm_ep_s: float = 0.0
+    """Exposed forward + backward all-to-all time beside the experts."""
 
 
 class LayerTerms:
@@ -153,7 +168,7 @@ class LayerTerms:
         per expert, as runtime/parallel/expert_mlp.py runs it (torch._grouped_mm: one kernel per projection and
         direction, forward, dgrad and wgrad, over all the local experts). Where the profile measured grouped
         GEMMs (Profile.grouped_gemm_s): the measured grouped-over-dense ratio at these rows per expert times the
-        dense GEMM of all experts x rows rows. Else (older profiles): each expert's GEMM at its own small M from
+        dense GEMM of all experts x rows rows. Else (a profile without grouped GEMMs): each expert's GEMM at its own small M from
         the GEMM tables, times the experts, one launch per call; that overstates few rows per expert several
         times over (a grouped kernel fills the GPU with several experts' tiles at once), as plans say."""
         fp8 = self.lay.fp8 and self.target.fp8_experts
@@ -184,9 +199,9 @@ class LayerTerms:
 
     def _unfused_attention_s(self) -> tuple[float, float]:
         """(forward, backward) seconds of an unfused attention core on one rank (RuntimeTarget.unfused_attention),
-        as Megatron-LM ran it in 2021-22 (megatron/model/transformer.py, ParallelAttention at a8d172b31e and
-        CoreAttention at f602ac56bd): the scores by one batched GEMM (torch.baddbmm) over the whole s x s square, the
-        causal mask included; Megatron's fused causal softmax (scaled_upper_triang_masked_softmax), which reads the
+        as Megatron-LM's model of the published runs of Narayanan et al. 2021 and Korthikanti et al. 2022 ran it
+        (megatron/model/transformer.py, ParallelAttention and CoreAttention): the scores by one batched GEMM
+        (torch.baddbmm) over the whole s x s square, the causal mask included; Megatron's fused causal softmax (scaled_upper_triang_masked_softmax), which reads the
         lower triangle and writes the whole row; dropout on the probabilities (--attention-dropout 0.1 by default)
         writing its output and a byte mask; the context by a second batched GEMM. Backward: the two GEMMs' four
         gradients, dropout's backward (gradient and mask in, gradient out) and the softmax's (gradient and output
@@ -207,19 +222,55 @@ class LayerTerms:
         return fwd, bwd
 
     def _layer(self) -> LayerCosts:
-        m, lay, prof = self.m, self.lay, self.prof
-        t, h, f = lay.tp, m.hidden, m.ffn_hidden
-        T = int(self.tokens)
-        qkv_n = (m.q_width + 2 * m.kv_width) // t
-        gemms = self.layer_gemms()
+        """One layer and micro-batch on this rank: its GEMMs, attention core, elementwise kernels and MoE experts,
+        calibrated by the profile's efficiencies, and the communication of each parallel dimension exposed beside
+        them (tensor, context and expert parallel)."""
+        m, prof = self.m, self.prof
+        fwd, bwd = self._dense_gemms_s()
+        attn_f, attn_b = self._attention_core_s()
+        ew_f, ew_b, ew_sel = self._elementwise_s()
+        moe = self._moe_s() if m.is_moe else _MoeCosts()
+        if m.shared_expert_ffn:
+            fwd, bwd, ew_f, ew_b = self._with_shared_experts_s(fwd, bwd, ew_f, ew_b)
+        # calibrated: what the runtime spends beyond its measured kernels; the target's kernels against ours
+        ce = self.target.kernel_s(prof.eff("compute"))
+        fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel = (x * ce for x in (fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel))
+        compute_f = fwd + attn_f + ew_f + moe.fwd_s
+        compute_b = bwd + attn_b + ew_b + moe.bwd_s
+        comm = {"tp": 0.0, "cp": 0.0, "ep": moe.comm_ep_s}
+        if m.is_moe and self.dispatch_chunks == 1 and self._ep_beside_layer:
+            # the target's EP A2A overlap: the transfers beside the other micro-batch's whole layer
+            comm["ep"] = ep_beside_layer_exposed_s(moe.all_to_all_s, compute_f - moe.fwd_s, compute_b - moe.bwd_s,
+                                                   moe.fwd_s + moe.bwd_s, moe.ep_fraction)
+        comm_tp_f, comm_tp_b = self._tp_comm_s(fwd, bwd)
+        cp_f, cp_b = self._cp_comm_s(attn_f, attn_b)
+        comm["tp"], comm["cp"] = comm_tp_f + comm_tp_b, cp_f + cp_b
+        ep_half = comm["ep"] / 2
+        sel = ew_sel + attn_f  # selective recompute reruns the norms, the MLP activation and the attention core
+        return LayerCosts(fwd_compute_s=compute_f, bwd_compute_s=compute_b,
+                          fwd_comm_s=comm_tp_f + cp_f + ep_half, bwd_comm_s=comm_tp_b + cp_b + ep_half,
+                          selective_recompute_s=sel, comm_by_dim_s=comm)
+
+    def _dense_gemms_s(self) -> tuple[float, float]:
+        """(forward, backward) seconds of the layer's linear GEMMs (layer_gemms), uncalibrated."""
         fwd = bwd = 0.0
-        for shape in gemms:
-            a, b = self._gemm_fwd_bwd_s(*shape, fp8=lay.fp8)
+        for shape in self.layer_gemms():
+            a, b = self._gemm_fwd_bwd_s(*shape, fp8=self.lay.fp8)
             fwd, bwd = fwd + a, bwd + b
-        # attention core: this rank's heads over its share of the sequence (the ring covers the rest)
-        s = self.shape.seq_len
+        return fwd, bwd
+
+    @property
+    def _cp_kv_heads(self) -> int:
+        """K and V heads as context parallelism moves them (all query heads where the target expands them)."""
+        return self.m.num_heads if self.target.cp_kv_expanded else self.m.num_kv_heads
+
+    def _attention_core_s(self) -> tuple[float, float]:
+        """(forward, backward) seconds of the attention core: this rank's heads over its share of the sequence (the
+        ring covers the rest), fused or unfused as the target runs it, with PyTorch's fp32 passes around the context-
+        parallel blocks where the target has them; uncalibrated."""
+        m, lay, prof = self.m, self.lay, self.prof
+        t, s = lay.tp, self.shape.seq_len
         ring = prof.eff("ring") if lay.cp > 1 else 1.0  # calibrated: the ring's blocks and merges
-        cp_kv_heads = m.num_heads if self.target.cp_kv_expanded else m.num_kv_heads  # K, V heads as CP moves them
         if self.target.unfused_attention:
             attn_f, attn_b = (ring * x for x in self._unfused_attention_s())
         else:
@@ -228,27 +279,42 @@ class LayerTerms:
                 for bwd in (False, True))
         if lay.cp > 1 and self.target.cp_fp32_buffers:  # PyTorch's fp32 merges and accumulators around the blocks
             per_head = lay.micro_batch * s // lay.cp * m.head_dim
-            pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head, cp_kv_heads // t * per_head, lay.cp)
+            pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head, self._cp_kv_heads // t * per_head,
+                                                      lay.cp)
             attn_f, attn_b = attn_f + prof.memory_bound_s(pass_f), attn_b + prof.memory_bound_s(pass_b)
-        # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel
-        # (bytes as the profiler counts them): the norms with the residual adds fused in (runtime/norm.py;
-        # pre-norm: the attention norm alone, the MLP norm with the add before it, the layer's last add on
-        # its own; every norm backward merges the residual's gradient), the MLP activation, rotary on q and k
-        tok_t = T / t
-        norm = "layernorm" if m.has_bias else "rmsnorm"
-        act = "swiglu" if m.gated_mlp else "gelu"
-        act_rows = T / t * f * (m.top_k if m.is_moe else 1)
-        k = prof.kernel_s
-        row_bytes = BF16 * tok_t * h
-        if m.family == "bert":  # post-norm: both norms take their add; backward adds the residual's gradient apart
+        return attn_f, attn_b
+
+    def _norm_kernels_s(self, norm: str, row_bytes: float) -> tuple[float, float]:
+        """(forward, backward) seconds of the layer's two norms with the residual adds fused in (runtime/norm.py).
+        Pre-norm: the attention norm alone, the MLP norm with the add before it, the layer's last add on its own;
+        every norm backward merges the residual's gradient. Post-norm: both norms take their add; backward adds the
+        residual's gradient apart."""
+        k = self.prof.kernel_s
+        if self.m.model_family.post_norm:
             ew_f = 2 * k(f"{norm}_add_fwd", 4 * row_bytes)
             ew_b = 2 * k(f"{norm}_bwd", 3 * row_bytes) + 2 * k("residual_add", 3 * row_bytes)
         else:
             ew_f = k(f"{norm}_fwd", 2 * row_bytes) + k(f"{norm}_add_fwd", 4 * row_bytes) \
                 + k("residual_add", 3 * row_bytes)
             ew_b = 2 * k(f"{norm}_bwd", 4 * row_bytes)
+        return ew_f, ew_b
+
+    def _elementwise_s(self) -> tuple[float, float, float]:
+        """(forward, backward, selective recompute) seconds of the layer's elementwise kernels, each at the bandwidth
+        the profiler measured for the runtime's own kernel (bytes as the profiler counts them): the norms
+        (_norm_kernels_s), the MLP activation, rotary on q and k, Qwen3's q/k norms and the bias gradients;
+        uncalibrated."""
+        m, lay, prof = self.m, self.lay, self.prof
+        t, h, f = lay.tp, m.hidden, m.ffn_hidden
+        T = int(self.tokens)
+        tok_t = T / t
+        norm = "layernorm" if m.layernorm else "rmsnorm"
+        act = "swiglu" if m.gated_mlp else "gelu"
+        act_rows = T / t * f * (m.top_k if m.is_moe else 1)
+        k = prof.kernel_s
+        ew_f, ew_b = self._norm_kernels_s(norm, BF16 * tok_t * h)
         # GELU with a bias (dense GPT, BERT): the bias add and its gradient inside the activation's kernels
-        # (runtime/bias_gelu.py); priced at plain GELU's rate by a profile measured before those kernels
+        # (runtime/bias_gelu.py); priced at plain GELU's rate by a profile without those kernels
         bias_act = not m.gated_mlp and m.has_bias and not m.is_moe
         act_k = "bias_gelu" if bias_act else act
         ew_f += k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows, fallback=f"{act}_fwd")
@@ -263,120 +329,130 @@ class LayerTerms:
         ew_f += qk_norm_fwd_s
         ew_b += qk_norm_bwd_s
         # bias gradients: dY summed over its rows (runtime/parallel/tensor.py), column-parallel over all T
-        # tokens of the local columns, row-parallel over this rank's sequence shard of all columns
-        # (an H200 trace of a GPT 1.3B step, commit 1a5b0fb, 2026-11-30: 3.6 ms of 128 ms in these sums)
-        # qkv, proj (GPT, BERT; Llama-style per qkv_bias / attn_out_bias), fc1 (unless inside the activation's
-        # backward), fc2
-        sums = ([T * qkv_n] if m.has_qkv_bias else []) + ([tok_t * h] if m.has_attn_out_bias else [])
+        # tokens of the local columns, row-parallel over this rank's sequence shard of all columns (3.6 ms of a
+        # 128 ms GPT 1.3B step in a trace): qkv, proj (where the family or qkv_bias / attn_out_bias give them),
+        # fc1 (unless inside the activation's backward), fc2
+        sums = ([T * ((m.q_width + 2 * m.kv_width) // t)] if m.has_qkv_bias else []) \
+            + ([tok_t * h] if m.has_attn_out_bias else [])
         if m.has_bias and not m.is_moe:
             sums += ([] if bias_act else [T * (f // t)]) + [tok_t * h]
         ew_b += sum(k("bias_grad", BF16 * rows_x_cols) for rows_x_cols in sums)
-        ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) + k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows,
-                                                                 fallback=f"{act}_fwd") \
+        ew_sel = 2 * k(f"{norm}_fwd", BF16 * 2 * tok_t * h) \
+            + k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows, fallback=f"{act}_fwd") \
             + qk_norm_fwd_s  # inside the checkpointed attention core
-        comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-        moe_f = moe_b = 0.0
-        if m.is_moe:
-            routed = tok_t * m.top_k  # token copies per rank after dispatch (on average, whatever the EP degree)
-            chunks = self.dispatch_chunks  # the experts run once per chunk, on its share of the rows
-            rf, rb = self._gemm_fwd_bwd_s(int(tok_t), m.num_experts, h)
-            # the local experts run as grouped GEMMs, each at the rows its experts receive (expert_gemm_rows)
-            local = m.num_experts // lay.ep
-            rows = self.expert_gemm_rows
-            e1f, e1b = (chunks * t for t in self._grouped_gemm_fwd_bwd_s(local, rows, (2 if m.gated_mlp else 1) * f, h))
-            e2f, e2b = (chunks * t for t in self._grouped_gemm_fwd_bwd_s(local, rows, h, f))
-            # the grouped GEMMs take the local experts' weights as one [experts, out, in] tensor: a view of the
-            # flat parameter buffer, where runtime/parallel/data.py lays each projection's expert weights out back
-            # to back (sharding 'none' and 'optimizer'); else (ZeRO-2 may cut them, FSDP owns its own storage)
-            # _GroupedLinear stacks a copy in forward and again in backward: a read and a write of every local
-            # expert weight (bf16) each way, per micro-batch
-            stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) \
-                if self.stacks_expert_weights else 0.0
-            rows_f_s, rows_b_s = self._moe_row_passes_s(tok_t, routed, h, lay.ep > 1)
-            xe = self.target.kernel_s(prof.eff("expert")) * self.target.expert_factor
-            moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * xe
-            moe_b = (rb + e1b + e2b + stack_s + rows_b_s) * xe
-            # dispatch and combine all-to-alls, each way in forward and again in backward
-            a2a = self._ep_all_to_all_s(tok_t, chunks) * prof.eff("ep")
-            if chunks == 1:
-                ep_frac = self.target.ep_fraction(prof.overlap_hidden_fraction.get("ep", 0.0))
-                if not self._ep_beside_layer:  # the dispatch not overlapped: behind the experts at most
-                    if self.target.ep_hidden_without_overlap is not None:
-                        ep_frac = self.target.ep_hidden_without_overlap
-                    comm["ep"] = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, ep_frac, True)
-            else:  # each chunk's transfers beside the other chunk's experts: the schedule's own timeline
-                experts_f, experts_b = (e1f + e2f) / chunks * xe, (e1b + e2b) / chunks * xe
-                comm["ep"] = two_chunk_exposed_s(a2a, experts_f) + two_chunk_exposed_s(a2a, experts_b)
-        if m.shared_expert_ffn:
-            # shared experts (runtime/parallel/expert.py, SharedExperts): a bf16 SwiGLU MLP over this rank's
-            # sequence shard, whole on every TP rank; Qwen's gate is a [hidden] dot product and a scaling pass.
-            # The runtime runs them while the dispatch is in flight; no overlap is credited (not measured)
-            fs = m.shared_expert_ffn
-            for shape in ((int(tok_t), 2 * fs, h), (int(tok_t), h, fs)):
-                a_s, b_s = self._gemm_fwd_bwd_s(*shape)
-                fwd, bwd = fwd + a_s, bwd + b_s
-            ew_f += k("swiglu_fwd", BF16 * 3 * tok_t * fs)
-            ew_b += k("swiglu_bwd", BF16 * 5 * tok_t * fs)
-            if m.shared_expert_gate:
-                ew_f += prof.memory_bound_s(BF16 * 3 * tok_t * h)
-                ew_b += prof.memory_bound_s(BF16 * 5 * tok_t * h)
-        # calibrated: what the runtime spends beyond its measured kernels; the target's kernels against ours
-        ce = self.target.kernel_s(prof.eff("compute"))
-        fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel = (x * ce for x in (fwd, bwd, attn_f, attn_b, ew_f, ew_b, ew_sel))
-        compute_f = fwd + attn_f + ew_f + moe_f
-        compute_b = bwd + attn_b + ew_b + moe_b
-        if m.is_moe and self.dispatch_chunks == 1 and self._ep_beside_layer:
-            # the target's EP A2A overlap: the transfers beside the other micro-batch's whole layer
-            comm["ep"] = ep_beside_layer_exposed_s(a2a, compute_f - moe_f, compute_b - moe_b, moe_f + moe_b,
-                                                   ep_frac)
-        # tensor parallel (sequence parallel): forward all-gathers before QKV and FC1, reduce-scatters after
-        # out-proj and FC2; backward mirrors them and re-gathers the saved sharded inputs for wgrad
-        if t > 1:
-            nbytes = BF16 * T * h
-            ag = self.group_collective_s("all_gather", nbytes, t, 1) * prof.eff("tp")
-            rs = self.group_collective_s("reduce_scatter", nbytes, t, 1) * prof.eff("tp")
-            n_pairs = 1 if m.is_moe else 2
-            frac = self.target.tp_fraction(prof.overlap_hidden_fraction.get("tp", 0.0))
-            tp_f = n_pairs * (ag + rs)
-            tp_b = n_pairs * (2 * ag + rs)
-            comm_tp_f = exposed_s(tp_f, fwd, frac, lay.overlap_tp)
-            if lay.overlap_tp or not self.target.tp_backward_beside_gemms:
-                comm_tp_b = exposed_s(tp_b, bwd, frac, lay.overlap_tp)
-            else:  # the output gradient's gather exposed; the input's re-gather and the input gradient's
-                # reduce-scatter beside the input- and weight-gradient GEMMs (RuntimeTarget.tp_backward_beside_gemms)
-                comm_tp_b = n_pairs * ag + exposed_s(n_pairs * (ag + rs), bwd, frac, True)
+        return ew_f, ew_b, ew_sel
+
+    def _moe_s(self) -> "_MoeCosts":
+        """The routed experts of an MoE layer on this rank (router GEMM, grouped expert GEMMs per dispatch chunk,
+        the stacking of their weights, the row passes around them), calibrated by the expert efficiency, and the
+        dispatch and combine all-to-alls with what of them stays exposed beside the experts."""
+        m, lay, prof = self.m, self.lay, self.prof
+        t, h, f = lay.tp, m.hidden, m.ffn_hidden
+        tok_t = int(self.tokens) / t
+        routed = tok_t * m.top_k  # token copies per rank after dispatch (on average, whatever the EP degree)
+        chunks = self.dispatch_chunks  # the experts run once per chunk, on its share of the rows
+        rf, rb = self._gemm_fwd_bwd_s(int(tok_t), m.num_experts, h)
+        # the local experts run as grouped GEMMs, each at the rows its experts receive (expert_gemm_rows)
+        local = m.num_experts // lay.ep
+        rows = self.expert_gemm_rows
+        e1f, e1b = (chunks * x for x in self._grouped_gemm_fwd_bwd_s(local, rows, (2 if m.gated_mlp else 1) * f, h))
+        e2f, e2b = (chunks * x for x in self._grouped_gemm_fwd_bwd_s(local, rows, h, f))
+        # the grouped GEMMs take the local experts' weights as one [experts, out, in] tensor: a view of the
+        # flat parameter buffer, where runtime/parallel/data.py lays each projection's expert weights out back
+        # to back (sharding 'none' and 'optimizer'); else (ZeRO-2 may cut them, FSDP owns its own storage)
+        # _GroupedLinear stacks a copy in forward and again in backward: a read and a write of every local
+        # expert weight (bf16) each way, per micro-batch
+        stack_s = prof.memory_bound_s(2 * BF16 * mem.layer_expert_params_local(m, lay.ep)) \
+            if self.stacks_expert_weights else 0.0
+        rows_f_s, rows_b_s = self._moe_row_passes_s(tok_t, routed, h, lay.ep > 1)
+        xe = self.target.kernel_s(prof.eff("expert")) * self.target.expert_factor
+        moe_f = (rf + e1f + e2f + stack_s + rows_f_s) * xe
+        moe_b = (rb + e1b + e2b + stack_s + rows_b_s) * xe
+        # dispatch and combine all-to-alls, each way in forward and again in backward
+        a2a = self._ep_all_to_all_s(tok_t, chunks) * prof.eff("ep")
+        ep_frac, comm_ep = 0.0, 0.0
+        if chunks == 1:
+            ep_frac = self.target.ep_fraction(prof.overlap_hidden_fraction.get("ep", 0.0))
+            if not self._ep_beside_layer:  # the dispatch not overlapped: behind the experts at most
+                if self.target.ep_hidden_without_overlap is not None:
+                    ep_frac = self.target.ep_hidden_without_overlap
+                comm_ep = 4 * exposed_s(a2a, (moe_f + moe_b) / 4, ep_frac, True)
+        else:  # each chunk's transfers beside the other chunk's experts: the schedule's own timeline
+            experts_f, experts_b = (e1f + e2f) / chunks * xe, (e1b + e2b) / chunks * xe
+            comm_ep = two_chunk_exposed_s(a2a, experts_f) + two_chunk_exposed_s(a2a, experts_b)
+        return _MoeCosts(moe_f, moe_b, a2a, ep_frac, comm_ep)
+
+    def _with_shared_experts_s(self, fwd: float, bwd: float, ew_f: float, ew_b: float) -> tuple[float, ...]:
+        """(fwd, bwd, ew_f, ew_b) with the shared experts added (runtime/parallel/expert.py, SharedExperts): a bf16
+        SwiGLU MLP over this rank's sequence shard, whole on every TP rank; Qwen's gate is a [hidden] dot product
+        and a scaling pass. The runtime runs them while the dispatch is in flight; no overlap is credited (not
+        measured)."""
+        m, prof = self.m, self.prof
+        h, fs = m.hidden, m.shared_expert_ffn
+        tok_t = int(self.tokens) / self.lay.tp
+        k = prof.kernel_s
+        for shape in ((int(tok_t), 2 * fs, h), (int(tok_t), h, fs)):
+            a_s, b_s = self._gemm_fwd_bwd_s(*shape)
+            fwd, bwd = fwd + a_s, bwd + b_s
+        ew_f += k("swiglu_fwd", BF16 * 3 * tok_t * fs)
+        ew_b += k("swiglu_bwd", BF16 * 5 * tok_t * fs)
+        if m.shared_expert_gate:
+            ew_f += prof.memory_bound_s(BF16 * 3 * tok_t * h)
+            ew_b += prof.memory_bound_s(BF16 * 5 * tok_t * h)
+        return fwd, bwd, ew_f, ew_b
+
+    def _tp_comm_s(self, fwd: float, bwd: float) -> tuple[float, float]:
+        """(forward, backward) exposed seconds of tensor parallelism (sequence parallel) beside the layer's calibrated
+        GEMMs `fwd` and `bwd`: forward all-gathers before QKV and FC1 and reduce-scatters after out-proj and FC2;
+        backward mirrors them and re-gathers the saved sharded inputs for wgrad."""
+        m, lay, prof = self.m, self.lay, self.prof
+        t = lay.tp
+        if t == 1:
+            return 0.0, 0.0
+        nbytes = BF16 * int(self.tokens) * m.hidden
+        ag = self.group_collective_s("all_gather", nbytes, t, 1) * prof.eff("tp")
+        rs = self.group_collective_s("reduce_scatter", nbytes, t, 1) * prof.eff("tp")
+        n_pairs = 1 if m.is_moe else 2
+        frac = self.target.tp_fraction(prof.overlap_hidden_fraction.get("tp", 0.0))
+        tp_f = n_pairs * (ag + rs)
+        tp_b = n_pairs * (2 * ag + rs)
+        comm_tp_f = exposed_s(tp_f, fwd, frac, lay.overlap_tp)
+        if lay.overlap_tp or not self.target.tp_backward_beside_gemms:
+            comm_tp_b = exposed_s(tp_b, bwd, frac, lay.overlap_tp)
+        else:  # the output gradient's gather exposed; the input's re-gather and the input gradient's
+            # reduce-scatter beside the input- and weight-gradient GEMMs (RuntimeTarget.tp_backward_beside_gemms)
+            comm_tp_b = n_pairs * ag + exposed_s(n_pairs * (ag + rs), bwd, frac, True)
+        return comm_tp_f, comm_tp_b
+
+    def _cp_comm_s(self, attn_f: float, attn_b: float) -> tuple[float, float]:
+        """(forward, backward) exposed seconds of context parallelism beside the calibrated attention core: cp-1
+        ring steps pass K and V forward; backward passes K, V and dK, dV (or one gather of K and V beside the local
+        block, where the target gathers them)."""
+        m, lay, prof = self.m, self.lay, self.prof
+        if lay.cp == 1:
+            return 0.0, 0.0
+        t, s = lay.tp, self.shape.seq_len
+        kv_bytes = BF16 * 2 * lay.micro_batch * (self._cp_kv_heads // t) * (s // lay.cp) * m.head_dim
+        step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
+        frac = self.target.cp_fraction(prof.overlap_hidden_fraction.get("cp", 0.0))
+        # dK, dV: cp - 1 steps beside the blocks in bf16; in fp32 through every rank with the last step waited
+        # at once (RuntimeTarget.cp_fp32_buffers)
+        if self.target.cp_fp32_buffers:
+            grad_step = self.group_collective_s("send_recv", 2 * kv_bytes, lay.cp, self.strides["cp"]) \
+                * prof.eff("cp")
+            grad_beside, grad_last = (lay.cp - 1) * grad_step, grad_step
         else:
-            comm_tp_f = comm_tp_b = 0.0
-        # context parallel: cp-1 ring steps pass K and V forward; backward passes K, V and dK, dV
-        if lay.cp > 1:
-            kv_bytes = BF16 * 2 * lay.micro_batch * (cp_kv_heads // t) * (s // lay.cp) * m.head_dim
-            step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
-            frac = self.target.cp_fraction(prof.overlap_hidden_fraction.get("cp", 0.0))
-            # dK, dV: cp - 1 steps beside the blocks in bf16; in fp32 through every rank with the last step waited
-            # at once (RuntimeTarget.cp_fp32_buffers)
-            if self.target.cp_fp32_buffers:
-                grad_step = self.group_collective_s("send_recv", 2 * kv_bytes, lay.cp, self.strides["cp"]) \
-                    * prof.eff("cp")
-                grad_beside, grad_last = (lay.cp - 1) * grad_step, grad_step
-            else:
-                grad_beside, grad_last = (lay.cp - 1) * step, 0.0
-            if self.target.cp_kv_all_gather:  # one gather beside the local block (forward and backward)
-                gather = self.group_collective_s("all_gather", kv_bytes * lay.cp, lay.cp, self.strides["cp"]) \
-                    * prof.eff("cp")
-                cp_f = exposed_s(gather, attn_f / lay.cp, frac, True)
-                cp_b = exposed_s(gather, attn_b / lay.cp, frac, True) \
-                    + exposed_s(grad_beside, attn_b * (lay.cp - 1) / lay.cp, frac, True) + grad_last
-            else:
-                cp_f = exposed_s((lay.cp - 1) * step, attn_f, frac, True)
-                cp_b = exposed_s((lay.cp - 1) * step + grad_beside, attn_b, frac, True) + grad_last
+            grad_beside, grad_last = (lay.cp - 1) * step, 0.0
+        if self.target.cp_kv_all_gather:  # one gather beside the local block (forward and backward)
+            gather = self.group_collective_s("all_gather", kv_bytes * lay.cp, lay.cp, self.strides["cp"]) \
+                * prof.eff("cp")
+            cp_f = exposed_s(gather, attn_f / lay.cp, frac, True)
+            cp_b = exposed_s(gather, attn_b / lay.cp, frac, True) \
+                + exposed_s(grad_beside, attn_b * (lay.cp - 1) / lay.cp, frac, True) + grad_last
         else:
-            cp_f = cp_b = 0.0
-        comm["tp"], comm["cp"] = comm_tp_f + comm_tp_b, cp_f + cp_b
-        ep_half = comm["ep"] / 2
-        sel = ew_sel + attn_f  # selective recompute reruns the norms, the MLP activation and the attention core
-        return LayerCosts(fwd_compute_s=compute_f, bwd_compute_s=compute_b,
-                          fwd_comm_s=comm_tp_f + cp_f + ep_half, bwd_comm_s=comm_tp_b + cp_b + ep_half,
-                          selective_recompute_s=sel, comm_by_dim_s=comm)
+            cp_f = exposed_s((lay.cp - 1) * step, attn_f, frac, True)
+            cp_b = exposed_s((lay.cp - 1) * step + grad_beside, attn_b, frac, True) + grad_last
+        return cp_f, cp_b
 
     # -- ends -------------------------------------------------------------------------------------------
     @cached_property
@@ -390,7 +466,7 @@ class LayerTerms:
         # embedding: gather rows forward, scatter-add fp32 gradient backward (memory-bound)
         emb = prof.kernel_s("embedding_fwd", BF16 * T * h * 2) + prof.memory_bound_s(FP32 * T * h * 3)
         hf, hb = self._gemm_fwd_bwd_s(T, v // t, h)
-        if m.family == "bert":
+        if m.model_family.head_transform:  # its dense h -> h
             a, b = self._gemm_fwd_bwd_s(T, h, h)
             hf, hb = hf + a, hb + b
         ce = prof.kernel_s("cross_entropy_fwd_bwd", 2 * BF16 * T * v / t)  # the profiler's nominal bytes per logit

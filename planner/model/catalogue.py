@@ -6,7 +6,8 @@ from pathlib import Path
 
 from planner.errors import PlanError
 from planner.model.hf_config import from_hf_config
-from planner.model.spec import BERT_NORM_EPS, ModelSpec, validate_model
+from planner.model.families import BERT_NORM_EPS, family_of
+from planner.model.spec import ModelSpec, validate_model
 
 
 def _gpt(name, layers, hidden, heads, seq=2048, gb=1024, vocab=50304):
@@ -71,12 +72,13 @@ def resolve_model(name_or_path: str) -> ModelSpec:
 
 
 def tiny_model(family: str = "gpt", **over) -> ModelSpec:
-    """A model small enough for CPU tests of every parallel layout (divisible by 2 and 4 everywhere)."""
-    base = dict(name=f"tiny-{family}", family=family, num_layers=4, hidden=64, num_heads=4, num_kv_heads=4,
-                ffn_hidden=128, vocab_size=256, max_seq_len=64, default_seq_len=32, default_global_batch=8,
-                tie_embeddings=family != "llama", norm_eps=BERT_NORM_EPS if family == "bert" else 1e-5)
-    if family == "llama":
-        base["num_kv_heads"] = 2
+    """A model of `family` small enough for CPU tests of every parallel layout (divisible by 2 and 4 everywhere); its
+    key/value heads, tying and norm epsilon are the family's (ModelFamily.tiny_kv_heads, default_tie_embeddings,
+    default_norm_eps) unless `over` sets them."""
+    fam = family_of(family)
+    base = dict(name=f"tiny-{family}", family=family, num_layers=4, hidden=64, num_heads=4,
+                num_kv_heads=fam.tiny_kv_heads, ffn_hidden=128, vocab_size=256, max_seq_len=64, default_seq_len=32,
+                default_global_batch=8, tie_embeddings=fam.default_tie_embeddings, norm_eps=fam.default_norm_eps)
     base.update(over)
     spec = ModelSpec(**base)
     validate_model(spec)

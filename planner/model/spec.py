@@ -5,12 +5,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from planner.errors import PlanError
-
-
-BERT_NORM_EPS = 1e-12
-"""BERT's LayerNorm epsilon (Devlin et al.'s release; Hugging Face BertConfig.layer_norm_eps)."""
-
-
+from planner.model.families import FAMILIES, ModelFamily, family_of
+from planner.model.families import BERT_NORM_EPS  # noqa: F401  (re-exported: planner.model's public name)
 
 VOCAB_PAD_MULTIPLE = 128
 """The embedding and output layer's rows are the vocabulary padded to a multiple of this (ModelSpec.padded_vocab)."""
@@ -19,8 +15,9 @@ VOCAB_PAD_MULTIPLE = 128
 class ModelSpec:
     name: str
     family: str
-    """'gpt' (decoder, LayerNorm, GELU, learned positions), 'llama' (decoder, RMSNorm, SwiGLU, rotary)
-    or 'bert' (encoder: bidirectional attention, token types, masked-LM head)."""
+    """The name of a registered ModelFamily (planner/model/families.py), whose traits say the layer's parts: 'gpt'
+    (decoder, LayerNorm, GELU, learned positions), 'llama' (decoder, RMSNorm, SwiGLU, rotary) or 'bert' (encoder:
+    bidirectional attention, token types, masked-LM head)."""
     num_layers: int
     hidden: int
     num_heads: int
@@ -32,7 +29,7 @@ class ModelSpec:
     """Token ids the tokenizer produces (0..vocab_size-1). The embedding and output layer allocate
     `padded_vocab` rows."""
     max_seq_len: int
-    """Longest sequence the model supports (size of the learned position table for GPT/BERT)."""
+    """Longest sequence the model supports (the size of the learned position table where the family has one)."""
     default_seq_len: int
     """Training sequence length used when the user gives no --seq-len."""
     default_global_batch: int
@@ -61,13 +58,14 @@ class ModelSpec:
     head_dim_override: int = 0
     """Per-head width when it is not hidden // num_heads (0: hidden // num_heads)."""
     qkv_bias: bool = False
-    """Biases on the q, k and v projections of a Llama-style model (Qwen2 and Qwen2-MoE always have them; Llama-family
-    configs with attention_bias true). GPT and BERT have them whatever this says (has_bias)."""
+    """Biases on the q, k and v projections of a model whose family has no linear biases (Qwen2 and Qwen2-MoE always
+    have them; Llama-family configs with attention_bias true). A family with linear biases has them whatever this
+    says (has_bias)."""
     attn_out_bias: bool = False
-    """A bias on the attention's output projection of a Llama-style model (Llama-family attention_bias true, with
-    qkv_bias). GPT and BERT have it whatever this says (has_bias)."""
+    """A bias on the attention's output projection of a model whose family has no linear biases (Llama-family
+    attention_bias true, with qkv_bias). A family with linear biases has it whatever this says (has_bias)."""
     qk_norm: bool = False
-    """Qwen3's q/k norms (Llama-style models only): after the q/k projections and before rotary, each head of q and
+    """Qwen3's q/k norms (Llama-style families only: ModelFamily.allows_qk_norm): after the q/k projections and before rotary, each head of q and
     of k is RMS-normalised over head_dim (epsilon norm_eps) and scaled by a [head_dim] weight shared across the heads,
     one for q (q_norm) and one for k (k_norm) per layer (Hugging Face qwen3 and qwen3_moe, Megatron --qk-layernorm).
     OLMo2's norms over the whole q and k projections are another thing, not this."""
@@ -76,7 +74,7 @@ class ModelSpec:
     rope_theta, Megatron --rotary-base; Llama 3 500000, Mixtral and Qwen2 1e6). Meaningless for learned positions."""
     norm_eps: float = 1e-5
     """Epsilon of every LayerNorm / RMSNorm (Hugging Face rms_norm_eps / layer_norm_eps, Megatron --norm-epsilon;
-    BERT 1e-12 (BERT_NORM_EPS), Qwen2 1e-6)."""
+    BERT 1e-12 (BERT_NORM_EPS, the bert family's default_norm_eps), Qwen2 1e-6)."""
     rope_scaling_factor: float = 0.0
     """Llama 3.1's rotary frequency scaling (Hugging Face rope_scaling of type llama3): 0 for none, else the factor
     the low frequencies are divided by (Llama 3.1 8). The three fields below are set with it and 0 without it."""
@@ -99,8 +97,8 @@ class ModelSpec:
     def padded_vocab(self) -> int:
         """Rows of the embedding and the output layer: the vocabulary padded to a multiple of VOCAB_PAD_MULTIPLE, as
         Megatron-LM pads it, so the output GEMMs and the logits run at aligned shapes (GPT-2's 50,257 ran its three
-        output GEMMs in cuBLAS's alignment-1 kernels, about 5x slower than at 50,304: a GPT-2-large step 14-24% over
-        its prediction, one H200, 2026-12-03). A fixed multiple (not 128 x TP) keeps checkpoints the same under
+        output GEMMs in cuBLAS's alignment-1 kernels, about 5x slower than at 50,304, and a GPT-2-large step 14-24% over
+        its prediction). A fixed multiple (not 128 x TP) keeps checkpoints the same under
         every plan, and divides by every TP degree. Padded ids are never targets; their logits stay in the
         softmax, as in Megatron-LM."""
         return -(-self.vocab_size // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
@@ -114,18 +112,31 @@ class ModelSpec:
         return self.num_experts > 1
 
     @property
+    def model_family(self) -> ModelFamily:
+        """The registered family named by `family` (planner/model/families.py): the layer's parts."""
+        fam = FAMILIES.get(self.family)
+        return fam if fam is not None else family_of(self.family)
+
+    @property
     def causal(self) -> bool:
-        return self.family != "bert"
+        """Causal (decoder) attention; the family's objective says it."""
+        return self.model_family.causal
 
     @property
     def gated_mlp(self) -> bool:
         """SwiGLU (gate and up projections) rather than a plain GELU MLP."""
-        return self.family == "llama"
+        return self.model_family.gated_mlp
 
     @property
     def has_bias(self) -> bool:
-        """GPT-2/3 and BERT use biases in linear layers and norms; Llama-style models do not."""
-        return self.family in ("gpt", "bert")
+        """Biases on the linear layers (q/k/v, output projection, fc1, fc2): GPT-2/3 and BERT have them, Llama-style
+        models do not."""
+        return self.model_family.linear_bias
+
+    @property
+    def layernorm(self) -> bool:
+        """LayerNorm (weight and bias) rather than RMSNorm (weight only) in every norm."""
+        return self.model_family.layernorm
 
     @property
     def has_qkv_bias(self) -> bool:
@@ -139,7 +150,8 @@ class ModelSpec:
 
     @property
     def learned_positions(self) -> bool:
-        return self.family in ("gpt", "bert")
+        """A learned position table rather than rotary positions."""
+        return self.model_family.learned_positions
 
     @property
     def q_width(self) -> int:
@@ -151,7 +163,7 @@ class ModelSpec:
 
     # -- parameter counts (elements) ---------------------------------------
     def norm_params(self) -> int:
-        return 2 * self.hidden if self.has_bias else self.hidden
+        return 2 * self.hidden if self.layernorm else self.hidden
 
     def qk_norm_params(self) -> int:
         """The q and k norms' weights of one layer, [head_dim] each (whole on every TP rank)."""
@@ -190,30 +202,32 @@ class ModelSpec:
         return self.layer_params() - self.num_experts * self.expert_params() if self.is_moe else self.layer_params()
 
     def embedding_params(self) -> int:
-        """Input side: token embedding, learned positions, BERT token types and embedding norm."""
+        """Input side: token embedding, learned positions, token types and embedding norm (as the family has them)."""
+        fam = self.model_family
         n = self.padded_vocab * self.hidden
         if self.learned_positions:
             n += self.max_seq_len * self.hidden
-        if self.family == "bert":
-            n += 2 * self.hidden + self.norm_params()
+        if fam.token_types:
+            n += 2 * self.hidden
+        if fam.embedding_norm:
+            n += self.norm_params()
         return n
 
     def head_params(self) -> int:
-        """Output side: final norm (decoders), output projection unless tied, BERT's MLM transform."""
+        """Output side: the head's norm (the final norm, or the transform's), the output projection unless tied, and
+        with a head transform (BERT's masked-LM head) its dense h->h and bias and the output layer's bias."""
         h = self.hidden
-        if self.family == "bert":
-            # dense h->h + GELU + LayerNorm, then the tied decoder plus its bias
-            n = h * h + h + self.norm_params() + self.padded_vocab
-            return n + (0 if self.tie_embeddings else self.padded_vocab * h)
-        n = self.norm_params()
-        return n + (0 if self.tie_embeddings else self.padded_vocab * h)
+        n = self.norm_params() + (0 if self.tie_embeddings else self.padded_vocab * h)
+        if self.model_family.head_transform:
+            n += h * h + h + self.padded_vocab
+        return n
 
     def vocab_padding_params(self) -> int:
         """Parameters of the padded vocabulary rows (ModelSpec.padded_vocab): allocated and counted in memory, never
         trained towards; published counts leave them out."""
         rows = self.padded_vocab - self.vocab_size
         n = rows * self.hidden * (1 if self.tie_embeddings else 2)
-        return n + (rows if self.family == "bert" else 0)
+        return n + (rows if self.model_family.head_transform else 0)  # the output layer's bias
 
     def total_params(self) -> int:
         return self.num_layers * self.layer_params() + self.embedding_params() + self.head_params()
@@ -242,7 +256,7 @@ class ModelSpec:
     def head_matmul_flops_per_token(self) -> float:
         h = self.hidden
         f = 2 * h * self.padded_vocab
-        if self.family == "bert":
+        if self.model_family.head_transform:
             f += 2 * h * h
         return f
 
@@ -264,9 +278,9 @@ class ModelSpec:
         unknown = set(d) - names
         if unknown:
             raise PlanError(f"model spec has unknown fields {sorted(unknown)}")
-        if "norm_eps" not in d and d.get("family") == "bert":
-            # written before the spec had norm_eps, when the runtime gave BERT's norms 1e-12
-            d = dict(d, norm_eps=BERT_NORM_EPS)
+        if "norm_eps" not in d and isinstance(d.get("family"), str) and d["family"] in FAMILIES:
+            # a spec without norm_eps has its family's default epsilon (BERT's 1e-12)
+            d = dict(d, norm_eps=FAMILIES[d["family"]].default_norm_eps)
         try:
             spec = ModelSpec(**d)
         except TypeError as exc:
@@ -277,8 +291,7 @@ class ModelSpec:
 
 def validate_model(m: ModelSpec) -> None:
     """Reject specs no runtime could build, with one sentence naming the field."""
-    if m.family not in ("gpt", "llama", "bert"):
-        raise PlanError(f"model family '{m.family}' is not one of gpt, llama, bert")
+    fam = family_of(m.family)
     for name in ("num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden", "vocab_size",
                  "max_seq_len", "default_seq_len", "default_global_batch", "num_experts", "top_k"):
         v = getattr(m, name)
@@ -303,7 +316,7 @@ def validate_model(m: ModelSpec) -> None:
     for name in ("moe_normalize_topk", "qkv_bias", "attn_out_bias", "qk_norm"):
         if not isinstance(getattr(m, name), bool):
             raise PlanError(f"model '{m.name}': {name} must be true or false, got {getattr(m, name)!r}")
-    if m.qk_norm and m.family != "llama":
+    if m.qk_norm and not fam.allows_qk_norm:
         raise PlanError(f"model '{m.name}': qk_norm (per-head q/k RMSNorm before rotary) is modelled for Llama-style "
                         f"models only, not for family '{m.family}'")
     if not isinstance(m.unapplied_rope_scaling, str):

@@ -10,7 +10,9 @@ shorter than its launch, in `world` spawned processes. Each figure is a differen
 rounds and the median over rounds is kept (ROUNDS), so that a transient cannot fall on one depth only:
 
   layer_s[mode]      per layer and micro-batch, recompute none / selective / full (DP2, the base),
-                     for each model family (family_layer_s: gpt, llama, bert; layer_s is llama's)
+                     for each model family that has its own host figures (family_layer_s: gpt, llama, bert;
+                     layer_s is llama's); a family registered with host_figures_of is priced by the figures of
+                     the family it names (planner/model/families.py)
   tp_extra_s[mode]   added by tensor parallelism (TP2; the op count does not grow with the TP degree)
   cp_extra_s         added per extra context-parallel rank (CP2 - base, scaled by cp - 1 in the planner)
   fsdp_extra_s       added by fully sharded data parallelism (per-layer gathers and reductions)
@@ -45,14 +47,19 @@ DEPTHS = (2, 6)
 MICRO_BATCHES = 8
 
 
-FAMILIES = ("gpt", "llama", "bert")
+def probed_families() -> tuple[str, ...]:
+    """The families the probe measures: every registered one without host_figures_of (ModelFamily.
+    measured_by_host_probe), in registration order (gpt, llama, bert)."""
+    from planner.model.families import FAMILIES
+    return tuple(name for name, fam in FAMILIES.items() if fam.measured_by_host_probe)
 
 
 def _spec(layers: int, experts: int = 1, family: str = "llama"):
+    """The probe model: the family's tiny model (its key/value heads and tying) widened to hidden 256."""
     from planner.model import tiny_model
     return tiny_model(family, name=f"host-probe-{family}", num_layers=layers, hidden=256, num_heads=4,
-                      num_kv_heads=2 if family == "llama" else 4, ffn_hidden=512, vocab_size=1024, max_seq_len=256,
-                      default_seq_len=256, num_experts=experts, top_k=2 if experts > 1 else 1)
+                      ffn_hidden=512, vocab_size=1024, max_seq_len=256, default_seq_len=256, num_experts=experts,
+                      top_k=2 if experts > 1 else 1)
 
 
 class _ProbeRun:
@@ -124,14 +131,14 @@ def _step_wall_s(lay, layers: int, recompute: str, device, experts: int = 1, ste
 ROUNDS, STEPS_PER_ROUND, WARMUP_STEPS = 3, 4, 3
 """The two depths are timed in alternating rounds, and the per-layer figure is the median over rounds of
 the difference of the round medians. Timing each depth in one block made a transient (another process, a
-clock change) that fell on one block land whole in the difference: the probe of 2026-11-30 (commit 97c684a) put llama's selective
-recompute at 5.1 ms per layer, above its full recompute at 3.8 ms."""
+clock change) that fell on one block land whole in the difference (once llama's selective recompute at 5.1 ms per
+layer, above its full recompute at 3.8 ms)."""
 
 
 _GROUPS: dict = {}
-"""Process groups by degrees, built once per probe process: creating NCCL communicators for every figure
-made the probe take 150 s of a 270 s profile (2026-11-30, commit cd8b1e0) (as `plan launch` with several plans does, a layout
-of the same degrees reuses them)."""
+"""Process groups by degrees, built once per probe process: creating NCCL communicators for every figure takes
+about 150 s of a 270 s profile (as `plan launch` with several plans does, a layout of the same degrees reuses
+them)."""
 
 
 def _groups_for(lay, device_type: str):
@@ -201,11 +208,11 @@ def probe(world: int, device) -> dict:
 
     out: dict = {"world": world, "layer_s": {}, "tp_extra_s": {}, "family_layer_s": {}, "family_ends_s": {}}
     dp = L(dp=world) if world > 1 else L(sharding="none")
-    for family in FAMILIES:
-        none, ends = _per_layer_s(dp, "none", device, family=family, with_ends=True)
-        out["family_layer_s"][family] = {"none": none, **{mode: _per_layer_s(dp, mode, device, family=family)
-                                                          for mode in ("selective", "full")}}
-        out["family_ends_s"][family] = ends
+    for name in probed_families():
+        none, ends = _per_layer_s(dp, "none", device, family=name, with_ends=True)
+        out["family_layer_s"][name] = {"none": none, **{mode: _per_layer_s(dp, mode, device, family=name)
+                                                        for mode in ("selective", "full")}}
+        out["family_ends_s"][name] = ends
     out["layer_s"] = dict(out["family_layer_s"]["llama"])
     out["ends_s"] = out["family_ends_s"]["llama"]
     moe = _per_layer_s(dp, "none", device, experts=PROBE_EXPERTS)
@@ -228,10 +235,10 @@ def probe_single_rank(world: int, device) -> dict:
 
     lay = Layout(tp=1, pp=1, vpp=1, dp=1, cp=1, ep=1, micro_batch=1, sharding="none")
     out: dict = {"family_single_rank_layer_s": {}, "family_single_rank_ends_s": {}}
-    for family in FAMILIES:
-        none, ends = _per_layer_s(lay, "none", device, family=family, with_ends=True)
-        out["family_single_rank_layer_s"][family] = none
-        out["family_single_rank_ends_s"][family] = ends
+    for name in probed_families():
+        none, ends = _per_layer_s(lay, "none", device, family=name, with_ends=True)
+        out["family_single_rank_layer_s"][name] = none
+        out["family_single_rank_ends_s"][name] = ends
     return out
 
 
@@ -295,7 +302,7 @@ def main(argv=None) -> int:
             host = replace(prof.host, family_single_rank_layer_s=raw["family_single_rank_layer_s"],
                            family_single_rank_ends_s=raw["family_single_rank_ends_s"])
             part = part_of("host_overhead/single_rank",
-                           "runtime training steps of a hidden-256 probe (gpt, llama, bert) in one "
+                           f"runtime training steps of a hidden-256 probe ({', '.join(probed_families())}) in one "
                            f"{args.device} process, no data parallelism, 2 vs 6 layers, {MICRO_BATCHES} micro-batches "
                            "(runtime/profiler/host.py --single-rank-only); the other host figures are the input "
                            "profile's")
@@ -304,7 +311,8 @@ def main(argv=None) -> int:
             raw = measure(args.device, args.gpus)
             host = HostOverheads.from_measurement(raw)
             part = part_of("host_overhead",
-                           f"runtime training steps of a hidden-256 probe (gpt, llama, bert) in {args.gpus} "
+                           f"runtime training steps of a hidden-256 probe ({', '.join(probed_families())}) in "
+                           f"{args.gpus} "
                            f"{args.device} process(es) and, for the single-rank figures, in one; 2 vs 6 layers, "
                            f"{MICRO_BATCHES} micro-batches (runtime/profiler/host.py)")
             keep = lambda p: not str(p.get("part", "")).startswith("host_overhead")  # noqa: E731

@@ -8,7 +8,7 @@ three GEMMs as runtime/parallel/tensor.py runs them: forward Y[m,n] = X[m,k] W^T
 Tokens m = micro-batch x sequence / CP over micro-batch 1-16, sequence 1k-128k,
 CP 1-8 are powers of two; MoE experts see tokens x top_k rows (the routed copies, run as one grouped GEMM
 over all local experts and priced as a GEMM of that many rows). Shapes are deduplicated, those above
-a FLOP cap dropped (their achieved rate equals that of the largest measured shapes beside them), and the
+a FLOP cap left out (their achieved rate equals that of the largest measured shapes beside them), and the
 list is ordered so that a time budget cuts the least used shapes: the token counts most plans use
 (1k-16k) first, then coarse-to-fine.
 """
@@ -62,7 +62,7 @@ def linear_layers(spec: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
         layers += [("router", spec.num_experts, h)]
     if spec.shared_expert_ffn:  # whole on every TP rank, like the routed experts
         layers += [("shared_gate_up", 2 * spec.shared_expert_ffn, h), ("shared_down", h, spec.shared_expert_ffn)]
-    if spec.family == "bert":
+    if spec.model_family.head_transform:  # BERT's masked-LM head: dense h -> h before the output layer
         layers += [("mlm_dense", h, h)]
     return layers
 
@@ -139,7 +139,7 @@ def model_gemm_shapes(spec: ModelSpec, seq_len: int, tp_degrees=TP_DEGREES, cp_d
     allows, at every token count micro-batch x sequence / CP for micro-batches 1-max_micro_batch and the CP
     degrees whose ring splits the sequence, each as forward, dgrad and wgrad. Measured before the catalogue
     grid, so that a model's plans read measured times, not interpolated ones: between the grid's lines cuBLAS
-    runs some shapes 9-17% off the interpolated rate, repeatably (benchmarks/results/README.md, 2026-12-01).
+    runs some shapes 9-17% off the interpolated rate, repeatably (benchmarks/results/README.md).
     Ordered small first; deduplicated."""
     toks = sorted({mb * seq_len // cp for mb in range(1, max_micro_batch + 1) for cp in cp_degrees
                    if seq_len % (2 * cp) == 0 or cp == 1})
@@ -201,9 +201,9 @@ def on_power_of_two(s: GemmShape) -> bool:
 
 def _coarse_first(s: GemmShape):
     # every power-of-two token count before any 3 x 2^e one (a budget that runs out then thins the grid
-    # between its lines, not the lines); among them the common token counts first (a time budget cut the
-    # 2026-11-30 H200 grid after 1943 of 4242 shapes and left m = 8192, gpt-1.3b at micro-batch 4,
-    # unmeasured: its interpolation then decided plans); then level 0: the token axis a power of 4,
+    # between its lines, not the lines); among them the common token counts first (a time budget that cuts the
+    # grid part-way must not leave a common count such as m = 8192, gpt-1.3b at micro-batch 4, unmeasured, where
+    # its interpolation would decide plans); then level 0: the token axis a power of 4,
     # level 1: the rest; within those, small first
     tok = token_count(s)
     between = not on_power_of_two(s)
