@@ -95,7 +95,7 @@ def reference(model, spec, data: dict, grad_names) -> Reference:
     loss.backward()
     params = dict(model.named_parameters())
     grads = {n: params[n].grad.detach().clone() for n in grad_names if n in params and params[n].grad is not None}
-    return Reference(logits.detach(), float(loss), grads)
+    return Reference(logits.detach(), float(loss.detach()), grads)
 
 
 def spec_of(folder: Path):

@@ -132,3 +132,29 @@ def worker(rank, world, lay_kw, spec, hf_dir, data, ref, model_type, grad_names)
     everyone = [None] * world
     dist.all_gather_object(everyone, got)
     return merge(everyone)
+
+
+def round_trip_worker(rank, world, spec, hf_dir, out_dir, data) -> torch.Tensor:
+    """TP2 x DP2: load hf_dir, train 3 steps (each data-parallel rank its half of data), save to out_dir; returns
+    (rank 0) the logits [BATCH, SEQ, vocab] of the trained weights on data's tokens."""
+    from runtime.hf import save_hf_weights
+    from runtime.parallel.data import AdamConfig, build_optimizer
+    from runtime.step import train_step
+    lay = Layout(tp=2, dp=2, sharding="none", micro_batch=1)
+    groups = build_groups(lay, "cpu")
+    stage = build_loaded_stage(spec, groups, hf_dir)
+    opt = build_optimizer([stage], groups, lay.sharding, AdamConfig(lr=1e-3), overlap=False, bucket_elems=20_000)
+    half = data["tokens"].shape[0] // 2
+    mine = {k: v[groups.dp_rank * half:(groups.dp_rank + 1) * half] for k, v in data.items()}
+    for _ in range(3):
+        train_step([stage], [mine], opt, groups)
+    captured = {}
+
+    def keep(module, inputs, output):
+        captured["logits"] = output.detach().clone()
+    stage.head.output.register_forward_hook(keep)
+    with torch.no_grad():
+        stage(data["tokens"], None, None, data["labels"])
+    logits = gather_logical(captured["logits"], 2, None, groups.tp)[..., :spec.vocab_size].transpose(0, 1)
+    save_hf_weights([stage], SimpleNamespace(model=spec), groups, out_dir, config=f"{hf_dir}/config.json")
+    return logits
