@@ -24,6 +24,15 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 SPEC_FIELDS_NOT_COMPARED = ("name", "default_seq_len", "default_global_batch")
 """ModelSpec fields that are planning choices, not the model's architecture."""
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+"""Hugging Face activation names of GELU's tanh form, the one runtime/model.py builds for GPT and BERT."""
+UNUSED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias", "embeddings.position_ids",
+                          "cls.predictions.decoder.bias")
+"""Checkpoint tensors that are buffers or copies, not weights the runtime lacks: rotary tables, GPT-2's causal masks,
+BERT's position ids and its decoder bias (the same tensor as cls.predictions.bias)."""
+UNUSED_TENSOR_PREFIXES = ("bert.pooler.", "cls.seq_relationship.")
+"""BERT's pooler and next-sentence head: pretraining heads the masked-LM model does not use (transformers'
+BertForMaskedLM leaves them out too)."""
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
@@ -112,6 +121,26 @@ def _config(root: Path) -> dict:
     return cfg
 
 
+def _check_activation(cfg: dict, model_type: str, root: Path) -> None:
+    """GPT-2 and BERT: refuse a GELU that is not the tanh form the runtime computes (BERT's default is the erf form)."""
+    if model_type not in ("gpt2", "bert"):
+        return
+    act = str(cfg.get("activation_function") or cfg.get("hidden_act") or "").lower()
+    if act not in TANH_GELU:
+        raise PlanError(f"'{root / 'config.json'}' uses the activation '{act}', but parallel-plan's runtime computes "
+                        "GELU in its tanh form (gelu_new), so the loaded model would not be the checkpoint's")
+
+
+def refuse_unused_tensors(folder: "CheckedFolder", used: set) -> None:
+    """Refuse a checkpoint holding weights the runtime's model has no place for (a bias or a layer it does not
+    build, such as Llama's mlp_bias), which loading would drop silently."""
+    for name in sorted(folder.shapes):
+        if name in used or name.endswith(UNUSED_TENSOR_SUFFIXES) or name.startswith(UNUSED_TENSOR_PREFIXES):
+            continue
+        raise PlanError(f"checkpoint folder '{folder.root}' holds the tensor '{name}', which parallel-plan's model of "
+                        "it does not have, so loading would drop it")
+
+
 def compare_spec(spec: ModelSpec, config_path: Path) -> None:
     """Refuse, naming the first differing field, a config whose model is not `spec`."""
     with warnings.catch_warnings():
@@ -139,6 +168,7 @@ def check_folder(hf_dir, spec: ModelSpec) -> CheckedFolder:
         raise PlanError(f"'{root / 'config.json'}' has model_type '{model_type}', whose weights parallel-plan does not "
                         f"map; it loads {', '.join(SUPPORTED_TYPES)}")
     compare_spec(spec, root / "config.json")
+    _check_activation(cfg, model_type, root)
     files = _weight_files(root)
     shapes = {}
     for path in sorted(set(files.values())):

@@ -64,7 +64,7 @@ def forward_backward(stage, groups, data: dict):
     logits = captured["logits"]
     if spec.family == "bert":
         logits = logits + stage.head.decoder_bias
-    return float(loss), logits
+    return float(loss.detach()), logits
 
 
 def gathered_grads(stage, groups, wanted: set) -> dict:

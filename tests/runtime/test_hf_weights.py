@@ -169,3 +169,22 @@ def test_approximated_model_types_are_refused(model_type):
     with pytest.raises(PlanError, match=f"'{model_type}'"):
         refuse_approximated_model_type(model_type)
     refuse_approximated_model_type("llama")
+
+
+def test_a_tensor_the_runtime_lacks_is_refused(tmp_path):
+    """Llama with mlp_bias: the planner reads no MLP bias, so loading would drop them."""
+    import transformers
+    folder = tmp_path / "llama"
+    cfg = hf_models.hf_config("llama")
+    cfg.mlp_bias = True
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    assert "mlp.down_proj.bias" in _refused(hf_models.spec_of(folder), folder)
+
+
+def test_bert_with_the_erf_gelu_is_refused(tmp_path):
+    import transformers
+    folder = tmp_path / "bert"
+    cfg = hf_models.hf_config("bert")
+    cfg.hidden_act = "gelu"
+    transformers.AutoModelForMaskedLM.from_config(cfg).save_pretrained(folder)
+    assert "tanh" in _refused(hf_models.spec_of(folder), folder)
