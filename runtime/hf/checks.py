@@ -133,7 +133,7 @@ def _check_activation(cfg: dict, model_type: str, root: Path) -> None:
 
 def refuse_unused_tensors(folder: "CheckedFolder", used: set) -> None:
     """Refuse a checkpoint holding weights the runtime's model has no place for (a bias or a layer it does not
-    build, such as Llama's mlp_bias), which loading would drop silently."""
+    build, such as Llama's mlp_bias), which loading would otherwise drop unseen."""
     for name in sorted(folder.shapes):
         if name in used or name.endswith(UNUSED_TENSOR_SUFFIXES) or name.startswith(UNUSED_TENSOR_PREFIXES):
             continue

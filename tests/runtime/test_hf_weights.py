@@ -50,6 +50,8 @@ def make_case(model_type: str, tmp_path, pp: int = 1):
 
 
 def assert_equal_to_reference(errors: dict, names, what: str):
+    print(f"{what}: logits {errors['logits']:.2e} rel, loss {errors['loss']:.2e}, gradients "
+          f"{max(errors['grads'].values()):.2e} rel max of {len(errors['grads'])}")  # shown with pytest -s
     assert errors["logits"] is not None and errors["logits"] < LOGITS_RTOL, f"{what}: logits off by {errors['logits']}"
     assert errors["loss"] < LOSS_ATOL, f"{what}: loss off by {errors['loss']}"
     assert len(errors["grads"]) >= len(names) - 1, f"{what}: gradients compared {sorted(errors['grads'])}"
