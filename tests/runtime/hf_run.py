@@ -124,13 +124,17 @@ def single_process(spec, hf_dir, data, ref, model_type, grad_names) -> dict:
     return measure(stage, groups, data, ref, model_type, grad_names)
 
 
-def worker(rank, world, lay_kw, spec, hf_dir, data, ref, model_type, grad_names) -> dict:
-    """A gloo rank of a multi-process case: returns (on rank 0) the errors merged over all ranks."""
+def worker(rank, world, lay_kw, spec, hf_dir, data, ref, model_type, grad_names, out_dir=None) -> dict:
+    """A gloo rank of a multi-process case: returns (on rank 0) the errors merged over all ranks. out_dir: save the
+    loaded weights (unchanged: no step is taken) there as a Hugging Face checkpoint afterwards."""
+    from runtime.hf import save_hf_weights
     groups = build_groups(Layout(**lay_kw), "cpu")
     stage = build_loaded_stage(spec, groups, hf_dir)
     got = measure(stage, groups, data, ref, model_type, grad_names)
     everyone = [None] * world
     dist.all_gather_object(everyone, got)
+    if out_dir is not None:
+        save_hf_weights([stage], SimpleNamespace(model=spec), groups, out_dir, config=f"{hf_dir}/config.json")
     return merge(everyone)
 
 

@@ -71,8 +71,24 @@ def test_tp2_pp2_equals_transformers(model_type, tmp_path):
     spec, folder, data, ref, names = make_case(model_type, tmp_path, pp=2)
     moe = model_type in MOE_TYPES
     lay = dict(tp=2, pp=2, dp=2 if moe else 1, ep=2 if moe else 1, sharding="none")
-    errors = run_workers(hf_run.worker, 8 if moe else 4, lay, spec, str(folder), data, ref, model_type, names)
+    out = tmp_path / "saved"
+    errors = run_workers(hf_run.worker, 8 if moe else 4, lay, spec, str(folder), data, ref, model_type, names,
+                         str(out), fresh_dirs=(str(out),))
     assert_equal_to_reference(errors, names, f"{model_type} TP2 x PP2" + (" x EP2" if moe else ""))
+    assert_saved_as_loaded(model_type, folder, out)
+
+
+def assert_saved_as_loaded(model_type: str, original, saved):
+    """transformers loads the saved folder with no missing or unexpected key, every tensor equal to the original's."""
+    import transformers
+    cls = transformers.AutoModelForMaskedLM if model_type == "bert" else transformers.AutoModelForCausalLM
+    before = cls.from_pretrained(original).state_dict()
+    model, info = cls.from_pretrained(saved, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    after = model.state_dict()
+    assert set(after) == set(before)
+    for name, t in before.items():
+        assert torch.equal(after[name], t), f"{model_type}: {name} changed by load and save"
 
 
 # -- round trip ---------------------------------------------------------------------------------------------------
