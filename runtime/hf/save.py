@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -101,7 +102,7 @@ def save_hf_weights(stages, plan, groups, out_dir, config) -> Path:
     cfg = json.loads(Path(config).read_text()) if not isinstance(config, dict) else dict(config)
     _refuse_existing(out_dir)
     partial = out_dir.with_name(out_dir.name + ".partial")
-    check_config(cfg, plan, partial)
+    check_config(cfg, plan)
     rank = dist.get_rank() if _distributed() else 0
     world = dist.get_world_size() if _distributed() else 1
     tensors = collect_tensors(stages, plan, groups, str(cfg.get("model_type", "")).lower())
@@ -135,15 +136,12 @@ def save_hf_weights(stages, plan, groups, out_dir, config) -> Path:
     return out_dir
 
 
-def check_config(cfg: dict, plan, scratch: Path) -> None:
-    """Refuse a config whose model is not the plan's (compare_spec reads it from a file: written to scratch's
-    sibling file, removed after)."""
-    tmp = scratch.with_name(scratch.name + f".config-{os.getpid()}.json")
-    tmp.write_text(json.dumps(cfg))
-    try:
-        compare_spec(plan.model, tmp)
-    finally:
-        tmp.unlink()
+def check_config(cfg: dict, plan) -> None:
+    """Refuse a config whose model is not the plan's (compare_spec reads a config.json: a private temporary copy)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps(cfg))
+        compare_spec(plan.model, path)
 
 
 def _all_gather(obj, world: int) -> list:

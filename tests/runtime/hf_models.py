@@ -47,8 +47,9 @@ def hf_config(model_type: str):
     raise ValueError(model_type)
 
 
-def make_hf_model(model_type: str, folder: Path, seed: int = 0):
-    """A random tiny model of model_type, saved (safetensors) to folder; returns the model (fp32, eval mode)."""
+def make_hf_model(model_type: str, folder: Path, seed: int = 0, max_shard_size=None):
+    """A random tiny model of model_type, saved (safetensors; sharded with an index where max_shard_size is given,
+    e.g. "20KB") to folder; returns the model (fp32, eval mode)."""
     import transformers as T
     torch.manual_seed(seed)
     cfg = hf_config(model_type)
@@ -58,7 +59,7 @@ def make_hf_model(model_type: str, folder: Path, seed: int = 0):
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name.lower():
                 p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return model
 
 

@@ -35,10 +35,10 @@ OUR_GRAD_NAMES = ["embedding.word.weight", "layers.0.attn.qkv.weight", "layers.1
 LOGITS_RTOL, LOSS_ATOL, GRAD_RTOL = 1e-4, 1e-5, 1e-4
 
 
-def make_case(model_type: str, tmp_path, pp: int = 1):
+def make_case(model_type: str, tmp_path, pp: int = 1, max_shard_size=None):
     """(spec, folder, batch, transformers' Reference, runtime names whose gradients are compared)."""
     folder = tmp_path / model_type
-    model = hf_models.make_hf_model(model_type, folder)
+    model = hf_models.make_hf_model(model_type, folder, max_shard_size=max_shard_size)
     spec = hf_models.spec_of(folder)
     data = hf_models.batch(spec)
     sources = hf_sources(spec, model_type)
@@ -64,6 +64,14 @@ def test_tp1_equals_transformers(model_type, tmp_path):
     spec, folder, data, ref, names = make_case(model_type, tmp_path)
     errors = hf_run.single_process(spec, folder, data, ref, model_type, names)
     assert_equal_to_reference(errors, names, f"{model_type} TP1")
+
+
+def test_a_sharded_folder_loads(tmp_path):
+    """A folder of several safetensors files and their index loads as one file does."""
+    spec, folder, data, ref, names = make_case("qwen3_moe", tmp_path, max_shard_size="20KB")
+    assert (folder / "model.safetensors.index.json").exists() and len(list(folder.glob("*.safetensors"))) > 2
+    errors = hf_run.single_process(spec, folder, data, ref, "qwen3_moe", names)
+    assert_equal_to_reference(errors, names, "qwen3_moe TP1, sharded folder")
 
 
 @pytest.mark.parametrize("model_type", TYPES)
