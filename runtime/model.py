@@ -48,7 +48,7 @@ from runtime.norm import norm_forward, residual_norm
 from runtime.qk_norm import fused as qk_norm_fused
 from runtime.qk_norm import qk_norm
 from runtime.rotary import qkv_rotary
-from runtime.parallel.cross_entropy import vocab_parallel_cross_entropy
+from runtime.parallel.cross_entropy import mask_padded_vocab, vocab_parallel_cross_entropy
 from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
                                      group_rank, group_size, local_shard)
 from runtime.swiglu import swiglu
@@ -269,6 +269,7 @@ class Head(nn.Module):
         logits = self.output(x, weight=w)
         if self.transform:
             logits = logits + self.decoder_bias
+        mask_padded_vocab(logits, self.spec.vocab_size, self.tp)
         s, b, vl = logits.shape
         losses = vocab_parallel_cross_entropy(logits.reshape(s * b, vl), labels.reshape(-1), self.tp, IGNORE_INDEX)
         return losses.sum(), (labels != IGNORE_INDEX).sum()

@@ -99,8 +99,8 @@ class ModelSpec:
         Megatron-LM pads it, so the output GEMMs and the logits run at aligned shapes (GPT-2's 50,257 ran its three
         output GEMMs in cuBLAS's alignment-1 kernels, about 5x slower than at 50,304, and a GPT-2-large step 14-24% over
         its prediction). A fixed multiple (not 128 x TP) keeps checkpoints the same under
-        every plan, and divides by every TP degree. Padded ids are never targets; their logits stay in the
-        softmax, as in Megatron-LM."""
+        every plan, and divides by every TP degree. Padded ids are never targets; their logits are masked out of
+        the softmax (runtime/parallel/cross_entropy.py, mask_padded_vocab), so the loss is the real vocabulary's."""
         return -(-self.vocab_size // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
     @property

@@ -123,6 +123,16 @@ class _VocabParallelCE(torch.autograd.Function):
         return _logit_grad_(logits, local_target, lse, scale, ctx.fused), None, None, None, None
 
 
+def mask_padded_vocab(logits: torch.Tensor, vocab_size: int, group) -> None:
+    """Set, in place, the logits of the padded vocabulary rows (ids >= vocab_size, ModelSpec.padded_vocab) of this
+    rank's slice [..., V/t] to the dtype's lowest value, so that the softmax and the loss are those of the real
+    vocabulary, as Hugging Face's models compute them, and the padded rows get no gradient."""
+    width = logits.shape[-1]
+    keep = min(max(vocab_size - group_rank(group) * width, 0), width)
+    if keep < width:
+        logits[..., keep:] = torch.finfo(logits.dtype).min
+
+
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group, ignore_index: int = -100,
                                  fused: bool | None = None) -> torch.Tensor:
     """Per-token loss (fp32, 0 at ignored targets). logits [N, V/t] (this rank's vocabulary slice, contiguous;

@@ -1,0 +1,180 @@
+"""What a Hugging Face checkpoint folder must be before any weight is read, each refusal one sentence (PlanError):
+safetensors only (never a pickle), no file reached through a symlink out of the folder, no custom code, a header
+that covers the whole file, and a config.json whose model is the plan's, field by field."""
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from planner.errors import PlanError
+from planner.hf_checks import PLAIN_MLP_TYPES
+from planner.model import ModelSpec, from_hf_config
+from runtime.hf.names import SUPPORTED_TYPES
+
+APPROXIMATED_TYPES = PLAIN_MLP_TYPES + ("gemma",)
+"""Model types the planner reads but the runtime would train as another architecture: phi, gpt_neox, falcon,
+starcoder2 and opt are built as GPT-style models (learned positions, sequential residual; theirs have rotary or ALiBi
+positions, parallel residuals, other norms); gemma as Llama-style without its (1 + weight) RMSNorm scale and its
+embedding scaled by sqrt(hidden)."""
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+SPEC_FIELDS_NOT_COMPARED = ("name", "default_seq_len", "default_global_batch")
+"""ModelSpec fields that are planning choices, not the model's architecture."""
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+"""Hugging Face activation names of GELU's tanh form, the one runtime/model.py builds for GPT and BERT."""
+UNUSED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias", "embeddings.position_ids",
+                          "cls.predictions.decoder.bias")
+"""Checkpoint tensors that are buffers or copies, not weights the runtime lacks: rotary tables, GPT-2's causal masks,
+BERT's position ids and its decoder bias (the same tensor as cls.predictions.bias)."""
+UNUSED_TENSOR_PREFIXES = ("bert.pooler.", "cls.seq_relationship.")
+"""BERT's pooler and next-sentence head: pretraining heads the masked-LM model does not use (transformers'
+BertForMaskedLM leaves them out too)."""
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+def refuse_approximated_model_type(model_type: str) -> None:
+    """Refuse, in one sentence, to train a model type whose architecture the runtime only approximates (planning it
+    with the planner's warning stays allowed)."""
+    model_type = str(model_type or "").lower()
+    if model_type in APPROXIMATED_TYPES:
+        raise PlanError(f"model_type '{model_type}' is planned with an approximated architecture that parallel-plan's "
+                        "runtime does not build exactly (its positions, residual wiring or norms differ), so "
+                        "`plan launch` refuses to train it")
+
+
+@dataclass(frozen=True)
+class CheckedFolder:
+    """A checkpoint folder that passed every check: its config, model type and tensor locations."""
+    root: Path
+    config: dict
+    model_type: str
+    files: dict[str, Path]
+    """Hugging Face tensor name -> the safetensors file holding it."""
+    shapes: dict[str, tuple[int, ...]]
+
+
+def _inside(root: Path, path: Path) -> Path:
+    """path resolved, refused when it (or a symlink on the way) leads out of root."""
+    real = path.resolve()
+    if real != root and root not in real.parents:
+        raise PlanError(f"'{path}' is a symlink out of the checkpoint folder '{root}', which parallel-plan does not "
+                        "follow")
+    return real
+
+
+def _read_header(path: Path) -> dict:
+    """The safetensors header of path, refused unless its tensors are floating point and cover the file exactly."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        raw = f.read(n) if 0 <= n <= size else b""
+    try:
+        header = json.loads(raw) if len(raw) == n else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise PlanError(f"safetensors file '{path}' is truncated or not safetensors (its header is unreadable)")
+    header.pop("__metadata__", None)
+    end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+    if 8 + n + end != size:
+        raise PlanError(f"safetensors file '{path}' is truncated or padded: its header covers {8 + n + end} bytes, the "
+                        f"file has {size}")
+    odd = sorted({t["dtype"] for t in header.values()} - set(FLOAT_DTYPES))
+    if odd:
+        raise PlanError(f"safetensors file '{path}' holds tensors of dtype {odd[0]}, not floating-point weights")
+    return header
+
+
+def _weight_files(root: Path) -> dict[str, Path]:
+    """Tensor name -> file: the index's weight_map, or every tensor of the single file."""
+    index, single = root / INDEX_NAME, root / SINGLE_NAME
+    if index.exists():
+        weight_map = json.loads(_inside(root, index).read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise PlanError(f"'{index}' has no weight_map object")
+        return {k: _inside(root, root / v) for k, v in weight_map.items()}
+    if single.exists():
+        return {k: _inside(root, single) for k in _read_header(_inside(root, single))}
+    if any(p.suffix in PICKLE_SUFFIXES for p in root.iterdir()):
+        raise PlanError(f"checkpoint folder '{root}' holds only pickled weights (.bin/.pt), which parallel-plan never "
+                        "loads because unpickling runs code; convert them to safetensors first")
+    raise PlanError(f"checkpoint folder '{root}' holds no {SINGLE_NAME} or {INDEX_NAME}")
+
+
+def _config(root: Path) -> dict:
+    path = root / "config.json"
+    if not path.exists():
+        raise PlanError(f"checkpoint folder '{root}' has no config.json")
+    cfg = json.loads(_inside(root, path).read_text())
+    if not isinstance(cfg, dict):
+        raise PlanError(f"'{path}' is not a JSON object")
+    if cfg.get("auto_map"):
+        raise PlanError(f"'{path}' names custom model code (auto_map), which parallel-plan never runs")
+    if cfg.get("quantization_config"):
+        raise PlanError(f"'{path}' describes quantized weights, which parallel-plan does not load")
+    return cfg
+
+
+def _check_activation(cfg: dict, model_type: str, root: Path) -> None:
+    """GPT-2 and BERT: refuse a GELU that is not the tanh form the runtime computes (BERT's default is the erf form)."""
+    if model_type not in ("gpt2", "bert"):
+        return
+    act = str(cfg.get("activation_function") or cfg.get("hidden_act") or "").lower()
+    if act not in TANH_GELU:
+        raise PlanError(f"'{root / 'config.json'}' uses the activation '{act}', but parallel-plan's runtime computes "
+                        "GELU in its tanh form (gelu_new), so the loaded model would not be the checkpoint's")
+
+
+def refuse_unused_tensors(folder: "CheckedFolder", used: set) -> None:
+    """Refuse a checkpoint holding weights the runtime's model has no place for (a bias or a layer it does not
+    build, such as Llama's mlp_bias), which loading would otherwise drop unseen."""
+    for name in sorted(folder.shapes):
+        if name in used or name.endswith(UNUSED_TENSOR_SUFFIXES) or name.startswith(UNUSED_TENSOR_PREFIXES):
+            continue
+        raise PlanError(f"checkpoint folder '{folder.root}' holds the tensor '{name}', which parallel-plan's model of "
+                        "it does not have, so loading would drop it")
+
+
+def compare_spec(spec: ModelSpec, config_path: Path) -> None:
+    """Refuse, naming the first differing field, a config whose model is not `spec`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = from_hf_config(config_path)
+    for f in fields(ModelSpec):
+        if f.name in SPEC_FIELDS_NOT_COMPARED:
+            continue
+        a, b = getattr(spec, f.name), getattr(theirs, f.name)
+        if a != b:
+            raise PlanError(f"the checkpoint's config '{config_path}' does not match the plan's model: {f.name} is "
+                            f"{b!r} there and {a!r} in the plan")
+
+
+def check_folder(hf_dir, spec: ModelSpec) -> CheckedFolder:
+    """Every check of the module's docstring, in order; reads headers and the config only, no weight."""
+    root = Path(hf_dir)
+    if not root.is_dir():
+        raise PlanError(f"checkpoint folder '{hf_dir}' does not exist or is not a folder")
+    root = root.resolve()
+    cfg = _config(root)
+    model_type = str(cfg.get("model_type", "")).lower()
+    refuse_approximated_model_type(model_type)
+    if model_type not in SUPPORTED_TYPES:
+        raise PlanError(f"'{root / 'config.json'}' has model_type '{model_type}', whose weights parallel-plan does not "
+                        f"map; it loads {', '.join(SUPPORTED_TYPES)}")
+    compare_spec(spec, root / "config.json")
+    _check_activation(cfg, model_type, root)
+    files = _weight_files(root)
+    shapes = {}
+    for path in sorted(set(files.values())):
+        for name, t in _read_header(path).items():
+            shapes[name] = tuple(t["shape"])
+    missing = sorted(n for n in files if n not in shapes)
+    if missing:
+        raise PlanError(f"the index of '{root}' names tensor '{missing[0]}', which its file does not hold")
+    return CheckedFolder(root, cfg, model_type, files, shapes)
