@@ -367,9 +367,9 @@ def check_rows_gpu(rows: list[dict], profile_gpu: str, results: Path, profile_na
 
 # -- command line --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from planner.cli import _Parser
+    from planner.arguments import Parser
 
-    ap = _Parser(prog="plan calibrate", description="Refit a profile's overlap fractions and the efficiency "
+    ap = Parser(prog="plan calibrate", description="Refit a profile's overlap fractions and the efficiency "
                  "factors of its cost terms from measured runs (results CSV of `plan validate --append`, all rows "
                  "measured on the profile's GPU); accuracy is reported on held-out runs, split plan by plan.")
     ap.add_argument("results", help="results CSV written by `plan validate --append`")
@@ -516,5 +516,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from planner.cli import main as cli_main
-    sys.exit(cli_main(["calibrate", *sys.argv[1:]]))
+    from planner.arguments import run_command
+    sys.exit(run_command(main, sys.argv[1:]))
