@@ -54,8 +54,13 @@ def _flag_definitions() -> dict[str, dict]:
     }
 
 
+LR_AND_ADAMW = "lr-and-adamw"
+"""In a list of flags for `add_launch_flags`: the learning-rate schedule and AdamW options, as
+planner/lr_schedule.py declares them (add_options)."""
+
 WORKER_FLAGS = ("--steps", "--device", "--data", "--data-dtype", "--ckpt-dir", "--save-every", "--resume",
-                "--results", "--peak-tflops", "--compile", "--memory-step", "--memory-out")
+                "--override-lr-schedule", "--results", "--peak-tflops", LR_AND_ADAMW, "--compile", "--memory-step",
+                "--memory-out")
 """The flags `plan launch` passes on to every worker (runtime.train), besides the plan file(s)."""
 
 NODE_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
@@ -67,21 +72,21 @@ def add_launch_flags(ap: argparse.ArgumentParser, names, help: dict[str, str] | 
 
     Args:
         ap: the parser.
-        names: flags of `plan launch`, in the order to add them. "--resume" brings --override-lr-schedule
-            after it, and "--peak-tflops" the learning-rate schedule and AdamW options after it
-            (planner/lr_schedule.py).
+        names: flags of `plan launch`, in the order to add them; "--override-lr-schedule" and LR_AND_ADAMW
+            come from planner/lr_schedule.py.
         help: another help text for some of the flags, where a command forwards them with its own words.
     """
     flags = _flag_definitions()
     for name in names:
-        kwargs = dict(flags[name])
-        if help and name in help:
-            kwargs["help"] = help[name]
-        ap.add_argument(name, **kwargs)
-        if name == "--resume":
+        if name == "--override-lr-schedule":
             add_resume_option(ap)
-        if name == "--peak-tflops":
+        elif name == LR_AND_ADAMW:
             add_optimizer_options(ap)
+        else:
+            kwargs = dict(flags[name])
+            if help and name in help:
+                kwargs["help"] = help[name]
+            ap.add_argument(name, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
