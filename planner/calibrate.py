@@ -206,11 +206,11 @@ def with_overlap(profile, fractions: dict, efficiency: dict | None = None):
 
 
 EFFICIENCY_GRID = [round(2 ** (i / 8), 4) for i in range(-16, 33)]
-"""Candidate factors, 0.25x to 16x in steps of 2^(1/8) (9%) (the pipeline hop came out near 8x in the H200 refit of
-commit 2e4dcec, 2026-11-30)."""
+"""Candidate factors, 0.25x to 16x in steps of 2^(1/8) (9%): wide enough for the pipeline hop's factor, which the
+GPU refit puts near 8x (benchmarks/results/calibration/)."""
 EFFICIENCY_FINE = [2 ** (j / 64) for j in range(-8, 9)]
 """Then around each factor found, steps of 2^(1/64) (1.1%) up to one coarse step either side: the compute factor
-is a few percent off 1, where the coarse grid has only 0.917, 1 and 1.09 (H200 refit of commit 7ff48ee, 2026-12-01)."""
+is a few percent off 1, where the coarse grid has only 0.917, 1 and 1.09 (benchmarks/results/calibration/)."""
 
 
 def sensitive_terms(runs: list[Run], profile) -> list[str]:
@@ -352,7 +352,7 @@ def split_rows(runs: list[Run], holdout_fraction: float, seed: int) -> tuple[lis
 def check_rows_gpu(rows: list[dict], profile_gpu: str, results: Path, profile_name: str) -> None:
     """Refuses a results file with rows measured on another GPU than the profile's (or on an unnamed one).
     Refused rather than skipped: such rows mean the wrong file or the wrong profile (CPU rows calibrated into
-    an H200 profile once wrote pp x22.6 into it), and a silent skip would shrink the fit unnoticed; a file
+    a GPU profile would fit factors such as pp x22.6 into it), and a silent skip would shrink the fit unnoticed; a file
     that mixes GPUs on purpose is split by its `gpu` column first."""
     from planner.profile import gpu_kind_of_device
 
@@ -367,9 +367,9 @@ def check_rows_gpu(rows: list[dict], profile_gpu: str, results: Path, profile_na
 
 # -- command line --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from planner.cli import _Parser
+    from planner.arguments import Parser
 
-    ap = _Parser(prog="plan calibrate", description="Refit a profile's overlap fractions and the efficiency "
+    ap = Parser(prog="plan calibrate", description="Refit a profile's overlap fractions and the efficiency "
                  "factors of its cost terms from measured runs (results CSV of `plan validate --append`, all rows "
                  "measured on the profile's GPU); accuracy is reported on held-out runs, split plan by plan.")
     ap.add_argument("results", help="results CSV written by `plan validate --append`")
@@ -516,5 +516,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from planner.cli import main as cli_main
-    sys.exit(cli_main(["calibrate", *sys.argv[1:]]))
+    from planner.arguments import run_command
+    sys.exit(run_command(main, sys.argv[1:]))

@@ -2,20 +2,20 @@
 scaling and export hand over to their modules (the runtime ones import torch, the planner never does).
 
 Every user error ends as one sentence on stderr and a non-zero exit: 1 for bad input, 2 when no layout
-fits in memory.
+fits in memory. The argument types, the parser and the model / cluster arguments that the subcommands share live in
+planner/arguments.py: this module is the top of the import graph, and no other module imports it.
 """
 from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import time
-import warnings
 
+from planner.arguments import (Parser, add_model_cluster_args, add_runtime_arg, positive_int,
+                               resolve_inputs, run_command)
 from planner.errors import PlanError
-from planner.limits import (MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NETWORK_GB_PER_S, MAX_SEQ_LEN,
-                            MAX_STEPS, float_arg, int_arg)
+from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS
 
 SUBCOMMANDS = {
     "profile": ("runtime.profiler.cli", "time this machine's kernels and collectives into a profile"),
@@ -25,15 +25,6 @@ SUBCOMMANDS = {
     "scaling": ("planner.scaling", "strong / weak scaling report over GPU counts"),
     "export": ("planner.export", "a plan as Megatron-LM arguments, a torchrun command or a Slurm script"),
 }
-
-
-def _positive_int(name, hi=MAX_STEPS):
-    return int_arg(name, 1, hi)
-
-
-def _positive_float(name, hi=math.inf):
-    return float_arg(name, 0.0, hi)
-
 
 EXIT_CODES = ("exit codes: 0 done; 1 bad input (one sentence on stderr, nothing written); 2 no layout fits in memory "
               "(the sentence names the binding constraint); 130 interrupted; plan launch / validate: 128+N stopped "
@@ -61,51 +52,14 @@ class _VersionAction(argparse.Action):
         parser.exit(0)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one sentence, exit 1 (argparse's default is a usage dump and exit 2)
-        message = re.sub(r"^argument (\S+): (?=\1 )", "", message)  # "argument --gpus: --gpus must be ..."
-        raise PlanError(f"{message} (see `{self.prog} --help`)")
-
-
-def add_model_cluster_args(ap: argparse.ArgumentParser, gpus_required: bool = True) -> None:
-    from planner.cluster import GPU_KINDS
-
-    ap.add_argument("--model", required=True, help="catalogue name (e.g. gpt-70b, llama3-8b) or a Hugging Face config.json")
-    if gpus_required:
-        ap.add_argument("--gpus", type=_positive_int("--gpus", MAX_GPUS), help=f"number of GPUs (at most {MAX_GPUS})")
-    ap.add_argument("--gpu", default="h200-sxm", choices=sorted(GPU_KINDS), help="GPU kind (default h200-sxm)")
-    ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node", MAX_GPUS_PER_NODE), default=8, help="default 8")
-    ap.add_argument("--inter-node-gbps", type=_positive_float("--inter-node-gbps", MAX_NETWORK_GB_PER_S), default=50.0,
-                    help="network bandwidth per GPU in GB/s, one direction (default 50 = 400 Gb/s NDR)")
-    ap.add_argument("--headroom-gib", type=float_arg("--headroom-gib", 0.0, 1e6, lo_open=False), default=None,
-                    help="memory per GPU to leave free below the planner's allowance (default 5%% of the GPU's "
-                         "memory; 0 plans to the allowance's edge)")
-    ap.add_argument("--cluster", help="JSON file with the whole cluster description (overrides the above)")
-    ap.add_argument("--profile", help="profile JSON (default: the one shipped for --gpu)")
-    ap.add_argument("--allow-other-gpu-profile", action="store_true",
-                    help="accept a profile measured on another GPU kind than the cluster's (refused otherwise)")
-    ap.add_argument("--seq-len", type=_positive_int("--seq-len", MAX_SEQ_LEN), help="tokens per sequence (default: the model's)")
-    ap.add_argument("--global-batch", type=_positive_int("--global-batch", MAX_GLOBAL_BATCH),
-                    help="sequences per step (default: the model's, e.g. 1024 for GPT, 512 for Llama 3)")
-
-
-def add_runtime_arg(ap: argparse.ArgumentParser) -> None:
-    """--runtime: the training runtime the prediction is for (planner/cost/targets.py)."""
-    from planner.plan import RUNTIME_TARGETS
-
-    ap.add_argument("--runtime", choices=list(RUNTIME_TARGETS), default="ours",
-                    help="predict for this runtime: ours (default; runtime/) or megatron (Megatron-Core with "
-                         "Transformer Engine, eager, its TP/DP overlap; factors fitted on published runs)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="plan", description="Recommend how to split a model's training across GPUs. "
+    ap = Parser(prog="plan", description="Recommend how to split a model's training across GPUs. "
                  "Subcommands: " + ", ".join(f"{k} ({v[1]})" for k, v in SUBCOMMANDS.items()), epilog=EXIT_CODES)
     ap.add_argument("--version", action=_VersionAction, nargs=0, help="print the version and git commit, and exit")
     add_model_cluster_args(ap)
     pins = ap.add_argument_group("pins (fix a dimension; the search does the rest)")
     for name in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro-batch"):
-        pins.add_argument(f"--{name}", type=_positive_int(f"--{name}", MAX_GLOBAL_BATCH if name == "micro-batch" else MAX_GPUS))
+        pins.add_argument(f"--{name}", type=positive_int(f"--{name}", MAX_GLOBAL_BATCH if name == "micro-batch" else MAX_GPUS))
     pins.add_argument("--recompute", choices=["none", "selective", "full"])
     pins.add_argument("--sharding", choices=["none", "optimizer", "optimizer+grads", "full"])
     pins.add_argument("--fp8", action="store_true",
@@ -119,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="comma list of tp, dp, pp, ep whose communication is not overlapped with compute "
                            "(ep: MoE tokens never dispatched in overlapped chunks)")
     add_runtime_arg(ap)
-    ap.add_argument("--top", type=_positive_int("--top", 1000), default=4, help="plans to show (default 4)")
+    ap.add_argument("--top", type=positive_int("--top", 1000), default=4, help="plans to show (default 4)")
     ap.add_argument("--why-not", action="store_true",
                     help="also show the best plan of each other kind of layout (other TP degrees, no pipeline, "
                          "other sharding levels, CP, EP) and where it loses time (about half a second more)")
@@ -130,37 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-o", "--output", help="write the best plan to this file")
     ap.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
     return ap
-
-
-def resolve_inputs(args):
-    """(model, cluster, training shape, profile) from parsed arguments; every check in one place."""
-    from dataclasses import replace
-
-    from planner.cluster import ClusterSpec, load_cluster_file, validate_cluster
-    from planner.model import resolve_model
-    from planner.plan import TrainingShape
-    from planner.profile import load_profile
-
-    model = resolve_model(args.model)
-    if args.cluster:
-        cluster = load_cluster_file(args.cluster)
-        if getattr(args, "gpus", None):
-            cluster = replace(cluster, num_gpus=args.gpus)
-    else:
-        if getattr(args, "gpus", None) is None:
-            raise PlanError("--gpus is required (or give --cluster with num_gpus)")
-        cluster = ClusterSpec(gpu=args.gpu, num_gpus=args.gpus, gpus_per_node=args.gpus_per_node,
-                              inter_node_gb_per_s=args.inter_node_gbps, memory_headroom_gib=args.headroom_gib)
-    if cluster.num_gpus < cluster.gpus_per_node:
-        cluster = replace(cluster, gpus_per_node=cluster.num_gpus)
-    validate_cluster(cluster)
-    seq = args.seq_len or model.default_seq_len
-    gb = args.global_batch or model.default_global_batch
-    if seq > model.max_seq_len:
-        raise PlanError(f"--seq-len {seq} exceeds {model.name}'s maximum of {model.max_seq_len} tokens")
-    shape = TrainingShape(seq_len=seq, global_batch=gb)
-    profile = load_profile(args.profile, cluster.gpu, other_gpu_ok=getattr(args, "allow_other_gpu_profile", False))
-    return model, cluster, shape, profile
 
 
 def check_pins(pins, shape, num_gpus: int) -> None:
@@ -221,27 +144,18 @@ def run_plan(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`plan ARGS`: a subcommand hands over to its module's main(argv), anything else searches (run_plan); every
+    user error ends as one sentence and an exit code (planner.arguments.run_command)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
-    try:
-        if argv and argv[0] in SUBCOMMANDS:
-            import importlib
+    if argv and argv[0] in SUBCOMMANDS:
+        module_name = SUBCOMMANDS[argv[0]][0]
 
-            module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
-            return int(module.main(argv[1:]) or 0)
-        return run_plan(argv)
-    except PlanError as exc:
-        print(f"plan: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except ModuleNotFoundError as exc:
-        if exc.name == "torch":
-            print("plan: this command needs PyTorch; install the runtime extra: pip install 'parallel-plan[runtime]'",
-                  file=sys.stderr)
-            return 1
-        raise
-    except KeyboardInterrupt:
-        print("plan: interrupted", file=sys.stderr)
-        return 130
+        def subcommand(args: list[str]) -> int:
+            import importlib  # imported only when asked: the runtime's modules import torch
+            return importlib.import_module(module_name).main(args)
+
+        return run_command(subcommand, argv[1:])
+    return run_command(run_plan, argv)
 
 
 if __name__ == "__main__":

@@ -49,31 +49,29 @@ MEGATRON_SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py (+ core/mo
 
 def build_parser() -> argparse.ArgumentParser:
     """`plan export`'s arguments."""
-    from planner.cli import _Parser, _positive_int
-    from planner.limits import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_STEPS, int_arg
+    from planner.arguments import Parser, add_runtime_arg, positive_int
+    from planner.launch_command import add_launch_flags
+    from planner.limits import MAX_GPUS, MAX_GPUS_PER_NODE
 
-    def _nonneg_int(name):
-        return int_arg(name, 0, MAX_GPUS)
-
-    ap = _Parser(prog="plan export", description="Write a plan as Megatron-LM arguments, the torchrun command of "
-                 "`plan launch`, or a Slurm batch script.")
+    ap = Parser(prog="plan export", description="Write a plan as Megatron-LM arguments, the torchrun command of "
+                "`plan launch`, or a Slurm batch script.")
     ap.add_argument("plan", help="plan.json written by `plan -o`")
     ap.add_argument("--to", required=True, choices=["megatron", "torchrun", "slurm"])
-    from planner.cli import add_runtime_arg
-
     add_runtime_arg(ap)
     ap.add_argument("--profile", help="profile JSON for the predictions (default: the one shipped for the plan's GPU)")
     ap.add_argument("-o", "--output", help="write here instead of standard output")
     ap.add_argument("--force", action="store_true", help="overwrite the -o file if it exists")
-    ap.add_argument("--nodes", type=_positive_int("--nodes", MAX_GPUS),
+    ap.add_argument("--nodes", type=positive_int("--nodes", MAX_GPUS),
                     help="nodes to run on (default: world size / the plan's GPUs per node)")
-    ap.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node", MAX_GPUS_PER_NODE),
+    ap.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node", MAX_GPUS_PER_NODE),
                     help="default: the plan's cluster (8 when it does not say)")
-    ap.add_argument("--node-rank", type=_nonneg_int("--node-rank"), default=0, help="torchrun: this node's rank (several nodes)")
-    ap.add_argument("--rdzv-endpoint", help="torchrun: host:port of the rendezvous (several nodes)")
-    ap.add_argument("--steps", type=_positive_int("--steps", MAX_STEPS), default=10, help="training steps (torchrun, slurm)")
-    ap.add_argument("--data", default="synthetic", help="data source passed to `plan launch` (torchrun, slurm)")
-    ap.add_argument("--results", help="per-step results CSV (torchrun, slurm; default: beside the plan)")
+    # `plan launch`'s own flags, forwarded to it (torchrun, slurm)
+    add_launch_flags(ap, ("--node-rank", "--rdzv-endpoint", "--steps", "--data", "--results"), help={
+        "--node-rank": "torchrun: this node's rank (several nodes)",
+        "--rdzv-endpoint": "torchrun: host:port of the rendezvous (several nodes)",
+        "--steps": "training steps (torchrun, slurm)",
+        "--data": "data source passed to `plan launch` (torchrun, slurm)",
+        "--results": "per-step results CSV (torchrun, slurm; default: beside the plan)"})
     ap.add_argument("--time", default="01:00:00", help="slurm: wall-clock limit (default 01:00:00)")
     ap.add_argument("--partition", help="slurm: partition")
     ap.add_argument("--account", help="slurm: account")
@@ -617,5 +615,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from planner.cli import main as cli_main
-    sys.exit(cli_main(["export"] + sys.argv[1:]))
+    from planner.arguments import run_command
+    sys.exit(run_command(main, sys.argv[1:]))

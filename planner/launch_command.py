@@ -18,36 +18,84 @@ WORKER_ERROR_FILE_ENV = "PLAN_LAUNCH_ERROR_FILE"
 sentence, for `plan launch` to print once (rather than every rank printing it above torchrun's traceback)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from planner.cli import _Parser  # argparse errors as one sentence, exit 1
+def _flag_definitions() -> dict[str, dict]:
+    """`plan launch`'s flags as add_argument keywords: each type carries its range check, so the launcher, its
+    workers and `plan export` refuse a bad value with the same sentence."""
+    return {
+        "--steps": dict(type=int_arg("--steps", 1, MAX_STEPS), default=10,
+                        help="training steps to run (after --resume: more steps; default 10)"),
+        "--device": dict(choices=["cpu", "cuda"], default="cuda",
+                         help="cuda (default; one process per GPU) or cpu (gloo, for trying a plan without GPUs)"),
+        "--data": dict(default="synthetic",
+                       help="synthetic, a token file, a Megatron .bin/.idx prefix, or W1:SRC1,W2:SRC2 blends"),
+        "--data-dtype": dict(choices=["uint16", "uint32"], default=None,
+                             help="token width of a flat token file (default: uint16 when the vocabulary fits, "
+                                  "else uint32)"),
+        "--ckpt-dir": dict(default=None, help="folder of distributed checkpoints (torch.distributed.checkpoint)"),
+        "--save-every": dict(type=int_arg("--save-every", 0, MAX_STEPS), default=0,
+                             help="save a checkpoint every N steps (default 0: only at exit); needs --ckpt-dir"),
+        "--resume": dict(action="store_true",
+                         help="continue from the newest complete checkpoint in --ckpt-dir (under this or another "
+                              "plan)"),
+        "--results": dict(default=None, help="CSV of per-step results (default: beside the plan)"),
+        "--peak-tflops": dict(type=float_arg("--peak-tflops", 0.0, MAX_TFLOPS), default=989.0,
+                              help="per-GPU dense bf16 peak used for MFU"),
+        "--compile": dict(action="store_true", help="torch.compile each transformer layer"),
+        "--memory-step": dict(type=int_arg("--memory-step", 0, MAX_STEPS), default=0,
+                              help="record the CUDA allocator during this step (1-based) and write what is alive "
+                                   "at its peak"),
+        "--memory-out": dict(default=None, help="prefix of --memory-step's files: PREFIX.rank<r>.json"),
+        "--nproc-per-node": dict(type=int_arg("--nproc-per-node", 1, MAX_GPUS_PER_NODE), default=None,
+                                 help="processes on this node (default: the plan's world size / --nnodes)"),
+        "--nnodes": dict(type=int_arg("--nnodes", 1, MAX_GPUS), default=1, help="nodes taking part (default 1)"),
+        "--node-rank": dict(type=int_arg("--node-rank", 0, MAX_GPUS), default=0,
+                            help="this node's rank among --nnodes (default 0)"),
+        "--rdzv-endpoint": dict(default=None, help="host:port of the rendezvous (several nodes)"),
+    }
 
-    ap = _Parser(prog="plan launch", description="Train from a plan (torchrun underneath).")
+
+LR_AND_ADAMW = "lr-and-adamw"
+"""In a list of flags for `add_launch_flags`: the learning-rate schedule and AdamW options, as
+planner/lr_schedule.py declares them (add_options)."""
+
+WORKER_FLAGS = ("--steps", "--device", "--data", "--data-dtype", "--ckpt-dir", "--save-every", "--resume",
+                "--override-lr-schedule", "--results", "--peak-tflops", LR_AND_ADAMW, "--compile", "--memory-step",
+                "--memory-out")
+"""The flags `plan launch` passes on to every worker (runtime.train), besides the plan file(s)."""
+
+NODE_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
+"""The flags that place `plan launch`'s processes on nodes (torchrun's, not the workers')."""
+
+
+def add_launch_flags(ap: argparse.ArgumentParser, names, help: dict[str, str] | None = None) -> None:
+    """Add `plan launch`'s flags `names` to `ap`, each with `plan launch`'s type, range check and default.
+
+    Args:
+        ap: the parser.
+        names: flags of `plan launch`, in the order to add them; "--override-lr-schedule" and LR_AND_ADAMW
+            come from planner/lr_schedule.py.
+        help: another help text for some of the flags, where a command forwards them with its own words.
+    """
+    flags = _flag_definitions()
+    for name in names:
+        if name == "--override-lr-schedule":
+            add_resume_option(ap)
+        elif name == LR_AND_ADAMW:
+            add_optimizer_options(ap)
+        else:
+            kwargs = dict(flags[name])
+            if help and name in help:
+                kwargs["help"] = help[name]
+            ap.add_argument(name, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`plan launch`'s parser: the plan file, the workers' flags, the node flags, --timeout and --dry-run."""
+    from planner.arguments import Parser  # argparse errors as one sentence, exit 1
+
+    ap = Parser(prog="plan launch", description="Train from a plan (torchrun underneath).")
     ap.add_argument("plan", help="plan.json written by `plan -o`")
-    ap.add_argument("--steps", type=int_arg("--steps", 1, MAX_STEPS), default=10, help="training steps to run (after --resume: more steps; default 10)")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda",
-                    help="cuda (default; one process per GPU) or cpu (gloo, for trying a plan without GPUs)")
-    ap.add_argument("--data", default="synthetic",
-                    help="synthetic, a token file, a Megatron .bin/.idx prefix, or W1:SRC1,W2:SRC2 blends")
-    ap.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None,
-                    help="token width of a flat token file (default: uint16 when the vocabulary fits, else uint32)")
-    ap.add_argument("--ckpt-dir", default=None, help="folder of distributed checkpoints (torch.distributed.checkpoint)")
-    ap.add_argument("--save-every", type=int_arg("--save-every", 0, MAX_STEPS), default=0,
-                    help="save a checkpoint every N steps (default 0: only at exit); needs --ckpt-dir")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue from the newest complete checkpoint in --ckpt-dir (under this or another plan)")
-    add_resume_option(ap)
-    ap.add_argument("--results", default=None, help="CSV of per-step results (default: beside the plan)")
-    ap.add_argument("--peak-tflops", type=float_arg("--peak-tflops", 0.0, MAX_TFLOPS), default=989.0, help="per-GPU dense bf16 peak used for MFU")
-    add_optimizer_options(ap)
-    ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
-    ap.add_argument("--memory-step", type=int_arg("--memory-step", 0, MAX_STEPS), default=0,
-                    help="record the CUDA allocator during this step (1-based) and write what is alive at its peak")
-    ap.add_argument("--memory-out", default=None, help="prefix of --memory-step's files: PREFIX.rank<r>.json")
-    ap.add_argument("--nproc-per-node", type=int_arg("--nproc-per-node", 1, MAX_GPUS_PER_NODE), default=None,
-                    help="processes on this node (default: the plan's world size / --nnodes)")
-    ap.add_argument("--nnodes", type=int_arg("--nnodes", 1, MAX_GPUS), default=1, help="nodes taking part (default 1)")
-    ap.add_argument("--node-rank", type=int_arg("--node-rank", 0, MAX_GPUS), default=0, help="this node's rank among --nnodes (default 0)")
-    ap.add_argument("--rdzv-endpoint", default=None, help="host:port of the rendezvous (several nodes)")
+    add_launch_flags(ap, WORKER_FLAGS + NODE_FLAGS)
     ap.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                     help="end the job when a rank shows no sign of life for half this long, or no rank finishes a "
                          "step (or save) for this long (default 300); one sentence names the rank, the step and "

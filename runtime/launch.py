@@ -150,7 +150,7 @@ def check_plan_on_machine(args) -> tuple[Plan, int]:
 
 def main(argv=None) -> int:
     try:
-        args = build_parser().parse_args(argv)  # a bad flag: one sentence (planner.cli._Parser), exit 1
+        args = build_parser().parse_args(argv)  # a bad flag: one sentence (planner.arguments.Parser), exit 1
         plan, nproc, results = check(args)
         cmd = torchrun_command(args, nproc, results)
     except PlanError as exc:

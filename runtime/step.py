@@ -52,6 +52,7 @@ def train_step(stages, micro_batches, opt, groups, lr=None, before_step=None):
 
 
 def select_train_step(layout):
+    """The step function for `layout`: the pipeline schedule when pp > 1, else this file's `train_step`."""
     if layout.pp > 1:
         return pipeline_train_step
     return train_step

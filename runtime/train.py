@@ -2,15 +2,18 @@
 
     python -m torch.distributed.run --nproc-per-node N -m runtime.train --plan plan.json [...]
 
-Builds the process groups, this rank's pipeline stage(s) with the plan's recompute, the optimizer at the
-plan's sharding level, then loops: next step's micro-batches (prefetched), `train_step`, log, checkpoint.
-Rank 0 prints one line per step and appends it to the results CSV. With --components-out (plan validate),
+Builds the process groups, then for each plan a trainer in three parts, as torchtitan's is:
+- build (`build_trainer`): this rank's pipeline stage(s) with the plan's recompute, the optimizer at the plan's
+  sharding level, the checkpoint's state on --resume, the step function, the data prefetcher, the step log;
+- step (`launch_step`): the next step's micro-batches (prefetched) through `train_step`, queued on the device;
+- log (`StepLog.record`): the step read back, rank 0 printing one line and appending it to the results CSV.
+`run_steps` runs the loop (one step queued ahead, checkpoints every --save-every steps, a signal stops every
+rank after the same step) and `finish_run` saves at exit. With --components-out (plan validate),
 one extra step after the last runs under torch.profiler and every rank's GPU compute, exposed communication
 and idle time go to a JSON file; that step is not logged and comes after the exit checkpoint.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import gc
 import hashlib
@@ -27,8 +30,7 @@ import torch.distributed as dist
 
 from planner.errors import PlanError
 from planner.launch_command import WORKER_ERROR_FILE_ENV
-from planner.lr_schedule import add_options as add_optimizer_options
-from planner.lr_schedule import add_resume_option
+from planner.lr_schedule import OptimizerSettings
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.plan import Plan
 from runtime import checkpoint, supervise
@@ -63,6 +65,8 @@ def stage_ranges(plan: Plan) -> list[tuple[int, int]]:
 
 
 def build_rank_stages(plan: Plan, groups, device, overlap_tp: bool, seed: int, compile: bool = False):
+    """This rank's Stage modules, one per virtual stage it holds (model order), each with its layers' recompute
+    modes, FP8 setting and optional torch.compile."""
     ranges = stage_ranges(plan)
     last = len(plan.stages) - 1
     stages = []
@@ -75,31 +79,24 @@ def build_rank_stages(plan: Plan, groups, device, overlap_tp: bool, seed: int, c
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="runtime.train")
+    """The worker's arguments: the plan file(s), the flags `plan launch` passes on (declared once, with their range
+    checks, in planner/launch_command.py) and the worker's own diagnosis flags. A bad value raises PlanError with
+    the sentence `plan launch` gives for it."""
+    from planner.arguments import Parser
+    from planner.launch_command import WORKER_FLAGS, add_launch_flags
+    from planner.limits import MAX_STEPS, int_arg
+
+    ap = Parser(prog="runtime.train")
     ap.add_argument("--plan", required=True, nargs="+", help="plan file(s); several run one after another")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    ap.add_argument("--data", default="synthetic")
-    ap.add_argument("--data-dtype", default=None)
-    ap.add_argument("--ckpt-dir", default=None)
-    ap.add_argument("--save-every", type=int, default=0)
-    ap.add_argument("--resume", action="store_true")
-    add_resume_option(ap)
-    ap.add_argument("--results", default=None)
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="per-GPU dense bf16 peak for MFU")
-    add_optimizer_options(ap)
+    add_launch_flags(ap, WORKER_FLAGS)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--compile", action="store_true", help="torch.compile each transformer layer")
-    ap.add_argument("--trace-step", type=int, default=0,
+    ap.add_argument("--trace-step", type=int_arg("--trace-step", 0, MAX_STEPS), default=0,
                     help="run this step (1-based) under torch.profiler and write its op tables (diagnosis)")
     ap.add_argument("--trace-out", default=None, help="text file for --trace-step's tables (rank 0)")
     ap.add_argument("--components-out", default=None,
                     help="run one extra step after --steps under torch.profiler (not logged) and write every rank's "
                          "GPU compute, exposed communication and idle time to this JSON file (rank 0); with "
                          "several plans a folder: DIR/<plan stem>.components.json")
-    ap.add_argument("--memory-step", type=int, default=0,
-                    help="record the CUDA allocator during this step (1-based): what is alive at its peak")
-    ap.add_argument("--memory-out", default=None, help="prefix of --memory-step's files: PREFIX.rank<r>.json")
     return ap.parse_args(argv)
 
 
@@ -145,7 +142,7 @@ class _Clock:
 
 @dataclass
 class _LaunchedStep:
-    """A step whose work is queued on the GPU; read back (`_finish`) once the next one is queued too.
+    """A step whose work is queued on the GPU; read back (`StepLog.record`) once the next one is queued too.
     step_s runs from `start` to `end`: the previous step's end when this step was queued behind it, else a
     mark made as the host began this step; GPU time idle waiting for the host counts either way."""
     step: int
@@ -178,9 +175,9 @@ def _bubble_fraction(groups) -> float:
 
 def _traced(args, cuda: bool, fn):
     """One step under torch.profiler; rank 0 writes the ops by device time and (one process, or CPU) by host
-    time. With several GPU processes only the device is traced: the host profiler's per-op cost slowed a
-    host-paced TP2 step from 0.2 s to 3.9 s, and its NCCL kernels then waited on the slow peer,
-    which made the exposed-communication figure meaningless."""
+    time. With several GPU processes only the device is traced: the host profiler's per-op cost slows a
+    host-paced step about twenty-fold (a TP2 step from 0.2 s to 3.9 s), and its NCCL kernels then wait on the
+    slow peer, which makes the exposed-communication figure meaningless."""
     from torch.profiler import ProfilerActivity, profile
 
     host = not cuda or dist.get_world_size() == 1
@@ -215,8 +212,9 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def _traced_components(run_step) -> RankComponents:
-    """This rank's GPU timeline of run_step(), one training step. Only the device is traced: host tracing slowed
-    a host-paced step twenty-fold (see _traced). The GPU is drained first, so the span holds this step alone."""
+    """This rank's GPU timeline of run_step(), one training step. Only the device is traced: host tracing slows
+    a host-paced step about twenty-fold (see _traced). The GPU is drained first, so the span holds this step
+    alone."""
     from torch.profiler import ProfilerActivity, profile
 
     from runtime.trace_analysis import kernels_of
@@ -246,12 +244,129 @@ def write_step_components(path: str, cuda: bool, step: int, run_step) -> None:
         print(f"traced step {step} (one extra step, not in the step CSV): components in {path}", flush=True)
 
 
-def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_path: str | None,
-               components_path: str | None = None) -> None:
-    """Build this rank's stages and optimizer for `plan` and train args.steps steps (every rank calls it); with
-    components_path, then one traced step more (write_step_components)."""
+class StepLog:
+    """The log part of the trainer: reads a launched step back and records it.
+
+    `record` waits for the step's work, gathers every rank's peak memory and optimizer time (and the pipeline's
+    bubble), prints one line and appends one CSV row on rank 0, tells the launcher's monitor that this rank made
+    progress, and returns whether any rank was asked to stop. Every rank calls it for every step, in the same
+    order: it runs collectives.
+    """
+
+    def __init__(self, plan: Plan, args, groups, cuda: bool, results_path: str | None, clock: _Clock,
+                 stop: _StopFlag):
+        self.plan, self.args, self.groups, self.cuda = plan, args, groups, cuda
+        self.clock, self.stop = clock, stop
+        self.rank0 = dist.get_rank() == 0
+        self.world = dist.get_world_size()
+        shape = plan.training
+        self.tokens = shape.global_batch * shape.seq_len
+        self.flops = plan.model.model_flops_per_token(shape.seq_len) * self.tokens
+        self.results, self.writer = None, None
+        if self.rank0 and results_path:
+            self.results, self.writer = _open_results(Path(results_path))
+
+    def record(self, rec: _LaunchedStep) -> bool:
+        """Wait for a launched step and log it; returns whether any rank was asked to stop."""
+        if self.cuda:
+            rec.end.synchronize()
+        clock, cuda, lay = self.clock, self.cuda, self.plan.layout
+        dt = clock.seconds(rec.start, rec.end)
+        per_rank = _per_rank_stats(rec.peak_mem_gib, clock.seconds(rec.optimizer_start, rec.end), self.world)
+        # a replayed pipeline step records no timeline (runtime/graph.py): its bubble is not measured
+        bubble = _bubble_fraction(self.groups) if lay.pp > 1 and not rec.replayed else None
+        tflops = self.flops / dt / self.world / 1e12
+        loss, grad_norm = rec.loss_and_norm.tolist()
+        row = dict(step=rec.step, loss=f"{loss:.6f}", grad_norm=f"{grad_norm:.5g}",
+                   step_s=f"{dt:.5g}", tokens_per_s=f"{self.tokens / dt:.6g}", tflops_per_gpu=f"{tflops:.4g}",
+                   mfu=f"{tflops / self.args.peak_tflops:.4g}",
+                   peak_mem_gib=f"{rec.peak_mem_gib:.4g}" if cuda else "",
+                   data_wait_s=f"{rec.data_wait_s:.4g}", lr=f"{rec.lr:.4g}",
+                   peak_mem_max_gib=f"{max(m for m, _ in per_rank):.4g}" if cuda else "",
+                   peak_mem_by_rank=";".join(f"{m:.4g}" for m, _ in per_rank) if cuda else "",
+                   # a replayed CUDA graph has no event between backward and the optimizer: not measured
+                   optimizer_s=f"{max(o for _, o in per_rank):.4g}" if rec.optimizer_start is not None else "",
+                   bubble_frac=f"{bubble:.4g}" if bubble is not None else "",
+                   end_unix_s=f"{time.time():.3f}")
+        if self.rank0:
+            print(" ".join(f"{k} {v}" for k, v in row.items() if k != "end_unix_s"), flush=True)
+            if self.writer:
+                self.writer.writerow(row)
+                self.results.flush()
+        supervise.progress(rec.step)  # the launcher's monitor: this rank is not stuck
+        return self.stop.agreed()  # SIGTERM / SIGINT on any rank: every rank stops after the same step
+
+    def close(self) -> None:
+        if self.results:
+            self.results.close()
+
+
+def _open_results(path: Path):
+    """Rank 0's step CSV, opened for appending: (file, csv.DictWriter). A new or empty file gets CSV_FIELDS as
+    its header; a resumed run's file keeps its own header (one written before a column was added)."""
+    new = not path.exists() or path.stat().st_size == 0
+    fields = CSV_FIELDS
+    if not new:
+        with open(path, newline="") as fh:
+            fields = next(csv.reader(fh), None) or CSV_FIELDS
+    _end_with_newline(path)  # a row glued onto an unterminated last line would be lost
+    results = open(path, "a", newline="")
+    writer = csv.DictWriter(results, fieldnames=fields, extrasaction="ignore")
+    if new:
+        writer.writeheader()
+    return results, writer
+
+
+@dataclass
+class Trainer:
+    """One rank's training state for one plan, made by `build_trainer`: the stages and optimizer, the step
+    function (a CUDA graph where the plan allows one), the prefetched data, the step log and the step that
+    training starts from (0, or the checkpoint's step on --resume)."""
+    plan: Plan
+    args: object
+    groups: object
+    cuda: bool
+    local_rank: int
+    stages: list
+    opt: object
+    settings: OptimizerSettings
+    plan_hash: str
+    """sha256 of the plan's JSON, saved with every checkpoint."""
+    start: int
+    step_fn: object
+    graphed: object | None
+    """The GraphedStep when step_fn replays a CUDA graph, else None."""
+    prefetch: Prefetcher
+    clock: _Clock
+    log: StepLog
+
+    @property
+    def queue_ahead(self) -> bool:
+        """Whether one step stays queued ahead: step N+1 is launched before step N's numbers are read back, so
+        the host launches N+1's first kernels while the GPU still runs N's optimizer, rather than the GPU idling
+        at every step start until the host catches up. Pipelines (their timeline is read back per step) are
+        read back at once, unless replayed as a CUDA graph; so are traced and checkpointed steps."""
+        return self.plan.layout.pp == 1 or self.graphed is not None
+
+    def save(self, step: int) -> None:
+        """A checkpoint of `step` in --ckpt-dir (every rank calls it)."""
+        checkpoint.save(self.args.ckpt_dir, step, self.opt, self.groups, self.settings, self.plan_hash)
+
+    def close(self) -> None:
+        """Stop the prefetcher, close the step CSV and release the optimizer."""
+        self.prefetch.close()
+        self.log.close()
+        self.opt.close()
+
+
+def build_trainer(plan: Plan, args, groups, cuda: bool, local_rank: int, results_path: str | None) -> Trainer:
+    """The build part of the trainer: this rank's stages with the plan's recompute, the optimizer at the plan's
+    sharding level, the checkpoint's state on --resume, the step function, the data prefetcher and the step log.
+
+    Raises:
+        PlanError: one sentence when the plan's FP8 needs a GPU this one is not, or the checkpoint cannot load.
+    """
     spec, lay, shape = plan.model, plan.layout, plan.training
-    rank0 = dist.get_rank() == 0
     source = open_source(args.data, spec.vocab_size, shape.seq_len, args.data_dtype, seed=args.seed)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if lay.fp8:
@@ -266,16 +381,7 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
     opt = build_optimizer(stages, groups, lay.sharding, adam, compute, lay.overlap_dp,
                           grad_dtype=GRAD_DTYPES[lay.grad_dtype])
     plan_hash = hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
-    start = 0
-    if args.resume:
-        start = checkpoint.load(args.ckpt_dir, opt, groups)
-        supervise.progress(start)
-        if rank0:
-            print(f"resumed from {checkpoint.step_dir(args.ckpt_dir, start)}", flush=True)
-            for leftover in checkpoint.incomplete_leftovers(args.ckpt_dir):
-                print(f"note: skipped '{leftover}', left incomplete by an interrupted save", flush=True)
-            if results_path:
-                set_aside_rows_after(Path(results_path), start)
+    start = _resume(args, opt, groups, results_path) if args.resume else 0
     step_fn = select_train_step(lay)
     graphed = None
     if cuda and lay.cuda_graph:  # on CPU the same plan runs eagerly: graphs are a CUDA feature
@@ -288,153 +394,169 @@ def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_pa
                                   seed=args.seed)
 
     prefetch = Prefetcher(make_step, start, device)
-    writer, results = None, None
-    if rank0 and results_path:
-        new = not Path(results_path).exists() or Path(results_path).stat().st_size == 0
-        fields = CSV_FIELDS
-        if not new:  # a resumed run appends under the file's own header (one written before a column was added)
-            with open(results_path, newline="") as fh:
-                fields = next(csv.reader(fh), None) or CSV_FIELDS
-        _end_with_newline(Path(results_path))  # a row glued onto an unterminated last line would be lost
-        results = open(results_path, "a", newline="")
-        writer = csv.DictWriter(results, fieldnames=fields, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-    tokens = shape.global_batch * shape.seq_len
-    flops = spec.model_flops_per_token(shape.seq_len) * tokens
-    world = dist.get_world_size()
-    last_saved = start if args.resume else None
-    stop = _StopFlag()
     clock = _Clock(cuda)
-    # One step stays queued ahead: step N+1 is launched before step N's numbers are read back, so the host
-    # launches N+1's first kernels while the GPU still runs N's optimizer, rather than the GPU idling at every
-    # step start until the host catches up (as a loop that synchronises each step would make it). Pipelines
-    # (their timeline is read back per step), traced steps and checkpointed steps are read back at once.
-    queue_ahead = lay.pp == 1 or graphed is not None
+    log = StepLog(plan, args, groups, cuda, results_path, clock, _StopFlag())
+    return Trainer(plan=plan, args=args, groups=groups, cuda=cuda, local_rank=local_rank, stages=stages, opt=opt,
+                   settings=settings, plan_hash=plan_hash, start=start, step_fn=step_fn, graphed=graphed,
+                   prefetch=prefetch, clock=clock, log=log)
 
-    def finish(rec: _LaunchedStep) -> bool:
-        """Wait for a launched step, log it; returns whether any rank was asked to stop."""
-        if cuda:
-            rec.end.synchronize()
-        dt = clock.seconds(rec.start, rec.end)
-        per_rank = _per_rank_stats(rec.peak_mem_gib, clock.seconds(rec.optimizer_start, rec.end), world)
-        # a replayed pipeline step records no timeline (runtime/graph.py): its bubble is not measured
-        bubble = _bubble_fraction(groups) if lay.pp > 1 and not rec.replayed else None
-        tflops = flops / dt / world / 1e12
-        loss, grad_norm = rec.loss_and_norm.tolist()
-        row = dict(step=rec.step, loss=f"{loss:.6f}", grad_norm=f"{grad_norm:.5g}",
-                   step_s=f"{dt:.5g}", tokens_per_s=f"{tokens / dt:.6g}", tflops_per_gpu=f"{tflops:.4g}",
-                   mfu=f"{tflops / args.peak_tflops:.4g}", peak_mem_gib=f"{rec.peak_mem_gib:.4g}" if cuda else "",
-                   data_wait_s=f"{rec.data_wait_s:.4g}", lr=f"{rec.lr:.4g}",
-                   peak_mem_max_gib=f"{max(m for m, _ in per_rank):.4g}" if cuda else "",
-                   peak_mem_by_rank=";".join(f"{m:.4g}" for m, _ in per_rank) if cuda else "",
-                   # a replayed CUDA graph has no event between backward and the optimizer: not measured
-                   optimizer_s=f"{max(o for _, o in per_rank):.4g}" if rec.optimizer_start is not None else "",
-                   bubble_frac=f"{bubble:.4g}" if bubble is not None else "",
-                   end_unix_s=f"{time.time():.3f}")
-        if rank0:
-            print(" ".join(f"{k} {v}" for k, v in row.items() if k != "end_unix_s"), flush=True)
-            if writer:
-                writer.writerow(row)
-                results.flush()
-        supervise.progress(rec.step)  # the launcher's monitor: this rank is not stuck
-        return stop.agreed()  # SIGTERM / SIGINT on any rank: every rank stops after the same step
 
+def _resume(args, opt, groups, results_path: str | None) -> int:
+    """Load the newest complete checkpoint of --ckpt-dir into `opt` and return its step. Rank 0 says where it
+    resumed from, names incomplete saves it skipped, and sets aside the step CSV's rows after that step."""
+    start = checkpoint.load(args.ckpt_dir, opt, groups)
+    supervise.progress(start)
+    if dist.get_rank() == 0:
+        print(f"resumed from {checkpoint.step_dir(args.ckpt_dir, start)}", flush=True)
+        for leftover in checkpoint.incomplete_leftovers(args.ckpt_dir):
+            print(f"note: skipped '{leftover}', left incomplete by an interrupted save", flush=True)
+        if results_path:
+            set_aside_rows_after(Path(results_path), start)
+    return start
+
+
+def launch_step(t: Trainer, step: int, profiled: bool, memory: bool, queued_behind) -> _LaunchedStep:
+    """The step part of the trainer: queue step `step` (0-based) on the device and return it unread.
+
+    Args:
+        t: the trainer.
+        step: the step's index; the learning rate is the schedule's at it.
+        profiled: run it under torch.profiler (--trace-step).
+        memory: record the CUDA allocator during it (--memory-step).
+        queued_behind: the end mark of the step queued just before this one (not read back yet), or None. The
+            step's time runs from there, so GPU time idle between the two steps counts; else from a mark made as
+            the host begins this step.
+    """
+    args, cuda, clock = t.args, t.cuda, t.clock
+    start_mark = clock.mark()
+    mbs, wait = t.prefetch.next()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    lr = t.settings.schedule.at(step)
+    opt_marks = []
+
+    def run():
+        return t.step_fn(t.stages, mbs, t.opt, t.groups, lr, before_step=lambda: opt_marks.append(clock.mark()))
+
+    if memory:
+        from runtime import memory_trace
+        spec, lay = t.plan.model, t.plan.layout
+        (loss, norm), summary = memory_trace.record_step(run, t.local_rank)
+        memory_trace.write(summary, args.memory_out, dist.get_rank(),
+                           {"model": spec.name, "layout": lay.short(), "micro_batch": lay.micro_batch,
+                            "step": step + 1, "rank": dist.get_rank(), "commit": os.environ.get("PLAN_COMMIT", "")})
+    elif profiled:
+        loss, norm = _traced(args, cuda, run)
+    else:
+        loss, norm = run()
+    # loss and norm go to pinned host memory behind this step's kernels: reading a device tensor later
+    # (.item()) would queue behind the next step's kernels too and wait for them
+    numbers = torch.empty(2, pin_memory=cuda)
+    numbers.copy_(torch.stack([loss.detach().float(), norm.detach().float()]), non_blocking=True)
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    replayed = t.graphed is not None and t.graphed.replaying
+    if replayed:  # a replay allocates nothing; its capture held the peak
+        peak_gib = max(peak_gib, t.graphed.peak_mem_gib)
+    return _LaunchedStep(step + 1, numbers, peak_gib, wait, lr,
+                         queued_behind if queued_behind is not None else start_mark,
+                         opt_marks[0] if opt_marks else None, clock.mark(), replayed=replayed)
+
+
+@dataclass
+class RunOutcome:
+    """How the step loop ended."""
+    done: int
+    """The last step completed (the start step when none ran)."""
+    stopped: bool
+    """A signal asked the run to stop."""
+    last_saved: int | None
+    """The step of the newest checkpoint this run saved or resumed from; None when there is none."""
+
+
+def run_steps(t: Trainer) -> RunOutcome:
+    """Train --steps steps from t.start: launch each step (`launch_step`), record it (`StepLog.record`) one step
+    later where the trainer queues ahead, save every --save-every steps, and stop after the step at which any
+    rank was signalled. Every rank runs the same sequence of collectives."""
+    args, rank0 = t.args, dist.get_rank() == 0
+    start = t.start
     pending: _LaunchedStep | None = None
-    done = start
-    # Python's cyclic garbage collector pauses the host at unpredictable points, and a paused host leaves
-    # the GPU idle in a launch-bound step; it runs between steps instead, every GC_EVERY_STEPS (Megatron's
-    # manual GC). Objects alive now (the model, the optimizer) are frozen out of its scans.
+    done, stopped = start, False
+    last_saved = start if args.resume else None
+    for step in range(start, start + args.steps):
+        if step > start and (step - start) % GC_EVERY_STEPS == 0:
+            gc.collect()
+        profiled = args.trace_step == step + 1
+        memory = t.cuda and args.memory_step == step + 1 and bool(args.memory_out)
+        traced = profiled or memory  # a profiled or memory-recorded step runs alone, not queued
+        stopped = False
+        if pending is not None and traced:
+            stopped, pending = t.log.record(pending), None
+            if stopped:
+                break
+        rec = launch_step(t, step, profiled, memory, pending.end if pending is not None else None)
+        done = step + 1
+        if pending is not None:
+            stopped, pending = t.log.record(pending), None
+        save_due = bool(args.ckpt_dir and args.save_every and done % args.save_every == 0)
+        if t.queue_ahead and not (traced or save_due or stopped):
+            pending = rec
+            continue
+        stopped = t.log.record(rec) or stopped
+        if save_due:
+            if t.graphed is not None:
+                t.graphed.sync_params()
+            t.save(done)
+            supervise.progress()
+            last_saved = done
+        if stopped:
+            if rank0:
+                print(f"stopping after step {done} (signal)", flush=True)
+            break
+    if pending is not None:
+        if t.log.record(pending):
+            stopped = True
+            if rank0:
+                print(f"stopping after step {done} (signal)", flush=True)
+    return RunOutcome(done=done, stopped=stopped, last_saved=last_saved)
+
+
+def finish_run(t: Trainer, outcome: RunOutcome, components_path: str | None) -> None:
+    """After the step loop: the exit checkpoint (unless the last step was just saved), then with components_path
+    and no stop signal one traced step more (write_step_components). That extra step comes after the exit
+    checkpoint, which holds step `done`: its update is never saved or logged, so neither a resumed run nor the
+    step statistics see it."""
+    done = outcome.done
+    if t.graphed is not None:
+        t.graphed.sync_params()
+    if t.args.ckpt_dir and outcome.last_saved != done:
+        t.save(done)  # at exit
+    if components_path and not outcome.stopped:
+        mbs = t.prefetch.next()[0]  # fetched before the trace: its host-to-device copy is not the step's
+        lr = t.settings.schedule.at(done)
+        write_step_components(components_path, t.cuda, done + 1,
+                              lambda: t.step_fn(t.stages, mbs, t.opt, t.groups, lr))
+
+
+def train_plan(plan: Plan, args, groups, cuda: bool, local_rank: int, results_path: str | None,
+               components_path: str | None = None) -> None:
+    """Train `plan` for args.steps steps on this rank (every rank calls it): build the trainer, run the steps,
+    save at exit; with components_path, then one traced step more (write_step_components).
+
+    Python's cyclic garbage collector would pause the host at unpredictable points, and a paused host leaves the
+    GPU idle in a launch-bound step; it runs between steps instead, every GC_EVERY_STEPS (as Megatron-LM's manual
+    GC does). Objects alive once the trainer is built (the model, the optimizer) are frozen out of its scans.
+    """
+    t = build_trainer(plan, args, groups, cuda, local_rank, results_path)
     gc.collect()
     gc.freeze()
     gc.disable()
-    stopped = False
     try:
-        for step in range(start, start + args.steps):
-            if step > start and (step - start) % GC_EVERY_STEPS == 0:
-                gc.collect()
-            profiled = args.trace_step == step + 1
-            memory = cuda and args.memory_step == step + 1 and bool(args.memory_out)
-            traced = profiled or memory  # a profiled or memory-recorded step runs alone, not queued
-            stopped = False
-            if pending is not None and traced:
-                stopped, pending = finish(pending), None
-                if stopped:
-                    break
-            start_mark = clock.mark()
-            mbs, wait = prefetch.next()
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            lr = settings.schedule.at(step)
-            opt_marks = []
-
-            def run():
-                return step_fn(stages, mbs, opt, groups, lr, before_step=lambda: opt_marks.append(clock.mark()))
-
-            if memory:
-                from runtime import memory_trace
-                (loss, norm), summary = memory_trace.record_step(run, local_rank)
-                memory_trace.write(summary, args.memory_out, dist.get_rank(),
-                                   {"model": spec.name, "layout": lay.short(), "micro_batch": lay.micro_batch,
-                                    "step": step + 1, "rank": dist.get_rank(), "commit": os.environ.get("PLAN_COMMIT", "")})
-            elif profiled:
-                loss, norm = _traced(args, cuda, run)
-            else:
-                loss, norm = run()
-            # loss and norm go to pinned host memory behind this step's kernels: reading a device tensor later
-            # (.item()) would queue behind the next step's kernels too and wait for them
-            numbers = torch.empty(2, pin_memory=cuda)
-            numbers.copy_(torch.stack([loss.detach().float(), norm.detach().float()]), non_blocking=True)
-            # queued behind the previous step: timed from that step's end, so GPU idle between the two counts
-            peak_gib = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-            replayed = graphed is not None and graphed.replaying
-            if replayed:  # a replay allocates nothing; its capture held the peak
-                peak_gib = max(peak_gib, graphed.peak_mem_gib)
-            rec = _LaunchedStep(step + 1, numbers, peak_gib,
-                                wait, lr, pending.end if pending is not None else start_mark,
-                                opt_marks[0] if opt_marks else None, clock.mark(),
-                                replayed=replayed)
-            done = step + 1
-            if pending is not None:
-                stopped, pending = finish(pending), None
-            save_due = bool(args.ckpt_dir and args.save_every and done % args.save_every == 0)
-            if queue_ahead and not (traced or save_due or stopped):
-                pending = rec
-                continue
-            stopped = finish(rec) or stopped
-            if save_due:
-                if graphed is not None:
-                    graphed.sync_params()
-                checkpoint.save(args.ckpt_dir, done, opt, groups, settings, plan_hash)
-                supervise.progress()
-                last_saved = done
-            if stopped:
-                if rank0:
-                    print(f"stopping after step {done} (signal)", flush=True)
-                break
-        if pending is not None:
-            if finish(pending):
-                stopped = True
-                if rank0:
-                    print(f"stopping after step {done} (signal)", flush=True)
-            pending = None
-        if graphed is not None:
-            graphed.sync_params()
-        if args.ckpt_dir and last_saved != done:
-            checkpoint.save(args.ckpt_dir, done, opt, groups, settings, plan_hash)  # at exit
-        if components_path and not stopped:
-            # after the exit checkpoint, which holds step `done`: the extra step's update is never saved or
-            # logged, so neither a resumed run nor the step statistics see it
-            mbs = prefetch.next()[0]  # fetched before the trace: its host-to-device copy is not the step's
-            lr = settings.schedule.at(done)
-            write_step_components(components_path, cuda, done + 1, lambda: step_fn(stages, mbs, opt, groups, lr))
+        outcome = run_steps(t)
+        finish_run(t, outcome, components_path)
     finally:
         gc.enable()
         gc.unfreeze()
-        prefetch.close()
-        if results:
-            results.close()
-        opt.close()
+        t.close()
 
 
 def _end_with_newline(path: Path) -> None:

@@ -57,10 +57,10 @@ from runtime.trace_analysis import RankComponents
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from planner.cli import _Parser  # argparse errors as one sentence, exit 1
+    from planner.arguments import Parser  # argparse errors as one sentence, exit 1
     from planner.limits import MAX_SECONDS, MAX_STEPS, float_arg, int_arg
 
-    ap = _Parser(prog="plan validate", description="Run a plan for a few steps; predicted vs measured.")
+    ap = Parser(prog="plan validate", description="Run a plan for a few steps; predicted vs measured.")
     ap.add_argument("plan", nargs="+", help="plan.json written by `plan -o` (several: run one after another)")
     ap.add_argument("--steps", type=int_arg("--steps", 1, MAX_STEPS), default=10, help="training steps to run (default 10)")
     ap.add_argument("--warmup", type=int_arg("--warmup", 0, MAX_STEPS), default=3, help="first steps left out of the steady state (default 3)")

@@ -1,6 +1,7 @@
 """`python -m planner.scaling ...`: the same as `plan scaling ...`."""
 import sys
 
-from planner.cli import main as cli_main
+from planner.arguments import run_command
+from planner.scaling.command import main
 
-sys.exit(cli_main(["scaling"] + sys.argv[1:]))
+sys.exit(run_command(main, sys.argv[1:]))

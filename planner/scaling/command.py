@@ -43,16 +43,16 @@ def _tokens(s: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from planner.cli import _Parser, _positive_float, _positive_int, add_model_cluster_args, add_runtime_arg
+    from planner.arguments import Parser, add_model_cluster_args, add_runtime_arg, positive_float, positive_int
     from planner.cluster import GPU_KINDS
 
-    ap = _Parser(prog="plan scaling", description="Strong or weak scaling report: the best plan at each GPU count, "
+    ap = Parser(prog="plan scaling", description="Strong or weak scaling report: the best plan at each GPU count, "
                  "with CSV, plots and a Markdown report.")
     add_model_cluster_args(ap, gpus_required=False)
     ap.add_argument("--gpus", type=_gpu_list, required=True, help="GPU counts, e.g. 8,16,32,64")
     ap.add_argument("--weak", action="store_true",
                     help="weak scaling: the batch per GPU stays fixed and the global batch grows with the GPUs")
-    ap.add_argument("--batch-per-gpu", type=_positive_float("--batch-per-gpu"),
+    ap.add_argument("--batch-per-gpu", type=positive_float("--batch-per-gpu"),
                     help="sequences per GPU per step (the global batch is this times the GPU count); "
                          "excludes --global-batch")
     ap.add_argument("--tokens", type=_tokens, help="add the time and GPU-hours to train this many tokens (e.g. 2e12, 300B)")
@@ -60,10 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="what-if: a second series on this GPU kind")
     ap.add_argument("--compare-profile", help="profile JSON for --compare-gpu (default: the shipped one, else the "
                     "baseline profile rescaled by datasheet ratios)")
-    ap.add_argument("--compare-inter-node-gbps", type=_positive_float("--compare-inter-node-gbps"),
+    ap.add_argument("--compare-inter-node-gbps", type=positive_float("--compare-inter-node-gbps"),
                     help="what-if: a second series with this network bandwidth per GPU (GB/s)")
     ap.add_argument("--validate-csv", help="results CSV of `plan validate`: overlay its measured points")
-    ap.add_argument("--top-k", type=_positive_int("--top-k"), default=DEFAULT_TOP_K,
+    ap.add_argument("--top-k", type=positive_int("--top-k"), default=DEFAULT_TOP_K,
                     help=f"plans kept per point by the search (default {DEFAULT_TOP_K}; only the best is reported)")
     add_runtime_arg(ap)
     ap.add_argument("--exact", action="store_true",

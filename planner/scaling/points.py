@@ -83,7 +83,7 @@ def _layers_per_rank(plan) -> str:
 
 def run_point(args, series: Series, model, n: int, n0: int, top_k: int) -> tuple[dict, object | None]:
     """One row of the CSV and the best plan (None when nothing fits or the point is impossible)."""
-    from planner.cli import resolve_inputs
+    from planner.arguments import resolve_inputs
     from planner.breakdown import BREAKDOWN_ORDER
     from planner.search import Pins, search
 

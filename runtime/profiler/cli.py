@@ -16,10 +16,10 @@ from planner.errors import PlanError
 
 
 def parser() -> argparse.ArgumentParser:
-    from planner.cli import _Parser  # argparse errors as one sentence, exit 1
+    from planner.arguments import Parser  # argparse errors as one sentence, exit 1
     from planner.limits import MAX_GPUS_PER_NODE, MAX_NETWORK_GB_PER_S, MAX_SECONDS, float_arg, int_arg
 
-    p = _Parser(prog="plan profile", description="Time this machine's kernels and collectives "
+    p = Parser(prog="plan profile", description="Time this machine's kernels and collectives "
                                 "(the ones the runtime runs) and write a profile the planner reads.")
     p.add_argument("--out", "-o", help="profile file to write (default: profile-<gpu kind>.json)")
     p.add_argument("--quick", action="store_true", help="coarser grids: under a minute on one GPU node")

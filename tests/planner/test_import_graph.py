@@ -143,3 +143,10 @@ def test_planner_imports_neither_runtime_nor_torch():
             if dotted.split(".")[0] in ("runtime", "torch"):
                 bad.append(f"{name} imports {dotted}")
     assert not bad, "; ".join(sorted(set(bad)))
+
+
+def test_plan_is_on_top_no_module_imports_the_command_line():
+    """planner/cli.py is the top of the graph: the subcommands take their argument helpers from planner.arguments."""
+    graph = import_graph()
+    importers = sorted(k for k, v in graph.items() if "planner.cli" in v and k not in ("planner.cli", "planner.__main__"))
+    assert not importers, f"modules importing planner.cli: {', '.join(importers)}"

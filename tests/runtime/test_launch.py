@@ -227,6 +227,20 @@ def test_worker_checks_before_joining_the_group(tmp_path, monkeypatch):
     assert (tmp_path / "err").read_text() == "1\nfirst\n"
 
 
+@pytest.mark.parametrize("flag, value", [("--steps", "0"), ("--save-every", "-1"), ("--peak-tflops", "nan"),
+                                         ("--memory-step", "-2"), ("--data-dtype", "int8")])
+def test_launcher_and_workers_refuse_a_bad_value_with_the_same_sentence(flag, value):
+    """`plan launch`'s flags have one definition (planner.launch_command.add_launch_flags): its workers refuse a bad
+    value with the launcher's sentence, before any work."""
+    from planner.launch_command import build_parser
+    from runtime import train
+    with pytest.raises(PlanError) as launcher:
+        build_parser().parse_args(["p.json", flag, value])
+    with pytest.raises(PlanError) as worker:
+        train.parse_args(["--plan", "p.json", flag, value])
+    assert str(launcher.value).split(" (see")[0] == str(worker.value).split(" (see")[0]
+
+
 def test_torchrun_output_is_kept_unless_a_worker_reported(capsys):
     """run_torchrun with stand-ins for torchrun: output of an unknown failure is passed on with its exit code; a
     failure whose sentence was reported through the error file is that sentence alone, with the worker's code."""
