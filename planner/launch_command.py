@@ -45,6 +45,15 @@ def _flag_definitions() -> dict[str, dict]:
                               help="record the CUDA allocator during this step (1-based) and write what is alive "
                                    "at its peak"),
         "--memory-out": dict(default=None, help="prefix of --memory-step's files: PREFIX.rank<r>.json"),
+        "--init-from": dict(default=None, metavar="DIR",
+                            help="start from the Hugging Face checkpoint in DIR (config.json and safetensors, one "
+                                 "file or sharded with its index); each rank reads only the slices it holds"),
+        "--save-hf": dict(default=None, metavar="DIR",
+                          help="write the trained weights as a Hugging Face checkpoint to DIR at the end, and to "
+                               "DIR-stepNNNNNN at every --save-every"),
+        "--hf-config": dict(default=None, metavar="CONFIG",
+                            help="the model's Hugging Face config.json that --save-hf writes beside the weights "
+                                 "(default: --init-from's)"),
         "--nproc-per-node": dict(type=int_arg("--nproc-per-node", 1, MAX_GPUS_PER_NODE), default=None,
                                  help="processes on this node (default: the plan's world size / --nnodes)"),
         "--nnodes": dict(type=int_arg("--nnodes", 1, MAX_GPUS), default=1, help="nodes taking part (default 1)"),
@@ -60,7 +69,7 @@ planner/lr_schedule.py declares them (add_options)."""
 
 WORKER_FLAGS = ("--steps", "--device", "--data", "--data-dtype", "--ckpt-dir", "--save-every", "--resume",
                 "--override-lr-schedule", "--results", "--peak-tflops", LR_AND_ADAMW, "--compile", "--memory-step",
-                "--memory-out")
+                "--memory-out", "--init-from", "--save-hf", "--hf-config")
 """The flags `plan launch` passes on to every worker (runtime.train), besides the plan file(s)."""
 
 NODE_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
@@ -134,6 +143,9 @@ def torchrun_command(args, nproc: int, results: Path, plans: list[str] | None = 
         cmd += ["--compile"]
     if getattr(args, "memory_step", 0):
         cmd += ["--memory-step", str(args.memory_step), "--memory-out", str(args.memory_out)]
+    for flag in ("init_from", "save_hf", "hf_config"):
+        if getattr(args, flag, None):
+            cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     if components is not None:
         cmd += ["--components-out", str(components)]
     return cmd

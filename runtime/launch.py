@@ -59,6 +59,9 @@ def check(args) -> tuple[Plan, int, Path]:
         check_dir(args.ckpt_dir, args.resume, settings, args.override_lr_schedule,
                   report=lambda note: print(f"plan: {note}", file=sys.stderr, flush=True))
     check_memory_trace(args, nproc)
+    if args.init_from or args.save_hf or args.hf_config:
+        from runtime.hf.checks import check_launch_folders
+        check_launch_folders(plan.model, args.init_from, args.save_hf, args.hf_config, args.save_every)
     return plan, nproc, results
 
 

@@ -352,6 +352,16 @@ class Trainer:
         """A checkpoint of `step` in --ckpt-dir (every rank calls it)."""
         checkpoint.save(self.args.ckpt_dir, step, self.opt, self.groups, self.settings, self.plan_hash)
 
+    def save_hf(self, step: int, final: bool) -> None:
+        """With --save-hf, the weights as a Hugging Face checkpoint (every rank calls it): in --save-hf at the end
+        of the run, in --save-hf-stepNNNNNN at a --save-every step."""
+        if not self.args.save_hf:
+            return
+        from runtime.hf import save_hf_weights
+        out = self.args.save_hf if final else f"{self.args.save_hf}-step{step:06d}"
+        config = self.args.hf_config or str(Path(self.args.init_from) / "config.json")
+        save_hf_weights(self.stages, self.plan, self.groups, out, config)
+
     def close(self) -> None:
         """Stop the prefetcher, close the step CSV and release the optimizer."""
         self.prefetch.close()
@@ -375,6 +385,9 @@ def build_trainer(plan: Plan, args, groups, cuda: bool, local_rank: int, results
         if why:
             raise PlanError(why)
     stages = build_rank_stages(plan, groups, device, lay.overlap_tp, args.seed, args.compile)
+    if args.init_from:  # before the optimizer takes its fp32 master copy of the weights
+        from runtime.hf import load_hf_weights
+        load_hf_weights(stages, plan, groups, args.init_from)
     compute = torch.bfloat16 if cuda else torch.float32
     settings = optimizer_settings(args)
     adam = AdamConfig(lr=settings.schedule.peak_lr, weight_decay=settings.weight_decay, grad_clip=settings.clip_grad)
@@ -506,6 +519,7 @@ def run_steps(t: Trainer) -> RunOutcome:
             if t.graphed is not None:
                 t.graphed.sync_params()
             t.save(done)
+            t.save_hf(done, final=False)
             supervise.progress()
             last_saved = done
         if stopped:
@@ -530,6 +544,7 @@ def finish_run(t: Trainer, outcome: RunOutcome, components_path: str | None) -> 
         t.graphed.sync_params()
     if t.args.ckpt_dir and outcome.last_saved != done:
         t.save(done)  # at exit
+    t.save_hf(done, final=True)
     if components_path and not outcome.stopped:
         mbs = t.prefetch.next()[0]  # fetched before the trace: its host-to-device copy is not the step's
         lr = t.settings.schedule.at(done)

@@ -178,3 +178,33 @@ def check_folder(hf_dir, spec: ModelSpec) -> CheckedFolder:
     if missing:
         raise PlanError(f"the index of '{root}' names tensor '{missing[0]}', which its file does not hold")
     return CheckedFolder(root, cfg, model_type, files, shapes)
+
+
+def check_launch_folders(spec: ModelSpec, init_from, save_hf, hf_config, save_every: int) -> None:
+    """`plan launch`'s checks of its Hugging Face flags, before any worker starts: the --init-from folder passes
+    check_folder; --save-hf has a config to write (--hf-config, else --init-from's) that matches the plan's model,
+    names a type whose weights are mapped, and neither it nor a step folder it would write exists yet."""
+    if init_from:
+        check_folder(init_from, spec)
+    if not save_hf:
+        if hf_config:
+            raise PlanError("--hf-config is the config --save-hf writes; give --save-hf too")
+        return
+    config = Path(hf_config) if hf_config else (Path(init_from) / "config.json" if init_from else None)
+    if config is None:
+        raise PlanError("--save-hf needs the model's Hugging Face config.json: give --init-from or --hf-config")
+    if not config.is_file():
+        raise PlanError(f"--save-hf's config '{config}' does not exist or is not a file")
+    cfg = json.loads(config.read_text())
+    model_type = str(cfg.get("model_type", "")).lower() if isinstance(cfg, dict) else ""
+    refuse_approximated_model_type(model_type)
+    if model_type not in SUPPORTED_TYPES:
+        raise PlanError(f"--save-hf's config '{config}' has model_type '{model_type}', whose weights parallel-plan "
+                        f"does not map; it writes {', '.join(SUPPORTED_TYPES)}")
+    compare_spec(spec, config)
+    out = Path(save_hf)
+    taken = [out] if out.exists() or out.is_symlink() else []
+    if save_every:
+        taken += sorted(p for p in out.parent.glob(out.name + "-step*") if p.exists() or p.is_symlink())
+    if taken:
+        raise PlanError(f"--save-hf's folder '{taken[0]}' exists already; parallel-plan never overwrites a checkpoint")
