@@ -17,7 +17,7 @@ from planner.errors import PlanError
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="plan validate --simulate",
+    ap = argparse.ArgumentParser(prog="plan validate PLAN --simulate",
                                  description="Build and step a plan's ranks under a fake process group and fake "
                                              "tensors; traced memory and collectives beside the prediction.")
     ap.add_argument("plan")
@@ -71,6 +71,7 @@ def simulate_ranks(plan_path: str, ranks: list[int], steps: int = 2) -> list[dic
 
 
 def main(argv=None) -> int:
+    """`plan validate PLAN --simulate ...` (runtime/validate.py hands its arguments here) and the child processes."""
     args = parse_args(argv)
     if args.one_rank is not None:
         return _one_rank(args)
