@@ -22,7 +22,7 @@ def parse_args(argv=None):
                                              "tensors; traced memory and collectives beside the prediction.")
     ap.add_argument("plan")
     ap.add_argument("--ranks", default=None, help="'all' or a comma-separated list (default: one of each role)")
-    ap.add_argument("--steps", type=int, default=2, help="steps per rank; the last is traced (default 2)")
+    ap.add_argument("--steps", type=int, default=1, help="steps per rank; the last is traced (default 1)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-o", "--output", default=None, help="folder for simulation.json")
     ap.add_argument("--one-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -51,7 +51,7 @@ def _one_rank(args) -> int:
     return 0
 
 
-def simulate_ranks(plan_path: str, ranks: list[int], steps: int = 2) -> list[dict]:
+def simulate_ranks(plan_path: str, ranks: list[int], steps: int = 1) -> list[dict]:
     """Each rank in its own `python -m runtime.simulate --one-rank` process; their JSON entries in order."""
     entries = []
     with tempfile.TemporaryDirectory(prefix="plan-simulate-") as tmp:

@@ -12,7 +12,7 @@ what is kept for backward:
     dtypes, and its autograd function saves exactly the tensors it saves on a GPU;
   * scaled_dot_product_attention runs the flash-attention operator (what an H100/H200 runs for bf16 with
     head_dim <= 256), whose fake kernel gives the output and the fp32 log-sum-exp kept for backward; the CPU's
-    math kernel would keep the [s, s] probabilities instead.
+    math kernel would keep the [s, s] probabilities instead; ring attention's blocks likewise (`_gpu_ring_attention`).
 Why not a fake "cuda" device: a CPU-only PyTorch has no CUDA device guard (indexing sets one) and its autograd
 engine refuses CUDA tensors without an accelerator, so backward cannot run there.
 Branches on `tensor.is_cuda` still take their CPU side (runtime/simulate/run.py, CPU_SIDE_BRANCHES, lists them).
@@ -63,6 +63,22 @@ def _gpu_attention():
 
 
 @contextlib.contextmanager
+def _gpu_ring_attention():
+    """Ring attention's block kernel as on a GPU: flash attention wherever the GPU would run flash or cuDNN (both
+    keep the block's output and its fp32 log-sum-exp), not the CPU's math kernel with its [s, s] scores."""
+    import runtime.parallel.context as context
+
+    saved = context._use_flash, context._use_cudnn
+    context._use_flash = lambda q: q.dtype in (torch.float16, torch.bfloat16) and q.size(-1) % 8 == 0 \
+        and q.size(-1) <= 256
+    context._use_cudnn = lambda q: False
+    try:
+        yield
+    finally:
+        context._use_flash, context._use_cudnn = saved
+
+
+@contextlib.contextmanager
 def _inert_triton_launches():
     """Every `kernel[grid](...)` launch returns without running: its outputs were allocated by its caller."""
     try:
@@ -97,5 +113,5 @@ def fake_device():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with _inert_triton_launches(), _gpu_attention(), _no_weight_init(), mode:
+    with _inert_triton_launches(), _gpu_attention(), _gpu_ring_attention(), _no_weight_init(), mode:
         yield mode

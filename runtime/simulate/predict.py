@@ -5,7 +5,7 @@ seconds; this module restates those bytes, term by term, per (kind, group) and p
 simulation's traced collectives can be set beside them:
   tp   per layer and micro-batch: forward all-gather + reduce-scatter of [tokens, hidden] bf16 per GEMM pair
        (two pairs in a dense layer, one in an MoE layer), backward two all-gathers + one reduce-scatter per pair
-       (layer.py); the head's and embedding's gathers and scatters and the loss's two fp32 all-reduces (_ends);
+       (layer.py), and a fully recomputed layer's forward once more (terms.py full_recompute_s); the head's and embedding's gathers and scatters and the loss's two fp32 all-reduces (_ends);
        the gradients of TP-replicated parameters all-reduced once per step (data_parallel.py tp_grad_reduce_s)
   dp   the gradient reduce-scatter and the parameter all-gather of the rank's parameters over dp x cp (experts
        over their expert-data-parallel group), an all-reduce under 'none', per micro-batch where the level says
@@ -55,8 +55,9 @@ def predicted_collectives(cm: CostModel, plan: Plan, pp_rank: int) -> dict[tuple
     if t > 1:
         nbytes = BF16 * T * m.hidden
         pairs = 1 if m.is_moe else 2
-        out[("all_gather", "tp")] += n * layers * 3 * pairs * nbytes
-        out[("reduce_scatter", "tp")] += n * layers * 2 * pairs * nbytes
+        full = sum(st.full_recompute_layers for _, st in rank_stages)  # their forward again (full_recompute_s)
+        out[("all_gather", "tp")] += n * (3 * layers + full) * pairs * nbytes
+        out[("reduce_scatter", "tp")] += n * (2 * layers + full) * pairs * nbytes
         if first:
             out[("all_gather", "tp")] += n * nbytes
             out[("reduce_scatter", "tp")] += n * nbytes

@@ -18,7 +18,7 @@ def rank_json(r) -> dict:
         "collectives": [{"kind": c.kind, "group": c.group, "group_size": c.group_size, "count": c.count,
                          "predicted_bytes": c.predicted_bytes, "traced_bytes": c.traced_bytes}
                         for c in r.collectives],
-        "seconds": r.seconds, "build_seconds": r.build_seconds,
+        "seconds": r.seconds, "build_seconds": r.build_seconds, "cpu_seconds": r.cpu_seconds,
     }
 
 
@@ -32,7 +32,7 @@ def table(plan_name: str, entries: list[dict]) -> str:
     """The per-rank tables of rank_json entries."""
     lines = [f"simulated {plan_name}: {len(entries)} rank(s), fake process group and fake tensors"]
     for e in entries:
-        lines.append(f"\nrank {e['rank']} (pipeline rank {e['stage']}), {e['seconds']:.1f} s")
+        lines.append(f"\nrank {e['rank']} (pipeline rank {e['stage']}), {e['seconds']:.1f} s ({e.get('cpu_seconds', 0):.1f} s CPU)")
         lines.append(f"  {'memory (GiB)':<16}{'predicted':>11}{'traced':>11}{'error':>9}")
         for k in PART_NAMES:
             p, t = e["predicted_parts_gib"][k], e["traced_parts_gib"][k]

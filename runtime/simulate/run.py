@@ -3,7 +3,8 @@ training steps, and set what it held and sent beside the planner's prediction.
 
 Call `simulate_rank` in a fresh process (`python -m runtime.simulate`, one process per rank): the fake process
 group is the process's default group, and runtime/simulate/fake_world.py patches module attributes for the run.
-The first step warms up (the optimizer's lazily built views, the schedule's cache); the last one is traced.
+One step is traced by default: every state tensor exists once the optimizer is built, and what the first step
+builds lazily (the optimizer's segment views and scalars) is bytes; with more steps the last one is traced.
 
 Where the simulated step differs from a GPU step (CPU_SIDE_BRANCHES): branches on `tensor.is_cuda` take their
 CPU side, which changes no tensor the planner counts except where listed there.
@@ -21,7 +22,7 @@ CPU_SIDE_BRANCHES = (
     "runtime/attention.py: GQA is passed to the fused kernel with enable_gqa on both sides (same tensors kept)",
     "runtime/parallel/router.py: the router's logits GEMM upcasts x to fp32 on CPU (keeps an fp32 copy of x)",
     "runtime/parallel/expert_mlp.py: no torch._grouped_mm (capability query): the loop over experts",
-    "runtime/parallel/context.py: ring attention's block kernel is the math one (keeps [s, s] per block)",
+    "runtime/parallel/context.py: ring attention's blocks run flash where a GPU may run cuDNN (same tensors kept)",
     "runtime/parallel/distributed_optimizer.py: no side stream for the bucket norms (no memory change)",
 )
 
@@ -53,6 +54,8 @@ class RankResult:
     collectives: list = field(default_factory=list)
     seconds: float = 0.0
     build_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    """This process's CPU time (wall time less what other processes took of a shared machine)."""
 
     @property
     def traced_tensor_gib(self) -> float:
@@ -109,7 +112,7 @@ def _build(plan: Plan, groups, device):
     return stages, opt
 
 
-def trace_rank(plan: Plan, rank: int, steps: int = 2):
+def trace_rank(plan: Plan, rank: int, steps: int = 1):
     """(tracker, groups, seconds to build) of `steps` fake training steps of `rank`, the last one traced."""
     from runtime.mesh import build_groups
     from runtime.simulate.fake_world import fake_device, fake_world
@@ -154,19 +157,19 @@ def _group_dims(lay) -> dict[str, int]:
             "expert_dp": lay.dp * lay.cp // lay.ep}
 
 
-def simulate_rank(plan: Plan, rank: int, steps: int = 2) -> RankResult:
+def simulate_rank(plan: Plan, rank: int, steps: int = 1) -> RankResult:
     """Simulate `rank` of `plan` (in a fresh process) and set it beside the planner's prediction."""
+    from planner import memory as mem
     from runtime.mesh import coordinates
     from runtime.simulate.memory import predicted_parts
     from runtime.simulate.predict import cost_model, predicted_collectives
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tracker, groups, built = trace_rank(plan, rank, steps)
     lay = plan.layout
     coords = coordinates(rank, lay)
     cm = cost_model(plan)
     pred = predicted_parts(cm, plan, coords["pp_rank"])
-    from planner import memory as mem
     total = pred.tensor_bytes + mem.cublas_workspace_bytes(cm.lay, cm.cluster.gpu)
     expected = predicted_collectives(cm, plan, coords["pp_rank"])
     rows = []
@@ -177,4 +180,5 @@ def simulate_rank(plan: Plan, rank: int, steps: int = 2) -> RankResult:
         rows.append(CollectiveRow(kind, group, dims.get(group, 0), 0, 0, b))
     return RankResult(rank=rank, stage=coords["pp_rank"], coordinates=coords, traced=dict(tracker.peak.parts),
                       predicted={k: float(v) for k, v in vars(pred).items()}, predicted_total_gib=total / 2**30,
-                      collectives=rows, seconds=time.perf_counter() - t0, build_seconds=built)
+                      collectives=rows, seconds=time.perf_counter() - t0, build_seconds=built,
+                      cpu_seconds=time.process_time() - c0)

@@ -3,7 +3,7 @@
 `StepTracker` is a TorchDispatchMode entered inside the FakeTensorMode (runtime/simulate/fake_world.py). Every
 operator's output storage is counted once, with its bytes, from its creation until the storage is freed (a
 weak reference's callback), so the tracker knows the live bytes at every moment and keeps the parts of the
-largest moment (`peak`). Parts:
+largest moment (`peak`); a storage resized in place (FSDP2's unsharded parameters) counts its new size. Parts:
   weights, gradients, optimizer   storages alive when the step began, named by `classify` (the optimizer's
                                   flat buffers); other storages alive then count as `other_state`
   activations                     storages created in the step and saved for backward (saved-tensor hooks)
@@ -99,9 +99,7 @@ class StepTracker(TorchDispatchMode):
         self.totals[part] += n
         self._refs[key] = weakref.ref(storage, lambda _, key=key: self._drop(key))
         if self.recording:
-            total = sum(self.totals.values())
-            if total > self.peak.total_bytes:
-                self.peak = Peak(total, dict(self.totals))
+            self._note_peak()
 
     def _drop(self, key: int) -> None:
         n, part = self.live.pop(key, (0, None))
@@ -117,12 +115,39 @@ class StepTracker(TorchDispatchMode):
             self.totals[part] += n
             self.live[key] = (n, part)
 
-    def adopt(self, tensors, part: str) -> None:
-        """Count these (already existing) tensors' storages as `part`."""
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                self._add(t.untyped_storage(), part)
-                self._move(t.untyped_storage(), part)
+    def _resized(self, storage) -> None:
+        """A storage resized in place (FSDP2 frees and refills its unsharded parameters so): count its new size."""
+        key = id(storage)
+        if key in self.live:
+            n, part = self.live[key]
+            new = storage.nbytes()
+            self.totals[part] += new - n
+            self.live[key] = (new, part)
+            if self.recording and new > n:
+                self._note_peak()
+        else:
+            self._add(storage, "temporaries")
+
+    def _note_peak(self) -> None:
+        total = sum(self.totals.values())
+        if total > self.peak.total_bytes:
+            self.peak = Peak(total, dict(self.totals))
+
+    def __enter__(self):
+        tracker, original = self, torch.UntypedStorage.resize_
+
+        def resize_(storage, size):
+            out = original(storage, size)
+            tracker._resized(storage)
+            return out
+
+        self._original_resize = original
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._original_resize
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
