@@ -42,9 +42,15 @@ def _one_rank(args) -> int:
     from runtime.simulate.report import rank_json
     from runtime.simulate.run import simulate_rank
 
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
     plan = Plan.load(Path(args.plan))
     try:
         out = rank_json(simulate_rank(plan, args.one_rank, args.steps))
+    except DataDependentOutputException as exc:
+        out = {"rank": args.one_rank, "error": f"the step reads a tensor's values back to the host ({exc.func}), which "
+               "fake tensors do not hold: MoE layers read their routed token counts so (runtime/parallel/"
+               "expert_dispatch.py), and the simulation does not run them yet"}
     except (ValueError, RuntimeError, AssertionError, PlanError) as exc:
         out = {"rank": args.one_rank, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     Path(args.result).write_text(json.dumps(out) + "\n")

@@ -12,7 +12,8 @@ simulation's traced collectives can be set beside them:
        (data_parallel.py dp_comm_s)
   pp   one [tokens, hidden / tp] bf16 activation per hop and micro-batch (comm.py p2p_s), sent forward by every
        chunk but the last stage and backward by every chunk but the first, received likewise
-Context-parallel and expert-parallel terms are not restated yet (the table then shows their traced bytes alone).
+  cp   ring attention's K/V (and in backward dK/dV) passes, cp - 1 per layer and micro-batch (layer.py)
+Expert-parallel terms are not restated yet (the table then shows their traced bytes alone).
 Where the cost model puts a term on another rank than the runtime issues it (the embedding's TP collectives are
 priced with the head's, on the last stage), the bytes here follow the runtime: they are on the first stage.
 """
@@ -69,6 +70,8 @@ def predicted_collectives(cm: CostModel, plan: Plan, pp_rank: int) -> dict[tuple
         calls = n if lay.sharding == "optimizer+grads" else 1
         out[("all_reduce", "tp")] += calls * sum(k * mem.grad_bytes(lay) * e / shard
                                               for k, e in mem.tp_replicated_tensors(m, lay.ep, layers, first, last))
+    if lay.cp > 1:
+        _context_parallel(cm, out, layers + sum(st.full_recompute_layers for _, st in rank_stages), layers)
     _data_parallel(cm, out, *cm.rank_params(rank_stages))
     if lay.pp > 1:
         hop = BF16 * T * m.hidden / t
@@ -77,6 +80,18 @@ def predicted_collectives(cm: CostModel, plan: Plan, pp_rank: int) -> dict[tuple
         out[("send", "pp")] += n * (fwd_hops + bwd_hops) * hop
         out[("recv", "pp")] += n * (fwd_hops + bwd_hops) * hop
     return dict(out)
+
+
+def _context_parallel(cm: CostModel, out: dict, forwards: float, backwards: float) -> None:
+    """Ring attention per micro-batch (layer.py): cp - 1 steps pass K and V in each forward; each backward passes
+    K and V again and dK, dV (cp - 1 bf16 steps, or cp fp32 steps of twice the bytes under cp_fp32_buffers)."""
+    m, lay, t = cm.m, cm.lay, cm.lay.tp
+    kv_heads = m.num_heads if cm.target.cp_kv_expanded else m.num_kv_heads
+    kv = BF16 * 2 * lay.micro_batch * (kv_heads // t) * (cm.shape.seq_len // lay.cp) * m.head_dim
+    grad = lay.cp * 2 * kv if cm.target.cp_fp32_buffers else (lay.cp - 1) * kv
+    per_mb = forwards * (lay.cp - 1) * kv + backwards * ((lay.cp - 1) * kv + grad)
+    out[("send", "cp")] += cm.num_micro * per_mb
+    out[("recv", "cp")] += cm.num_micro * per_mb
 
 
 def _data_parallel(cm: CostModel, out: dict, dense: float, expert: float) -> None:
