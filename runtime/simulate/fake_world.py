@@ -15,7 +15,8 @@ what is kept for backward:
     math kernel would keep the [s, s] probabilities instead; ring attention's blocks likewise (`_gpu_ring_attention`).
 Why not a fake "cuda" device: a CPU-only PyTorch has no CUDA device guard (indexing sets one) and its autograd
 engine refuses CUDA tensors without an accelerator, so backward cannot run there.
-Branches on `tensor.is_cuda` still take their CPU side (runtime/simulate/run.py, CPU_SIDE_BRANCHES, lists them).
+MoE layers run their grouped GEMMs and an evenly balanced routing (`_gpu_experts`).
+Other branches on `tensor.is_cuda` still take their CPU side (runtime/simulate/run.py, CPU_SIDE_BRANCHES, lists them).
 """
 from __future__ import annotations
 
@@ -78,6 +79,36 @@ def _gpu_ring_attention():
         context._use_flash, context._use_cudnn = saved
 
 
+def _even(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+def balanced_split_sizes(sizes, rows: int, chunks: int, ep: int, local_experts: int) -> list[int]:
+    """runtime/parallel/expert_dispatch.host_split_sizes for an evenly balanced routing: each dispatch chunk
+    sends its rows evenly to the ep ranks, receives as many as it sends (every rank routes alike), and spreads
+    them evenly over the local experts."""
+    send = [n for c in _even(rows, chunks) for n in _even(c, ep)]
+    local = [n for c in range(chunks) for n in _even(sum(send[c * ep:(c + 1) * ep]), local_experts)]
+    return send + list(send) + local
+
+
+@contextlib.contextmanager
+def _gpu_experts():
+    """MoE layers as on a Hopper GPU: grouped GEMMs for the local experts (torch._grouped_mm, whose fake kernel
+    needs no row counts on the host) and an evenly balanced routing where the dispatch reads its split sizes."""
+    import runtime.parallel.expert as expert
+    import runtime.parallel.expert_dispatch as dispatch
+
+    saved = expert.grouped_mm_supported, dispatch.host_split_sizes
+    expert.grouped_mm_supported = lambda x, *dims: x.dtype == torch.bfloat16 and all(d % 8 == 0 for d in dims)
+    dispatch.host_split_sizes = balanced_split_sizes
+    try:
+        yield
+    finally:
+        expert.grouped_mm_supported, dispatch.host_split_sizes = saved
+
+
 @contextlib.contextmanager
 def _inert_triton_launches():
     """Every `kernel[grid](...)` launch returns without running: its outputs were allocated by its caller."""
@@ -113,5 +144,5 @@ def fake_device():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with _inert_triton_launches(), _gpu_attention(), _gpu_ring_attention(), _no_weight_init(), mode:
+    with _inert_triton_launches(), _gpu_attention(), _gpu_ring_attention(), _gpu_experts(), _no_weight_init(), mode:
         yield mode

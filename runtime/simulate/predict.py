@@ -13,7 +13,8 @@ simulation's traced collectives can be set beside them:
   pp   one [tokens, hidden / tp] bf16 activation per hop and micro-batch (comm.py p2p_s), sent forward by every
        chunk but the last stage and backward by every chunk but the first, received likewise
   cp   ring attention's K/V (and in backward dK/dV) passes, cp - 1 per layer and micro-batch (layer.py)
-Expert-parallel terms are not restated yet (the table then shows their traced bytes alone).
+  ep   the MoE dispatch and combine all-to-alls of every routed copy (tokens / tp x top_k x hidden, bf16), each way
+       in forward and in backward (layer.py _ep_all_to_all_s; the small all-to-all of the counts is not priced)
 Where the cost model puts a term on another rank than the runtime issues it (the embedding's TP collectives are
 priced with the head's, on the last stage), the bytes here follow the runtime: they are on the first stage.
 """
@@ -70,6 +71,9 @@ def predicted_collectives(cm: CostModel, plan: Plan, pp_rank: int) -> dict[tuple
         calls = n if lay.sharding == "optimizer+grads" else 1
         out[("all_reduce", "tp")] += calls * sum(k * mem.grad_bytes(lay) * e / shard
                                               for k, e in mem.tp_replicated_tensors(m, lay.ep, layers, first, last))
+    if m.is_moe and lay.ep > 1:  # dispatch and combine, each way in forward and again in backward (layer.py)
+        out[("all_to_all", "ep")] += n * 4 * (layers + sum(st.full_recompute_layers for _, st in rank_stages)) \
+            * BF16 * (T / t) * m.top_k * m.hidden
     if lay.cp > 1:
         _context_parallel(cm, out, layers + sum(st.full_recompute_layers for _, st in rank_stages), layers)
     _data_parallel(cm, out, *cm.rank_params(rank_stages))
