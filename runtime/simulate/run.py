@@ -126,6 +126,8 @@ def trace_rank(plan: Plan, rank: int, steps: int = 1):
     t0 = time.perf_counter()
     with fake_device(), tracker, tracker.saved_tensors_hooks():
         stages, opt = _build(plan, groups, device)
+        for st in stages:
+            tracker.keep_outputs(st)
         mbs = _micro_batches(plan, groups, device)
         built = time.perf_counter() - t0
         step = select_train_step(plan.layout)

@@ -6,7 +6,8 @@ weak reference's callback), so the tracker knows the live bytes at every moment 
 largest moment (`peak`); a storage resized in place (FSDP2's unsharded parameters) counts its new size. Parts:
   weights, gradients, optimizer   storages alive when the step began, named by `classify` (the optimizer's
                                   flat buffers); other storages alive then count as `other_state`
-  activations                     storages created in the step and saved for backward (saved-tensor hooks)
+  activations                     storages created in the step and saved for backward (saved-tensor hooks),
+                                  and the pipeline chunks' outputs, held until their backward (keep_outputs)
   temporaries                     every other storage created in the step (outputs, gradients in flight,
                                   communication buffers, the optimizer's scratch)
 Collectives: each `c10d::` operator is recorded as (kind, group) with its bytes, those of its largest
@@ -177,6 +178,15 @@ class StepTracker(TorchDispatchMode):
         if key in self.live and self.live[key][1] == "temporaries":
             self._move(t.untyped_storage(), "activations")
         return t
+
+    def keep_outputs(self, module) -> None:
+        """Count the outputs of `module` (a pipeline chunk) as activations: the schedule holds each until its
+        backward, as the planner counts them (planner/memory.py, pipeline_output_bytes)."""
+        def hook(_module, _inputs, output):
+            for t in _tensors(output):
+                self._pack(t)
+
+        module.register_forward_hook(hook)
 
     def saved_tensors_hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
