@@ -1,7 +1,7 @@
 """`python -m runtime.simulate plan.json [--ranks all|R,R,...] [--json] [-o DIR]`: simulate a plan's ranks.
 
-Each rank runs in a process of its own (`--one-rank R --result FILE`: a fresh fake world per rank), one after
-another; this process gathers their results and prints the table or the JSON object (-o DIR also writes it to
+Each rank runs in a process of its own (`--one-rank R --result FILE`: a fresh fake world per rank), --jobs of
+them at once; this process gathers their results and prints the table or the JSON object (-o DIR also writes it to
 DIR/simulation.json). A rank whose build or step fails is refused in one sentence naming the rank."""
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ def parse_args(argv=None):
     ap.add_argument("plan")
     ap.add_argument("--ranks", default=None, help="'all' or a comma-separated list (default: one of each role)")
     ap.add_argument("--steps", type=int, default=1, help="steps per rank; the last is traced (default 1)")
+    ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)),
+                    help="ranks simulated at once, each a process of one core (default: 2, or 1 on one core)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-o", "--output", default=None, help="folder for simulation.json")
     ap.add_argument("--one-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -57,23 +59,44 @@ def _one_rank(args) -> int:
     return 0
 
 
-def simulate_ranks(plan_path: str, ranks: list[int], steps: int = 1) -> list[dict]:
-    """Each rank in its own `python -m runtime.simulate --one-rank` process; their JSON entries in order."""
-    entries = []
+def _rank_command(plan_path: str, rank: int, result: Path, steps: int) -> list[str]:
+    return [sys.executable, "-m", "runtime.simulate", plan_path, "--one-rank", str(rank), "--result", str(result),
+            "--steps", str(steps)]
+
+
+def _collect(rank: int, result: Path, proc: subprocess.Popen) -> dict:
+    """A finished rank's JSON entry; a rank that failed is refused in one sentence naming it."""
+    out, err = proc.communicate()
+    if not result.exists():
+        tail = (err or out).strip().splitlines()[-1:] or ["no output"]
+        raise PlanError(f"the simulation of rank {rank} failed: {tail[0]}")
+    entry = json.loads(result.read_text())
+    if "error" in entry:
+        raise PlanError(f"rank {rank} of the plan cannot be built and stepped: {entry['error']}")
+    return entry
+
+
+def simulate_ranks(plan_path: str, ranks: list[int], steps: int = 1, jobs: int = 1) -> list[dict]:
+    """Each rank in its own `python -m runtime.simulate --one-rank` process, at most `jobs` at once; their JSON
+    entries in the order of `ranks`."""
+    entries: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="plan-simulate-") as tmp:
-        for r in ranks:
-            result = Path(tmp) / f"rank{r}.json"
-            cmd = [sys.executable, "-m", "runtime.simulate", plan_path, "--one-rank", str(r), "--result", str(result),
-                   "--steps", str(steps)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
-            if not result.exists():
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise PlanError(f"the simulation of rank {r} failed: {tail[0]}")
-            entry = json.loads(result.read_text())
-            if "error" in entry:
-                raise PlanError(f"rank {r} of the plan cannot be built and stepped: {entry['error']}")
-            entries.append(entry)
-    return entries
+        running: list[tuple[int, Path, subprocess.Popen]] = []
+        try:
+            for r in ranks + [None] * jobs:
+                while running and (r is None or len(running) >= jobs):
+                    rank, result, proc = running.pop(0)
+                    entries[rank] = _collect(rank, result, proc)
+                if r is not None:
+                    result = Path(tmp) / f"rank{r}.json"
+                    proc = subprocess.Popen(_rank_command(plan_path, r, result, steps), stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+                    running.append((r, result, proc))
+        finally:  # a refused rank: the others still running are stopped
+            for _, _, proc in running:
+                proc.kill()
+                proc.communicate()
+    return [entries[r] for r in ranks]
 
 
 def main(argv=None) -> int:
@@ -87,7 +110,9 @@ def main(argv=None) -> int:
 
     plan = Plan.load(Path(args.plan))
     ranks = parse_ranks(args.ranks, plan.layout)
-    entries = simulate_ranks(args.plan, ranks, args.steps)
+    if args.jobs < 1:
+        raise PlanError(f"--jobs must be at least 1, got {args.jobs}")
+    entries = simulate_ranks(args.plan, ranks, args.steps, args.jobs)
     obj = {"plan": args.plan, "model": plan.model.name, "layout": plan.layout.short(),
            "world_size": plan.layout.world_size, "ranks": entries}
     if args.output:
