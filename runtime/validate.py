@@ -516,6 +516,9 @@ def validate(args) -> int:
 
 def main(argv=None) -> int:
     try:
+        if "--simulate" in (argv if argv is not None else sys.argv[1:]):  # runtime/simulate: no training run
+            from runtime.simulate.__main__ import main as simulate
+            return simulate([a for a in (argv if argv is not None else sys.argv[1:]) if a != "--simulate"])
         args = build_parser().parse_args(argv)
         return validate(args)
     except PlanError as exc:

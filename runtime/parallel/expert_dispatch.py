@@ -142,6 +142,13 @@ def regroup_permutation(recv_counts: torch.Tensor, total: int) -> torch.Tensor:
 
 
 
+def host_split_sizes(sizes: torch.Tensor, rows: int, chunks: int, ep: int, local_experts: int) -> list[int]:
+    """sizes on the host: [chunks x ep rows sent to each rank, chunks x ep received from each rank, chunks x
+    local_experts rows for each local expert], of `rows` rows this rank dispatches. runtime/simulate replaces this
+    with an evenly balanced routing's sizes (its fake tensors hold no values)."""
+    return sizes.tolist()
+
+
 def dispatch_compute_combine(tokens: torch.Tensor, counts: torch.Tensor, ep_group, ep: int, local_experts: int,
                              run_local_experts, beside_dispatch=None):
     """tokens: this rank's rows grouped by (chunk, global expert), counts [C, E] rows per group. Each chunk
@@ -159,8 +166,8 @@ def dispatch_compute_combine(tokens: torch.Tensor, counts: torch.Tensor, ep_grou
     rc = recv_counts.view(ep, C, El)
     local_counts = rc.sum(0)                                             # [C, El]
     # the layer's one host synchronisation: all_to_all_single takes its split sizes as lists
-    sizes = torch.cat([counts.view(C, ep, El).sum(2).view(-1), rc.sum(2).t().reshape(-1),
-                       local_counts.view(-1)]).tolist()
+    sizes = host_split_sizes(torch.cat([counts.view(C, ep, El).sum(2).view(-1), rc.sum(2).t().reshape(-1),
+                                        local_counts.view(-1)]), tokens.size(0), C, ep, El)
     send = [sizes[c * ep:(c + 1) * ep] for c in range(C)]
     recv = [sizes[(C + c) * ep:(C + c + 1) * ep] for c in range(C)]
     host_local = [sizes[2 * C * ep + c * El:2 * C * ep + (c + 1) * El] for c in range(C)]
