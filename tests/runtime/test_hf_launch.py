@@ -1,0 +1,88 @@
+"""`plan launch --init-from DIR --save-hf DIR` as a user runs it: a tiny Llama made with transformers is planned from
+its config.json, loaded into a TP2 x DP2 plan on CPU, trained 3 steps and written back, and transformers loads the
+result with no key missing or unexpected. The loaded weights are the checkpoint's under every layout (the first
+step's loss is the same at TP2 x DP2 and at DP4, and differs from a run from random weights), and the launcher
+refuses bad Hugging Face flags in one sentence before any worker starts. (tests/runtime/test_hf_weights.py checks
+the numbers against transformers' forward per model type.)"""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from runtime.launch import main  # noqa: E402
+from tests.runtime import hf_models  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _plan(tmp_path: Path, folder: Path, name: str, **degrees) -> Path:
+    out = tmp_path / f"{name}.json"
+    pins = [f"--{k}={v}" for k, v in degrees.items()]
+    cmd = [sys.executable, "-m", "planner.cli", "--model", str(folder / "config.json"), "--gpus", "4",
+           "--gpus-per-node", "4", "--pp", "1", "--seq-len", "16", "--global-batch", "4", "--micro-batch", "1",
+           *pins, "-o", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def _launch(plan: Path, *flags) -> int:
+    return main([str(plan), "--device", "cpu", "--steps", "3", "--timeout", "240", *map(str, flags)])
+
+
+def _losses(results: Path) -> list[float]:
+    with open(results) as f:
+        return [float(r["loss"]) for r in csv.DictReader(f)]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hf") / "llama"
+    hf_models.make_hf_model("llama", folder)
+    return folder
+
+
+def test_init_from_train_save_hf_and_transformers_loads_it(tmp_path, llama):
+    import transformers
+    plan = _plan(tmp_path, llama, "tp2dp2", tp=2, dp=2)
+    out = tmp_path / "trained"
+    assert _launch(plan, "--init-from", llama, "--save-hf", out, "--results", tmp_path / "a.csv") == 0
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    start = transformers.AutoModelForCausalLM.from_pretrained(llama)
+    trained, initial = dict(model.named_parameters()), dict(start.named_parameters())
+    assert trained.keys() == initial.keys()
+    assert any(not torch.equal(trained[n].float(), initial[n].float()) for n in trained), "3 steps changed nothing"
+
+    # the same checkpoint under another layout starts from the same loss; random weights do not
+    dp4 = _plan(tmp_path, llama, "dp4", tp=1, dp=4)
+    assert _launch(dp4, "--init-from", llama, "--results", tmp_path / "b.csv") == 0
+    assert _launch(dp4, "--results", tmp_path / "c.csv") == 0
+    a, b, c = (_losses(tmp_path / f"{x}.csv") for x in "abc")
+    assert abs(a[0] - b[0]) < 1e-4, (a, b)
+    assert abs(a[0] - c[0]) > 1e-3, (a, c)
+
+
+def test_bad_hf_flags_are_one_sentence_and_start_nothing(tmp_path, llama, capsys):
+    plan = _plan(tmp_path, llama, "tp2dp2", tp=2, dp=2)
+    cases = [
+        (["--save-hf", tmp_path / "x"], "--save-hf needs the model's Hugging Face config.json"),
+        (["--hf-config", llama / "config.json"], "--hf-config is the config --save-hf writes"),
+        (["--init-from", tmp_path / "nowhere"], "does not exist or is not a folder"),
+        (["--init-from", llama, "--save-hf", llama], "exists already"),
+    ]
+    for flags, words in cases:
+        assert _launch(plan, *flags, "--results", tmp_path / "r.csv") == 1
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "Traceback" not in err, err
+        assert words in err, err
+        assert not (tmp_path / "r.csv").exists() and not (tmp_path / "x").exists()
