@@ -212,7 +212,7 @@ def worker(args) -> int:
     from planner.plan import Plan
     from runtime.data import Prefetcher, open_source, step_micro_batches
     from runtime.mesh import build_groups
-    from runtime.parallel.data import AdamConfig, build_optimizer
+    from runtime.parallel.data_parallel import AdamConfig, build_optimizer
     from runtime.step import select_train_step
     from runtime.train import build_rank_stages
 

@@ -76,7 +76,7 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
     if why:
         return why
     if lay.sharding == "full" and lay.ep > 1:
-        # runtime/parallel/data.py's FSDP path shards expert weights over all data x context ranks instead
+        # runtime/parallel/data_parallel.py's FSDP path shards expert weights over all data x context ranks instead
         # of the expert-data-parallel group; refuse the layout rather than plan what the runtime gets wrong
         return "fully sharded data parallelism with expert parallelism is not supported by the runtime yet"
     if lay.sharding != "none" and lay.dp * lay.cp == 1:

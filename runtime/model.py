@@ -120,14 +120,14 @@ class Attention(nn.Module):
         self.proj = RowParallelLinear(spec.q_width, spec.hidden, spec.has_attn_out_bias, groups.tp,
                                       std=0.02 / math.sqrt(2 * spec.num_layers))
         # Qwen3's q/k norms: [d] weights whole on every TP rank; each rank normalises its own heads, so its gradient
-        # is a partial sum, all-reduced over TP like the sequence-parallel norms' (runtime/parallel/data.py)
+        # is a partial sum, all-reduced over TP like the sequence-parallel norms' (runtime/parallel/data_parallel.py)
         self.q_norm = _tp_param((self.d,), None, init=("ones",), sequence_parallel=True) if spec.qk_norm else None
         self.k_norm = _tp_param((self.d,), None, init=("ones",), sequence_parallel=True) if spec.qk_norm else None
 
     def qk_normalize(self, qkv):
         """qkv [s, b, (heads + 2 kv_heads) d] with each head of q and of k RMS-normalised over d and scaled by q_norm /
         k_norm (Qwen3), v as it was: a new tensor in qkv's layout, so the fused rotary takes it as before. The norms
-        keep their input (a view into qkv, which so stays alive) and an fp32 rstd per head (planner/memory.py)."""
+        keep their input (a view into qkv, which so stays alive) and an fp32 rstd per head (planner/memory/model.py)."""
         eps = self.spec.norm_eps
         if qk_norm_fused(qkv):  # one Triton kernel each way in qkv's layout (runtime/qk_norm.py)
             return qk_norm(qkv, self.q_norm, self.k_norm, self.heads, self.kv_heads, eps)

@@ -37,7 +37,7 @@ from runtime import checkpoint, supervise
 from runtime.data import Prefetcher, open_source, step_micro_batches
 from runtime.mesh import build_groups
 from runtime.model import build_stage
-from runtime.parallel.data import GRAD_DTYPES, AdamConfig, build_optimizer
+from runtime.parallel.data_parallel import GRAD_DTYPES, AdamConfig, build_optimizer
 from runtime.step import select_train_step
 from runtime.trace_analysis import RankComponents
 
@@ -666,7 +666,7 @@ def _release(cuda: bool) -> None:
     if cuda:
         torch.cuda.synchronize()
         # cuBLAS workspaces (32 MiB per stream that ran a GEMM) live until cleared: the next plan allocates its
-        # own, as in a fresh process, and its peak counts them as the planner does (planner/memory.py)
+        # own, as in a fresh process, and its peak counts them as the planner does (planner/memory/model.py)
         clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
         if clear_workspaces is not None:
             clear_workspaces()

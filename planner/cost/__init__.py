@@ -14,7 +14,7 @@ and forward do not hide, then the optimizer step over the local parameter shard.
 
 Modules: terms (units, the overlap rule, the dataclasses of layer, end and memory costs), layer (per layer: compute
 and the TP/CP/EP communication beside it; the embedding and output ends), comm (collective pricing over the
-cluster's links, the pipeline hop), host (the kernel-issue floor), rank_memory (parameters and memory per rank),
+cluster's links, the pipeline hop), host (the kernel-issue floor), planner/memory/ranks.py (parameters and memory per rank),
 data_parallel (gradient and parameter traffic, optimizer step), step (CostModel assembling them; evaluate).
 """
 from planner.cost.step import CostModel, evaluate

@@ -102,13 +102,13 @@ class DataParallelTerms:
                 + self.param_bookkeeping_s(dense + expert, shard, num_micro, fused)) * self.prof.eff("optimizer")
 
     def param_bookkeeping_s(self, local: float, shard: float, num_micro: int, fused: float = 0.0) -> float:
-        """Memory traffic the runtime's mixed precision adds per step (counted from runtime/parallel/data.py):
+        """Memory traffic the runtime's mixed precision adds per step (counted from runtime/parallel/data_parallel.py):
         every micro-batch each bf16 gradient is added into its fp32 main gradient (read 2 + 4, write 4 B; with
         bf16 main gradients (Layout.grad_dtype) every fp32 figure here is 2 B),
         except the `fused` GEMM weights whose weight-gradient GEMM accumulates into the fp32 main gradient
         itself (that cost is in the profiled wgrad GEMM times); once per step the main gradients are zeroed
         (4 B); over the local shard the gradient norm is read (4 B), except without a data-parallel group,
-        where the runtime takes each bucket's norm beside the rest of backward (runtime/parallel/data.py).
+        where the runtime takes each bucket's norm beside the rest of backward (runtime/parallel/data_parallel.py).
         Clipping and the cast of the updated master weights to bf16 are inside the profiled AdamW step. The
         accumulation at the measured rate of that mixed-precision add ('grad_accumulate'), the rest at the
         rate of a residual add (a pure streaming kernel)."""

@@ -358,7 +358,7 @@ class LayerTerms:
         e1f, e1b = (chunks * x for x in self._grouped_gemm_fwd_bwd_s(local, rows, (2 if m.gated_mlp else 1) * f, h))
         e2f, e2b = (chunks * x for x in self._grouped_gemm_fwd_bwd_s(local, rows, h, f))
         # the grouped GEMMs take the local experts' weights as one [experts, out, in] tensor: a view of the
-        # flat parameter buffer, where runtime/parallel/data.py lays each projection's expert weights out back
+        # flat parameter buffer, where runtime/parallel/data_parallel.py lays each projection's expert weights out back
         # to back (sharding 'none' and 'optimizer'); else (ZeRO-2 may cut them, FSDP owns its own storage)
         # _GroupedLinear stacks a copy in forward and again in backward: a read and a write of every local
         # expert weight (bf16) each way, per micro-batch

@@ -8,7 +8,7 @@ from planner.cost.comm import CommTerms
 from planner.cost.data_parallel import DataParallelTerms
 from planner.cost.host import HostTerms
 from planner.cost.layer import LayerTerms
-from planner.cost.rank_memory import MemoryTermsOfRanks
+from planner.memory.ranks import MemoryTermsOfRanks
 from planner.cost.targets import OURS, RuntimeTarget
 from planner.cost.terms import cached_property
 from planner.model import ModelSpec
@@ -34,7 +34,7 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
       provides `layer` (LayerCosts), `ends` (EndCosts), `activations`, `tokens`.
     - HostTerms (cost/host.py) needs m, lay, prof, target, dispatch_chunks, _shared; provides `stage_host_s`,
       `stage_expert_host_s`, `host_per_layer_s`, `extra_chunk_host_s`.
-    - MemoryTermsOfRanks (cost/rank_memory.py) needs m, shape, lay, cluster, target, _memo, activations, num_micro,
+    - MemoryTermsOfRanks (planner/memory/ranks.py) needs m, shape, lay, cluster, target, _memo, activations, num_micro,
       rank_chunks, in_flight_peaks; provides `rank_memory_bytes`, `memory_terms`, `params_of`, `rank_params`,
       `per_layer_params`, `rank_fixed_bytes`, `memory_lower_bound_bytes`.
     - DataParallelTerms (cost/data_parallel.py) needs m, shape, lay, cluster, prof, target, group_collective_s,

@@ -2,7 +2,7 @@
 gradient hooks that accumulate into the flat buffers' fp32 main gradients (runtime/parallel/flat_buffer.py)
 and launch each bucket's reduction as soon as backward has filled it, the global gradient norm, the fused
 AdamW update of the local shards, the parameter all-gathers waited for per module, and the logical
-(unsharded) state for checkpoints. runtime/parallel/data.py describes the sharding levels.
+(unsharded) state for checkpoints. runtime/parallel/data_parallel.py describes the sharding levels.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ Layout of the weights
     the MoE layer, and the expert (and router) weights are replicated across the TP ranks, each TP rank
     computing their gradient from its own sequence shard.
 
-Gradient reduction (runtime.parallel.data does this; the loss convention there is "sum over dp*cp")
+Gradient reduction (runtime.parallel.data_parallel does this; the loss convention there is "sum over dp*cp")
   * Every expert parameter has `param.expert = True` and `param.sequence_parallel = True`; the router
     weight has `sequence_parallel = True` only.
   * Expert gradients: SUM over the TP group when tp > 1 (each TP rank saw different tokens), then SUM over
@@ -93,7 +93,7 @@ class MoEMLP(nn.Module):
                                       for e in range(self.local_experts)})
         self.shared = SharedExperts(spec) if spec.shared_expert_ffn else None
         # each projection's local expert weights form a run that the optimizer's flat buffers lay out back to
-        # back (runtime/parallel/data.py): the grouped GEMMs take them, and their gradients, as one view
+        # back (runtime/parallel/data_parallel.py): the grouped GEMMs take them, and their gradients, as one view
         ex = list(self.experts.values())
         first = [w for m in ex for w in (m.w_gate, m.w_up)] if spec.gated_mlp else [m.w_up for m in ex]
         for run in (first, [m.w_down for m in ex]):

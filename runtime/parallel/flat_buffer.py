@@ -99,7 +99,7 @@ class FlatBuffer:
         start = pos = 0
         current = []
         align = max(n, 1) * 64
-        # ZeRO-2 keeps whole buckets of gradients in flight (planner/memory.py bounds them by bucket_elems plus
+        # ZeRO-2 keeps whole buckets of gradients in flight (planner/memory/model.py bounds them by bucket_elems plus
         # the largest parameter): there a run may be cut, and its grouped GEMMs then stack a copy
         keep_runs = sharding != "optimizer+grads"
         for i, p in enumerate(self.params):

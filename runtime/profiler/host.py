@@ -73,7 +73,7 @@ class _ProbeRun:
         from planner.cluster import ClusterSpec
         from planner.plan import Plan, TrainingShape, even_stages
         from runtime.data import open_source
-        from runtime.parallel.data import AdamConfig, build_optimizer
+        from runtime.parallel.data_parallel import AdamConfig, build_optimizer
         from runtime.step import select_train_step
         from runtime.train import build_rank_stages
 

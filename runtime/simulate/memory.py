@@ -1,8 +1,8 @@
 """The planner's prediction of one pipeline rank's memory, in the parts the simulation traces.
 
-planner/cost/rank_memory.py predicts a rank's peak as states + in-flight activations + the largest transient
+planner/memory/ranks.py predicts a rank's peak as states + in-flight activations + the largest transient
 (+ cuBLAS workspaces, which live inside the allocator on a GPU but are no tensor of the step). Here that same
-figure is split into weights, gradients, optimizer state (planner/memory.py's bytes per parameter at the plan's
+figure is split into weights, gradients, optimizer state (planner/memory/model.py's bytes per parameter at the plan's
 sharding level), activations (the micro-batches in flight at the schedule's peak) and temporaries (the largest
 transient, FSDP's gathered weights); `tensor_bytes` is their sum, the prediction less the workspaces."""
 from __future__ import annotations
@@ -36,7 +36,7 @@ class MemoryParts:
 
 
 def _state_split(params: float, sharding: str, shard_ranks: int, grad: float) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes of `params` elements: planner/memory.py's bytes_per_param in parts."""
+    """(weights, gradients, optimizer) bytes of `params` elements: planner/memory/model.py's bytes_per_param in parts."""
     d = max(shard_ranks, 1)
     weight, optim = mem.BF16_BYTES, 3 * mem.FP32_BYTES
     if sharding == "none":

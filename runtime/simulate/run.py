@@ -101,7 +101,7 @@ def _micro_batches(plan: Plan, groups, device):
 
 
 def _build(plan: Plan, groups, device):
-    from runtime.parallel.data import GRAD_DTYPES, AdamConfig, build_optimizer
+    from runtime.parallel.data_parallel import GRAD_DTYPES, AdamConfig, build_optimizer
     from runtime.train import build_rank_stages
 
     lay = plan.layout

@@ -7,7 +7,7 @@ from planner.plan import Layout, StagePlan
 from runtime.label_count import global_label_count
 from runtime.mesh import build_groups, single_process_groups
 from runtime.model import build_model
-from runtime.parallel.data import AdamConfig, build_optimizer
+from runtime.parallel.data_parallel import AdamConfig, build_optimizer
 from runtime.parallel.expert import collect_aux_loss
 from runtime.parallel.tensor import gather_logical
 

@@ -62,7 +62,7 @@ def _check(rank, world, family, experts, top_k, ep, capacity, grouped=None, over
     n = groups.dp_cp_size
     for name, p in moe.named_parameters():
         g = p.grad.clone()
-        # what runtime.parallel.data does (summing convention): experts over expert_dp, the rest over dp_cp
+        # what runtime.parallel.data_parallel does (summing convention): experts over expert_dp, the rest over dp_cp
         dist.all_reduce(g, group=groups.expert_dp if getattr(p, "expert", False) else groups.dp_cp)
         g /= n  # this test's losses are per-rank means
         want = ref_params[name].grad
@@ -88,7 +88,7 @@ def _overlapped_main_grads(rank, world):
     chunk and only one of the two calls hands autograd placeholder gradients; the main gradients still hold
     both chunks' (overwritten by the step's first write, added to after)."""
     from runtime.mesh import build_groups
-    from runtime.parallel.data import build_optimizer
+    from runtime.parallel.data_parallel import build_optimizer
     spec = _spec("llama", experts=4)
     torch.manual_seed(0)
     ref = MoEMLP(spec, None)
@@ -248,7 +248,7 @@ def _flat_buffer_check(family, bucket_elems):
 
     from runtime.mesh import single_process_groups
     from runtime.parallel import expert_mlp as ex
-    from runtime.parallel.data import build_optimizer
+    from runtime.parallel.data_parallel import build_optimizer
 
     spec = _spec(family, experts=4)
     torch.manual_seed(0)
@@ -298,7 +298,7 @@ def test_grouped_experts_accumulate_in_the_gemm_on_cuda():
     import copy
 
     from runtime.mesh import single_process_groups
-    from runtime.parallel.data import build_optimizer
+    from runtime.parallel.data_parallel import build_optimizer
 
     spec = _spec("llama", experts=4)
     torch.manual_seed(0)

@@ -38,7 +38,7 @@ def _cp_tp(spec, ep=1):
     """CP2 x TP2 (EP over the CP ranks) through runtime.step.train_step (pp == 1)."""
     from runtime.mesh import build_groups
     from runtime.model import build_model
-    from runtime.parallel.data import AdamConfig, build_optimizer
+    from runtime.parallel.data_parallel import AdamConfig, build_optimizer
     from runtime.parallel.tensor import gather_logical
     from runtime.step import train_step
     lay = Layout(tp=2, cp=2, ep=ep, micro_batch=2, sharding="optimizer")

@@ -102,7 +102,7 @@ def test_toy_family_plans_and_trains_on_cpu(registered):
     from planner.profile import load_profile
     from runtime.data import open_source, step_micro_batches
     from runtime.mesh import single_process_groups
-    from runtime.parallel.data import AdamConfig, build_optimizer
+    from runtime.parallel.data_parallel import AdamConfig, build_optimizer
     from runtime.step import select_train_step
     from runtime.train import build_rank_stages
 

@@ -7,7 +7,7 @@ from planner.model import tiny_model
 from planner.plan import Layout
 from runtime.mesh import build_groups, single_process_groups
 from runtime.model import IGNORE_INDEX, build_model, init_weights
-from runtime.parallel.data import GRAD_DTYPES, AdamConfig, build_optimizer
+from runtime.parallel.data_parallel import GRAD_DTYPES, AdamConfig, build_optimizer
 from runtime.parallel.tensor import gather_logical
 from runtime.step import train_step
 

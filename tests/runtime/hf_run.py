@@ -142,7 +142,7 @@ def round_trip_worker(rank, world, spec, hf_dir, out_dir, data) -> torch.Tensor:
     """TP2 x DP2: load hf_dir, train 3 steps (each data-parallel rank its half of data), save to out_dir; returns
     (rank 0) the logits [BATCH, SEQ, vocab] of the trained weights on data's tokens."""
     from runtime.hf import save_hf_weights
-    from runtime.parallel.data import AdamConfig, build_optimizer
+    from runtime.parallel.data_parallel import AdamConfig, build_optimizer
     from runtime.step import train_step
     lay = Layout(tp=2, dp=2, sharding="none", micro_batch=1)
     groups = build_groups(lay, "cpu")

@@ -6,7 +6,7 @@ from planner.plan import Layout
 from runtime import checkpoint, manifest
 from runtime.mesh import build_groups
 from runtime.model import build_model
-from runtime.parallel.data import AdamConfig, build_optimizer
+from runtime.parallel.data_parallel import AdamConfig, build_optimizer
 from runtime.step import train_step
 from tests.runtime.dist_util import run_workers
 from tests.runtime.equiv import draw_attention_biases, micro_batches, tiny_spec

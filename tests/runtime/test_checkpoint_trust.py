@@ -11,7 +11,7 @@ from runtime import checkpoint, manifest
 from runtime.launch import main
 from runtime.mesh import single_process_groups
 from runtime.model import build_model
-from runtime.parallel.data import build_optimizer
+from runtime.parallel.data_parallel import build_optimizer
 from tests.runtime.test_launch import _one_sentence, write_plan
 
 

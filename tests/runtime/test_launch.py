@@ -130,7 +130,7 @@ def _save_in_process(ckpt, family, step):
     from runtime import checkpoint
     from runtime.mesh import single_process_groups
     from runtime.model import build_model
-    from runtime.parallel.data import build_optimizer
+    from runtime.parallel.data_parallel import build_optimizer
     groups = single_process_groups()
     opt = build_optimizer([build_model(tiny_model(family), groups)], groups, "none")
     checkpoint.save(ckpt, step, opt, groups)

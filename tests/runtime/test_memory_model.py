@@ -5,7 +5,7 @@ The CPU run is fp32, so the planner is evaluated with 4-byte activations; on CPU
 also keeps its normalised input (one hidden-sized tensor per norm) which the CUDA kernel does not."""
 import pytest
 
-from planner import memory as mem
+from planner.memory import model as mem  # the module itself: a test patches its constants
 from planner.model import tiny_model
 from planner.plan import Layout, TrainingShape
 from runtime.memory import saved_bytes_per_token
@@ -81,7 +81,7 @@ def test_zero2_reduction_buffers_within_the_planner_count(family):
 
     from runtime.mesh import single_process_groups
     from runtime.model import build_model
-    from runtime.parallel import data as D
+    from runtime.parallel import data_parallel as D
     from runtime.parallel.flat_buffer import FlatBuffer
 
     spec = tiny_model(family, num_layers=4)
@@ -145,7 +145,7 @@ def test_optimizer_state_is_what_the_planner_counts(grad_dtype):
     them beside the 2 B bf16 weight (here the CPU run's weights are fp32, so that part is left out)."""
     from runtime.mesh import single_process_groups
     from runtime.model import build_model
-    from runtime.parallel import data as D
+    from runtime.parallel import data_parallel as D
 
     spec = tiny_model("gpt", num_layers=2)
     model = build_model(spec, single_process_groups())

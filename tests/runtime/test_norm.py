@@ -123,7 +123,7 @@ def _model_step(family: str, modes: list[str], fused: bool, monkeypatch, device:
     in fp32, through the optimizer's main gradients; the norms on the Triton path or on PyTorch's."""
     from runtime.mesh import single_process_groups
     from runtime.model import build_stage
-    from runtime.parallel.data import AdamConfig, build_optimizer
+    from runtime.parallel.data_parallel import AdamConfig, build_optimizer
     from runtime.step import train_step
     from tests.runtime.equiv import micro_batches
     from planner.model import tiny_model

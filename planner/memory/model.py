@@ -134,7 +134,7 @@ def head_params_local(m: ModelSpec, tp: int, pp: int) -> float:
 def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, last: bool) -> list[tuple[float, float]]:
     """(how many, elements each) of one pipeline rank's parameter tensors that are replicated over TP while the
     activations they touch are sequence-sharded: their gradients are partial per TP rank, and the runtime
-    all-reduces each over TP, one call per tensor (runtime/parallel/data.py, `sequence_parallel`; the list
+    all-reduces each over TP, one call per tensor (runtime/parallel/data_parallel.py, `sequence_parallel`; the list
     follows runtime/model.py, tensor.py and expert.py): the norms' weights and biases, the row-parallel biases,
     learned positions, token types, the embedding norm and the head transform (BERT), and under MoE the router and the
     local experts' weights, which every TP rank holds whole. Likewise the q/k norms' weights (qk_norm), which touch
@@ -209,7 +209,7 @@ def state_bytes(dense_params: float, expert_params: float, lay: Layout, experts_
 
 
 DP_BUCKET_ELEMENTS = 40_000_000
-"""Gradient bucket size of runtime/parallel/data.py (elements)."""
+"""Gradient bucket size of runtime/parallel/data_parallel.py (elements)."""
 
 
 def largest_layer_param_local(m: ModelSpec, tp: int) -> float:
@@ -228,7 +228,7 @@ def largest_param_local(m: ModelSpec, tp: int) -> float:
 def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay: Layout,
                                  largest_layer_param: float = 0.0, largest_param: float = 0.0,
                                  bucket_elems: float = DP_BUCKET_ELEMENTS) -> float:
-    """Buffers the data-parallel gradient reduction holds at the end of backward (runtime/parallel/data.py):
+    """Buffers the data-parallel gradient reduction holds at the end of backward (runtime/parallel/data_parallel.py):
     none under 'optimizer', whose reduce-scatter runs in place (each rank's shard of a bucket receives the sum;
     before 2026-12-01 a separate output per bucket stayed allocated until the step waited for it, 4 B per element
     of the local shard, measured 1.5 GiB above a count without it in a ZeRO-1 run at micro-batch 1); under
@@ -246,7 +246,7 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
 
 
 def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0) -> float:
-    """ZeRO-3 / FSDP2 as runtime/parallel/data.py applies it (each layer a unit, embedding + head the root
+    """ZeRO-3 / FSDP2 as runtime/parallel/data_parallel.py applies it (each layer a unit, embedding + head the root
     unit): the bf16 weights of the layer in use and the next one (prefetched), unsharded; the root unit's
     weights (`root_params`: this rank's embedding and head), gathered for the whole forward and backward;
     and the reduce-scatter working set of the largest unit, its unsharded bf16 gradient plus the fp32 copy
