@@ -211,8 +211,8 @@ def _layer_split(layers: list[int], pp: int, vpp: int, add, notes: list[str]) ->
     elif not uniform:
         add("--pipeline-model-parallel-layout", _layout_string(layers))
         notes.append("the non-uniform split (" + " ".join(map(str, layers)) + " layers per virtual stage) is "
-                     "given as --pipeline-model-parallel-layout, added to Megatron-LM in June 2025 (commit "
-                     "77732c3); older Megatron can only set the ends (--decoder-first-pipeline-num-layers / "
+                     "given as --pipeline-model-parallel-layout, which current Megatron-LM accepts; older "
+                     "Megatron can only set the ends (--decoder-first-pipeline-num-layers / "
                      "--decoder-last-pipeline-num-layers) and would lose this split")
 
 

@@ -233,6 +233,15 @@ class Plan:
         return Plan.from_dict(d, f"plan file '{path}'")
 
 
+def stage_layer_ranges(stages) -> list[tuple[int, int]]:
+    """[start, end) layers of each virtual stage (StagePlans in model order): where the runtime cuts the model."""
+    out, start = [], 0
+    for s in stages:
+        out.append((start, start + s.layers))
+        start += s.layers
+    return out
+
+
 def even_stages(num_layers: int, num_stages: int, recompute: str = "none") -> list[StagePlan]:
     """Split layers as evenly as possible (earlier stages take the remainder) with one recompute mode."""
     base, extra = divmod(num_layers, num_stages)

@@ -32,7 +32,7 @@ from planner.errors import PlanError
 from planner.launch_command import WORKER_ERROR_FILE_ENV
 from planner.lr_schedule import OptimizerSettings
 from planner.lr_schedule import from_args as optimizer_settings
-from planner.plan import Plan
+from planner.plan import Plan, stage_layer_ranges
 from runtime import checkpoint, supervise
 from runtime.data import Prefetcher, open_source, step_micro_batches
 from runtime.mesh import build_groups
@@ -55,19 +55,10 @@ no extra synchronisation). bubble_frac: the pipeline's measured bubble (pp > 1, 
 end_unix_s: wall clock when rank 0 saw the step finish (plan validate matches the GPUs' clock samples to it)."""
 
 
-def stage_ranges(plan: Plan) -> list[tuple[int, int]]:
-    """[start, end) layers of every virtual stage, in model order."""
-    out, start = [], 0
-    for s in plan.stages:
-        out.append((start, start + s.layers))
-        start += s.layers
-    return out
-
-
 def build_rank_stages(plan: Plan, groups, device, overlap_tp: bool, seed: int, compile: bool = False):
     """This rank's Stage modules, one per virtual stage it holds (model order), each with its layers' recompute
     modes, FP8 setting and optional torch.compile."""
-    ranges = stage_ranges(plan)
+    ranges = stage_layer_ranges(plan.stages)
     last = len(plan.stages) - 1
     stages = []
     for j in plan.stages_of_rank(groups.pp_rank):

@@ -97,7 +97,7 @@ class DataParallelTerms:
         d = lay.dp * lay.cp if lay.sharding != "none" else 1
         de = max(d // lay.ep, 1) if lay.sharding != "none" else 1
         shard = dense / d + expert / de
-        num_micro = self.shape.global_batch // (lay.micro_batch * lay.dp)
+        num_micro = self.num_micro
         return (shard * self.prof.optimizer_s_per_param * ADAMW_GRAD_SCALE[lay.grad_dtype]
                 + self.param_bookkeeping_s(dense + expert, shard, num_micro, fused)) * self.prof.eff("optimizer")
 

@@ -43,9 +43,9 @@ unlike the CUDA context and NCCL buffers of RESERVED_GIB."""
 
 def cublas_workspace_bytes(lay: Layout, gpu: str) -> float:
     """The cuBLAS workspaces a rank holds: two for an eager step, four for a CUDA-graph step (its warm-up side
-    stream and its capture add two). Counted from measurement, not from PyTorch's code paths: on 2x H200
-    (2026-11-30) the same 24 plans peaked 60-70 MiB higher replayed than eager, and eager runs of small models
-    70-80 MiB above this model without the term. None on CPU."""
+    stream and its capture add two). Counted from measurement, not from PyTorch's code paths: the same plans peak
+    60-70 MiB higher replayed than eager, and eager runs of small models 70-80 MiB above this model without the
+    term (benchmarks/results/validation/). None on CPU."""
     if gpu == "cpu":
         return 0.0
     return (4 if lay.cuda_graph else 2) * CUBLAS_WORKSPACE_BYTES
@@ -229,9 +229,8 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
                                  largest_layer_param: float = 0.0, largest_param: float = 0.0,
                                  bucket_elems: float = DP_BUCKET_ELEMENTS) -> float:
     """Buffers the data-parallel gradient reduction holds at the end of backward (runtime/parallel/data_parallel.py):
-    none under 'optimizer', whose reduce-scatter runs in place (each rank's shard of a bucket receives the sum;
-    before 2026-12-01 a separate output per bucket stayed allocated until the step waited for it, 4 B per element
-    of the local shard, measured 1.5 GiB above a count without it in a ZeRO-1 run at micro-batch 1); under
+    none under 'optimizer', whose reduce-scatter runs in place (each rank's shard of a bucket receives the sum, so
+    no separate output per bucket stays allocated until the step waits for it); under
     'optimizer+grads' a full bucket (gradient precision) for each of the (at most two) buckets in flight and
     the one being filled. A bucket closes on the parameter that takes it past `bucket_elems`, so it holds less
     than bucket_elems plus that parameter; of the three alive at most one holds a vocabulary-sized tensor (those

@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from planner.schedule import closed_form_s, megatron_schedule, rank_schedule  # noqa: F401 (re-exported)
 from planner.schedules import PipelineSchedule, schedule_named
+from planner.plan import stage_layer_ranges  # noqa: F401 (re-exported: where the runtime cuts the model)
 from runtime.label_count import global_label_count
 from runtime.parallel.tensor import group_size
 
@@ -53,15 +54,6 @@ __all__ = ["build_pipeline_stages", "stage_layer_ranges", "rank_schedule", "simu
 
 # ------------------------------------------------------------------------------------------------
 # stages
-
-def stage_layer_ranges(stage_plans) -> list[tuple[int, int]]:
-    """[start, end) layer range of each virtual stage, in model order."""
-    out, start = [], 0
-    for s in stage_plans:
-        out.append((start, start + s.layers))
-        start += s.layers
-    return out
-
 
 def build_pipeline_stages(spec, groups, stage_plans, overlap: bool = True, device="cpu", seed: int = 1234):
     """This pipeline rank's Stage modules, one per chunk, in chunk order (virtual stage j = c * pp + rank)."""
