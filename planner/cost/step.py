@@ -37,7 +37,7 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
     - MemoryTermsOfRanks (planner/memory/ranks.py) needs m, shape, lay, cluster, target, _memo, activations, num_micro,
       rank_chunks, in_flight_peaks; provides `rank_memory_bytes`, `memory_terms`, `params_of`, `rank_params`,
       `per_layer_params`, `rank_fixed_bytes`, `memory_lower_bound_bytes`.
-    - DataParallelTerms (cost/data_parallel.py) needs m, shape, lay, cluster, prof, target, group_collective_s,
+    - DataParallelTerms (cost/data_parallel.py) needs m, shape, lay, cluster, prof, target, num_micro, group_collective_s,
       strides; provides `dp_comm_s`, `optimizer_s`, `fused_wgrad_params`, `tp_grad_reduce_s`,
       `param_bookkeeping_s`, `_moe_row_passes_s`.
     """
