@@ -76,3 +76,16 @@ def _eight(rank, world):
 
 def test_ep2xdp2xpp2_moe_matches_single_process():
     _launch.run(_eight, 8)
+
+
+def _zero2_pipelined(rank, world):
+    """ZeRO-2 under a pipeline reduce-scatters every micro-batch's gradients (untied Llama), or holds them for the
+    tied embedding's sum between the first and last stage (GPT): the same losses and gradients either way."""
+    for family in ("llama", "gpt"):
+        spec = tiny_model(family)
+        lay = Layout(pp=2, dp=2, micro_batch=1, sharding="optimizer+grads")
+        C.compare(C.reference(spec), C.pipelined(spec, lay, even_stages(4, 2))[:2], f"rank {rank} pp2xdp2 zero2 {family}")
+
+
+def test_zero2_under_a_pipeline_matches_single_process():
+    _launch.run(_zero2_pipelined, 4)
