@@ -14,13 +14,8 @@ class NoFitError(PlanError):
 
 
 def read_json(path, what: str):
-    """The JSON in `path`, or a PlanError naming `what` ("plan file", "profile", ...) and the path."""
-    import json
-    from pathlib import Path
+    """The JSON in `path`, or a PlanError naming `what` ("plan file", "profile", ...) and the path; read within the
+    bounds of planner/json_input.py (a regular file, a size cap, bounded nesting and integers)."""
+    from planner.json_input import read_json as bounded_read_json
 
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{what} '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError(f"{what} '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+    return bounded_read_json(path, what)
