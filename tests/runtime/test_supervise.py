@@ -226,7 +226,8 @@ def test_kill_9_of_the_launch_at_an_early_instant_leaves_nothing(tmp_path, insta
     imported torch): every process of the job is gone within 10 s."""
     proc, _, _ = _launch(tmp_path, "k", 1)
     try:
-        _wait_until(_torchrun_of if instant == "torchrun started" else _workers_of, proc)
+        of = _torchrun_of if instant == "torchrun started" else _workers_of
+        _wait_until(lambda: of(proc), proc)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         assert _job_gone_within(proc.pid) == []
@@ -254,7 +255,7 @@ def test_a_stopped_torchrun_ends_the_job(tmp_path):
     included) and says so in one sentence, rather than waiting forever."""
     proc, _, _ = _launch(tmp_path, "s", 1, "--timeout", "6")
     try:
-        _wait_until(_workers_of, proc)
+        _wait_until(lambda: _workers_of(proc), proc)
         torchrun = _torchrun_of(proc)
         assert len(torchrun) == 1
         os.kill(torchrun[0], signal.SIGSTOP)
