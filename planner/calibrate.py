@@ -89,8 +89,11 @@ def sidecar_path(results: Path) -> Path:
 
 def read_results(path: Path) -> list[dict]:
     """Data rows with their 1-based row number under '_row'; refuses a file with other columns."""
-    from planner.json_input import check_regular_file
-    check_regular_file(path, "results file")  # a FIFO or device would block or never end
+    from planner.json_input import InputError, check_regular_file
+    try:
+        check_regular_file(path, "results file")  # a FIFO or device would block or never end
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
     try:
         with open(path, newline="") as fh:
             reader = csv.DictReader(fh)
@@ -133,14 +136,18 @@ def read_sidecar(path: Path) -> dict[int, dict]:
     out: dict[int, dict] = {}
     if not path.exists():
         return out
-    from planner.json_input import parse, read_bytes
-    for n, line in enumerate(read_bytes(path, "plans sidecar").decode("utf-8", "replace").splitlines(), 1):
+    from planner.json_input import InputError, parse, read_bytes
+    try:
+        text = read_bytes(path, "plans sidecar").decode("utf-8", "replace")
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             d = parse(line, f"line {n} of '{path}'")
             out[int(d["row"])] = d["plan"]
-        except (PlanError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):  # json_input.InputError is a ValueError
             raise PlanError(f"line {n} of '{path}' is not a {{\"row\", \"plan\"}} record") from None
     return out
 

@@ -13,9 +13,13 @@ class NoFitError(PlanError):
     exit_code = 2
 
 
-def read_json(path, what: str):
-    """The JSON in `path`, or a PlanError naming `what` ("plan file", "profile", ...) and the path; read within the
-    bounds of planner/json_input.py (a regular file, a size cap, bounded nesting and integers)."""
-    from planner.json_input import read_json as bounded_read_json
+def read_json(path, what: str, missing: str | None = None):
+    """The JSON in `path`, or a PlanError naming `what` ("plan file", "profile", ...) and the path (the sentence
+    `missing` where it does not exist); read within the bounds of planner/json_input.py (a regular file, a size
+    cap, bounded nesting and integers)."""
+    from planner import json_input
 
-    return bounded_read_json(path, what)
+    try:
+        return json_input.read_json(path, what, missing)
+    except json_input.InputError as exc:
+        raise PlanError(str(exc)) from None

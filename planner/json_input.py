@@ -1,5 +1,6 @@
 """The one reader for every file a user hands us (plans, model configs, profiles, cluster files, runtime targets,
-calibration CSVs): bounded before it is trusted, and every failure one sentence (a PlanError).
+calibration CSVs): bounded before it is trusted, and every failure one sentence (an InputError, which
+planner.errors.read_json turns into a PlanError).
 
 A file is read only when it is a regular file (a FIFO would block forever, /dev/zero would be read until memory
 runs out, a folder is no JSON): the kind is checked with os.stat before opening, and again on the opened
@@ -8,7 +9,7 @@ to MAX_INPUT_BYTES. JSON is then parsed with integers of at most MAX_INT_DIGITS 
 4,000-digit string is slow, and a count beyond float range overflows later arithmetic) and nested at most
 MAX_DEPTH levels (the decoder and every recursive walk of the result raise RecursionError on deeper nesting).
 NaN and Infinity are parsed as floats, as Python's json module does: the field checks that follow name the
-field that holds one. No torch import: this is planner code.
+field that holds one. Standard library only (planner.errors imports this module), no torch.
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ import os
 import stat
 from pathlib import Path
 
-from planner.errors import PlanError
+
+class InputError(ValueError):
+    """A file a user handed us cannot be read as asked; the message is one sentence naming it."""
+
 
 MAX_INPUT_BYTES = 64 << 20
 """64 MiB: the largest shipped profile is under 1 MiB; a file far larger is not one of ours."""
@@ -45,45 +49,45 @@ def _describe_kind(mode: int) -> str:
 
 def check_regular_file(path, what: str, missing: str | None = None) -> None:
     """`path` is an existing regular file (a symbolic link to one counts) of at most MAX_INPUT_BYTES; raises
-    PlanError naming `what` and the path otherwise (the sentence `missing` where it does not exist)."""
+    InputError naming `what` and the path otherwise (the sentence `missing` where it does not exist)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise PlanError(missing or f"{what} '{path}' does not exist") from None
+        raise InputError(missing or f"{what} '{path}' does not exist") from None
     except OSError as exc:
-        raise PlanError(f"{what} '{path}' cannot be read ({exc.strerror or exc.__class__.__name__})") from None
+        raise InputError(f"{what} '{path}' cannot be read ({exc.strerror or exc.__class__.__name__})") from None
     _check_stat(st, path, what)
 
 
 def _check_stat(st: os.stat_result, path, what: str) -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise PlanError(f"{what} '{path}' {_describe_kind(st.st_mode)}")
+        raise InputError(f"{what} '{path}' {_describe_kind(st.st_mode)}")
     if st.st_size > MAX_INPUT_BYTES:
-        raise PlanError(f"{what} '{path}' is {st.st_size / (1 << 20):.0f} MiB, more than the "
+        raise InputError(f"{what} '{path}' is {st.st_size / (1 << 20):.0f} MiB, more than the "
                         f"{MAX_INPUT_BYTES >> 20} MiB any input of ours needs")
 
 
 def read_bytes(path, what: str, missing: str | None = None) -> bytes:
-    """The content of the regular file `path` (see the module docstring), or a PlanError naming `what` (the
+    """The content of the regular file `path` (see the module docstring), or an InputError naming `what` (the
     sentence `missing` where it does not exist)."""
     check_regular_file(path, what, missing)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise PlanError(missing or f"{what} '{path}' does not exist") from None
+        raise InputError(missing or f"{what} '{path}' does not exist") from None
     except OSError as exc:
-        raise PlanError(f"{what} '{path}' cannot be read ({exc.strerror or exc.__class__.__name__})") from None
+        raise InputError(f"{what} '{path}' cannot be read ({exc.strerror or exc.__class__.__name__})") from None
     try:
         _check_stat(os.fstat(fd), path, what)  # the file opened is the file checked
         chunks, total = [], 0
         while chunk := os.read(fd, 1 << 20):
             total += len(chunk)
             if total > MAX_INPUT_BYTES:  # grew since it was checked
-                raise PlanError(f"{what} '{path}' is more than the {MAX_INPUT_BYTES >> 20} MiB any input of "
+                raise InputError(f"{what} '{path}' is more than the {MAX_INPUT_BYTES >> 20} MiB any input of "
                                 "ours needs")
             chunks.append(chunk)
     except OSError as exc:
-        raise PlanError(f"{what} '{path}' cannot be read ({exc.strerror or exc.__class__.__name__})") from None
+        raise InputError(f"{what} '{path}' cannot be read ({exc.strerror or exc.__class__.__name__})") from None
     finally:
         os.close(fd)
     return b"".join(chunks)
@@ -111,26 +115,26 @@ def _check_depth(value) -> None:
 
 def parse(text: str | bytes, source: str):
     """`text` parsed as JSON within this module's bounds; `source` ("plan file 'p.json'", "line 3 of 'x.jsonl'")
-    names it in the PlanError raised for malformed or out-of-bounds JSON."""
+    names it in the InputError raised for malformed or out-of-bounds JSON."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError:
-            raise PlanError(f"{source} is not readable JSON (UnicodeDecodeError)") from None
+            raise InputError(f"{source} is not readable JSON (UnicodeDecodeError)") from None
     try:
         value = json.loads(text, parse_int=_parse_int)
         _check_depth(value)
     except _Refused as exc:
-        raise PlanError(f"{source} is refused: {exc}") from None
+        raise InputError(f"{source} is refused: {exc}") from None
     except RecursionError:
-        raise PlanError(f"{source} is refused: it nests more than {MAX_DEPTH} levels deep") from None
+        raise InputError(f"{source} is refused: it nests more than {MAX_DEPTH} levels deep") from None
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        raise PlanError(f"{source} is not readable JSON ({exc.__class__.__name__})") from None
+        raise InputError(f"{source} is not readable JSON ({exc.__class__.__name__})") from None
     return value
 
 
 def read_json(path, what: str, missing: str | None = None):
-    """The JSON in the regular file `path`, or a PlanError naming `what` ("plan file", "profile", ...) and the
+    """The JSON in the regular file `path`, or an InputError naming `what` ("plan file", "profile", ...) and the
     path: missing (the sentence `missing` where given), not a regular file, too large, not UTF-8 JSON, nested too
     deep or holding a huge integer."""
     return parse(read_bytes(path, what, missing), f"{what} '{path}'")

@@ -49,8 +49,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from planner.errors import PlanError
-from planner.json_input import read_json
+from planner.errors import PlanError, read_json
 from planner.lr_schedule import OptimizerSettings, settings_from_dict
 from planner.lr_schedule import to_argv as optimizer_argv
 from runtime import manifest

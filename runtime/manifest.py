@@ -112,7 +112,6 @@ def write(folder, step: int, plan_hash: str | None = None) -> Path:
 
 def read(folder) -> dict:
     """The manifest's content; raises ValueError with the reason in a few words."""
-    from planner.errors import PlanError
     from planner.json_input import parse, read_bytes
 
     f = Path(folder) / MANIFEST_FILE
@@ -124,7 +123,7 @@ def read(folder) -> dict:
         ok = body.get("format") == FORMAT and isinstance(body.get("step"), int) and isinstance(files, dict) and all(
             isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
             for v in files.values())
-    except (PlanError, OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError):  # json_input.InputError is a ValueError
         ok = False
     if not ok:
         raise ValueError(f"its {MANIFEST_FILE} is not a manifest this program wrote")

@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from planner.errors import PlanError
-from planner.json_input import read_json
+from planner.errors import PlanError, read_json
 from planner.memory import Fp8ActivationCache
 from planner.plan import RUNTIME_TARGETS
 
