@@ -89,6 +89,11 @@ def sidecar_path(results: Path) -> Path:
 
 def read_results(path: Path) -> list[dict]:
     """Data rows with their 1-based row number under '_row'; refuses a file with other columns."""
+    from planner.json_input import InputError, check_regular_file
+    try:
+        check_regular_file(path, "results file")  # a FIFO or device would block or never end
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
     try:
         with open(path, newline="") as fh:
             reader = csv.DictReader(fh)
@@ -101,20 +106,48 @@ def read_results(path: Path) -> list[dict]:
         raise PlanError(f"results file '{path}' is not a readable CSV ({exc.__class__.__name__})") from None
     for i, r in enumerate(rows, 1):
         r["_row"] = i
+        check_measured_ranges(r, path)
     return rows
+
+
+MEASURED_RANGES = {"measured_step_s": (0.0, 1e7, "seconds"), "measured_mem_gib": (0.0, 4096.0, "GiB")}
+"""Column -> (low, high, unit) of what a run can measure (0 stands for not measured, as a blank does): a step of
+more than about 116 days (planner.limits.MAX_SECONDS) or a GPU of more than 4 TiB is a typo or a forged row, not
+a measurement."""
+
+
+def check_measured_ranges(row: dict, path: Path) -> None:
+    """A measured value present in `row` (blank means not measured) is a number inside MEASURED_RANGES; raises
+    PlanError naming the row (1-based data-row number) and the column otherwise."""
+    for column, (lo, hi, unit) in MEASURED_RANGES.items():
+        text = (row.get(column) or "").strip()
+        if not text:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            raise PlanError(f"row {row['_row']} of '{path}' has {column} '{text[:40]}', not a number") from None
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise PlanError(f"row {row['_row']} of '{path}' has {column} {text[:40]}, outside the physical range "
+                            f"{lo:g} to {hi:g} {unit}")
 
 
 def read_sidecar(path: Path) -> dict[int, dict]:
     out: dict[int, dict] = {}
     if not path.exists():
         return out
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    from planner.json_input import InputError, parse, read_bytes
+    try:
+        text = read_bytes(path, "plans sidecar").decode("utf-8", "replace")
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
+            d = parse(line, f"line {n} of '{path}'")
             out[int(d["row"])] = d["plan"]
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):  # json_input.InputError is a ValueError
             raise PlanError(f"line {n} of '{path}' is not a {{\"row\", \"plan\"}} record") from None
     return out
 

@@ -13,14 +13,13 @@ class NoFitError(PlanError):
     exit_code = 2
 
 
-def read_json(path, what: str):
-    """The JSON in `path`, or a PlanError naming `what` ("plan file", "profile", ...) and the path."""
-    import json
-    from pathlib import Path
+def read_json(path, what: str, missing: str | None = None):
+    """The JSON in `path`, or a PlanError naming `what` ("plan file", "profile", ...) and the path (the sentence
+    `missing` where it does not exist); read within the bounds of planner/json_input.py (a regular file, a size
+    cap, bounded nesting and integers)."""
+    from planner import json_input
 
     try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{what} '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError(f"{what} '{path}' is not readable JSON ({exc.__class__.__name__})") from None
+        return json_input.read_json(path, what, missing)
+    except json_input.InputError as exc:
+        raise PlanError(str(exc)) from None

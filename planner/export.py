@@ -606,8 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in predictions:  # beside the file or the command, once it could be written
         print(line, file=sys.stderr)
     if args.output:
-        Path(args.output).write_text(text)
-        Path(args.output).chmod(0o755)
+        from planner.outputs import write_file
+        write_file(Path(args.output), text, mode=0o755)  # a new script is executable; an existing file keeps its mode
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -26,13 +26,16 @@ MAX_SECONDS = 1e7
 
 
 def is_number(v) -> bool:
-    """A finite int or float, not a bool."""
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    """A finite int or float, not a bool. Every int is finite: one beyond float range (a 400-digit count) is a
+    number, refused by the range check that follows rather than by an OverflowError here."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return isinstance(v, int) or math.isfinite(v)
 
 
 def is_whole(v) -> bool:
     """An int (not a bool), or a float with no fraction (JSON's 1e3)."""
-    return is_number(v) and float(v).is_integer()
+    return is_number(v) and (isinstance(v, int) or v.is_integer())
 
 
 def int_arg(name: str, lo: int = 1, hi: int = MAX_GPUS):

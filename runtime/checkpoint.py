@@ -20,16 +20,24 @@ that needs its name first moves it aside to NAME.incomplete. Nothing is deleted,
 directory is never overwritten.
 
 Before the rename, rank 0 writes the step's manifest (runtime/manifest.py) last: the sha256 of every file, the
-step, the plan's hash and the source tree. Resume takes the newest complete checkpoint that matches its
-manifest, checked before DCP reads a byte (DCP unpickles `.metadata`); one that does not match is named and
-passed over for the next older one. `.metadata` is then unpickled by an unpickler that knows only DCP's
-metadata classes, and byte items (we save none) load with weights_only.
+step, the plan's hash and the source tree. Resume takes the newest complete checkpoint that it can trust
+(`step_failure`): a step folder of its own (not a symbolic link) that matches its manifest, checked before DCP
+reads a byte (DCP unpickles `.metadata`), whose `.metadata` unpickles through an unpickler that knows only DCP's
+metadata classes and names as storage only bare file names its manifest lists (so DCP opens no file outside the
+folder). One that fails is named and passed over for the next older one; byte items (we save none) load with
+weights_only.
+
+A save never writes through a symbolic link planted in the folder: rank 0 creates the `.partial` folder itself
+(a leftover of that name, link or not, is moved aside first), and `latest` is replaced through a temporary file
+created exclusively without following links (a stale regular temporary file is removed first; a link there is
+refused). A write that fails (a full disk) is one sentence naming the checkpoint to resume from.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -41,7 +49,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from planner.errors import PlanError
+from planner.errors import PlanError, read_json
 from planner.lr_schedule import OptimizerSettings, settings_from_dict
 from planner.lr_schedule import to_argv as optimizer_argv
 from runtime import manifest
@@ -68,13 +76,20 @@ def step_dir(ckpt_dir, step: int) -> Path:
     return Path(ckpt_dir) / f"step-{step:08d}"
 
 
+LATEST = "latest"
+"""The file naming the newest saved step, replaced atomically after each save."""
+
+
 def latest_step(ckpt_dir) -> int | None:
-    f = Path(ckpt_dir) / "latest"
+    f = Path(ckpt_dir) / LATEST
     if not f.exists():
         return None
+    if not f.is_file():
+        raise CheckpointError(f"'{f}' is not a regular file; remove it (resume takes the newest complete checkpoint)")
     try:
-        return int(f.read_text().strip())
-    except ValueError:
+        with open(f, "rb") as fh:
+            return int(fh.read(64).decode("ascii").strip())
+    except (ValueError, UnicodeDecodeError):
         raise CheckpointError(f"'{f}' does not hold a step number; fix or remove it "
                               "(resume takes the newest complete checkpoint)") from None
 
@@ -134,11 +149,21 @@ def check_dir(ckpt_dir, resume: bool, settings: OptimizerSettings | None = None,
     return step
 
 
+def _probe(folder: Path) -> bool:
+    """Whether a file can be created (and is removed again) in `folder`: os.access answers "writable" to root in
+    /proc or on a read-only disk."""
+    try:
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-").close()
+    except OSError:
+        return False
+    return True
+
+
 def check_writable_folder(d: Path) -> None:
     """--ckpt-dir can take checkpoints: a writable folder, or one that can be made in a writable folder (found
-    now, not at the first save after a whole run)."""
+    now by creating and removing a file there, not at the first save after a whole run)."""
     if d.is_dir():
-        if not os.access(d, os.W_OK | os.X_OK):
+        if not os.access(d, os.W_OK | os.X_OK) or not _probe(d):
             raise CheckpointError(f"--ckpt-dir '{d}' is not writable")
         return
     parent = d.absolute().parent
@@ -146,7 +171,7 @@ def check_writable_folder(d: Path) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise CheckpointError(f"--ckpt-dir '{d}' cannot be made: '{parent}' is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent, os.W_OK | os.X_OK) or not _probe(parent):
         raise CheckpointError(f"--ckpt-dir '{d}' cannot be made: '{parent}' is not writable")
 
 
@@ -156,9 +181,36 @@ def _failure(name: str, reason: str) -> str:
     return f"checkpoint {name} fails its manifest ({reason})"
 
 
+def _metadata_failure(folder: Path, metadata=None) -> str | None:
+    """Why the verified `.metadata` of `folder` cannot be trusted (unpickled through the restricted unpickler
+    unless `metadata` is given, and naming storage outside the manifest), as a sentence; None when it can."""
+    if metadata is None:
+        try:
+            metadata = manifest.load_metadata((folder / ".metadata").read_bytes())
+        except Exception as exc:  # a pickle that names a global we do not allow, or malformed bytes
+            return f"checkpoint {folder.name}'s .metadata is not DCP metadata ({exc}); nothing in it was run"
+    try:
+        listed = manifest.read(folder)["files"]
+    except ValueError as exc:
+        return _failure(folder.name, str(exc))
+    reason = manifest.storage_outside(getattr(metadata, "storage_data", None), listed)
+    return f"checkpoint {folder.name} is not one DCP may read ({reason}); nothing was read" if reason else None
+
+
+def step_failure(path: Path, full: bool = True) -> str | None:
+    """Why the complete step folder `path` cannot be resumed from, as a sentence; None when it can: a folder of
+    its own, matching its manifest (`full=False`: sizes and small files only), with trusted metadata."""
+    if path.is_symlink():
+        return f"checkpoint {path.name} is a symbolic link, not a folder of its own"
+    reason = manifest.verify(path, full=full)
+    if reason is not None:
+        return _failure(path.name, reason)
+    return _metadata_failure(path)
+
+
 def resume_step(ckpt_dir, full: bool = True) -> tuple[int, str | None]:
-    """The newest complete checkpoint that matches its manifest, and a sentence naming the newer ones passed
-    over (None when none was). Raises CheckpointError when none matches."""
+    """The newest complete checkpoint that can be trusted (`step_failure`), and a sentence naming the newer ones
+    passed over (None when none was). Raises CheckpointError when none can."""
     d = Path(ckpt_dir)
     steps = complete_steps(d)
     if not steps:
@@ -166,11 +218,11 @@ def resume_step(ckpt_dir, full: bool = True) -> tuple[int, str | None]:
     failures = []
     for step in reversed(steps):
         path = step_dir(d, step)
-        reason = manifest.verify(path, full=full)
-        if reason is None:
+        failure = step_failure(path, full)
+        if failure is None:
             note = f"{'; '.join(failures)}; resuming from {path.name}" if failures else None
             return step, note
-        failures.append(_failure(path.name, reason))
+        failures.append(failure)
     newest = failures[0] + (f" and {len(failures) - 1} older one(s) fail too" if len(failures) > 1 else "")
     raise CheckpointError(f"{newest}: no checkpoint in '{d}' can be resumed from without reading files its "
                           "save did not write (runtime/README.md, Checkpoints)")
@@ -182,8 +234,8 @@ def _check_same_settings(path: Path, settings: OptimizerSettings) -> None:
     if not f.is_file():
         return
     try:
-        saved = json.loads(f.read_text())
-    except (OSError, ValueError):
+        saved = read_json(f, "training settings")
+    except PlanError:
         raise CheckpointError(f"'{f}' is not readable JSON; pass --override-lr-schedule to resume with this "
                               "launch's learning-rate schedule and AdamW settings") from None
     if saved != asdict(settings):
@@ -200,7 +252,7 @@ def _move_aside(path: Path) -> Path:
     """An interrupted save's leftover out of a save's way: renamed, not deleted, in case it holds anything."""
     target = path.with_name(path.name + INCOMPLETE)
     n = 2
-    while target.exists():
+    while os.path.lexists(target):
         target = path.with_name(f"{path.name}{INCOMPLETE}-{n}")
         n += 1
     path.rename(target)
@@ -241,34 +293,70 @@ def save(ckpt_dir, step: int, opt, groups, settings: OptimizerSettings | None = 
     the optimizer `settings` in its TRAINING_FILE and its manifest last, then point `latest` at it. Every rank
     calls it."""
     path = step_dir(ckpt_dir, step)
-    if is_complete(path):
+    if is_complete(path) and not path.is_symlink():
         raise CheckpointError(f"checkpoint '{path}' already exists; refusing to overwrite it")
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     partial = path.with_name(path.name + PARTIAL)
+    made = [None]  # rank 0's sentence when it could not make the folder, told to every rank
     if rank0:
-        for leftover in (path, partial):
-            if leftover.exists():
-                _move_aside(leftover)
-    if dist.is_initialized():
-        dist.barrier()  # every rank has checked, and leftovers are out of the way, before anyone writes
+        made[0] = _make_partial(ckpt_dir, path, partial)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(made, src=0)  # also the barrier: leftovers are out of the way before any write
+    if made[0]:
+        raise CheckpointError(made[0])
     try:
         dcp.save(_state_to_save(step, opt, groups), checkpoint_id=str(partial))
     except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
-        raise CheckpointError(f"could not write checkpoint '{path}' ({_first_failure(exc)})") from None
+        raise CheckpointError(f"could not write checkpoint '{path}' ({_first_failure(exc)}); "
+                              f"{_resume_hint(ckpt_dir)}") from None
     if rank0:
-        if settings is not None:
-            (partial / TRAINING_FILE).write_text(json.dumps(asdict(settings), indent=2) + "\n")
         try:
+            if settings is not None:
+                manifest.write_new(partial / TRAINING_FILE, json.dumps(asdict(settings), indent=2) + "\n")
             manifest.write(partial, step, plan_hash)
+            partial.rename(path)  # dcp.save returns on every rank only after rank 0 wrote the metadata
+            _write_latest(Path(ckpt_dir), step)
         except OSError as exc:
-            raise CheckpointError(f"could not write the manifest of checkpoint '{path}' ({exc.strerror})") from None
-        partial.rename(path)  # dcp.save returns on every rank only after rank 0 wrote the metadata
-        tmp = Path(ckpt_dir) / "latest.tmp"
-        tmp.write_text(f"{step}\n")
-        tmp.replace(Path(ckpt_dir) / "latest")
+            raise CheckpointError(f"could not write checkpoint '{path}' ({exc.strerror or exc.__class__.__name__})"
+                                  f"; {_resume_hint(ckpt_dir)}") from None
     if dist.is_initialized():
         dist.barrier()
     return path
+
+
+def _resume_hint(ckpt_dir) -> str:
+    """Which checkpoint a run whose save failed resumes from."""
+    steps = [s for s in complete_steps(ckpt_dir) if not step_dir(ckpt_dir, s).is_symlink()]
+    return (f"resume from '{step_dir(ckpt_dir, steps[-1])}' with --resume" if steps
+            else "no earlier checkpoint was saved")
+
+
+def _make_partial(ckpt_dir, path: Path, partial: Path) -> str | None:
+    """Rank 0 makes the save's `.partial` folder itself (exclusively: a folder, a file or a link planted under
+    that name is moved aside first, never written through); returns the sentence when it cannot."""
+    try:
+        Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
+        for leftover in (path, partial):
+            if os.path.lexists(leftover):
+                _move_aside(leftover)
+        os.mkdir(partial, 0o755)
+    except OSError as exc:
+        return (f"could not write checkpoint '{path}' ({exc.strerror or exc.__class__.__name__}); "
+                f"{_resume_hint(ckpt_dir)}")
+    return None
+
+
+def _write_latest(ckpt_dir: Path, step: int) -> None:
+    """Point `latest` at `step`: written to a temporary file created exclusively without following links, then
+    renamed over `latest` (a rename replaces a link there, never its target). A stale temporary file of an
+    interrupted save is removed first; a symbolic link in its place is refused."""
+    tmp = ckpt_dir / (LATEST + ".tmp")
+    if tmp.is_symlink():
+        raise CheckpointError(f"'{tmp}' is a symbolic link, which a save never makes; remove it")
+    if os.path.lexists(tmp):
+        tmp.unlink()
+    manifest.write_new(tmp, f"{step}\n")
+    os.replace(tmp, ckpt_dir / LATEST)
 
 
 def _state_to_save(step: int, opt, groups) -> dict:
@@ -342,9 +430,9 @@ def _verified_path(ckpt_dir, step: int | None) -> Path:
                 answer[0], answer[1] = resume_step(ckpt_dir)
             else:
                 path = step_dir(ckpt_dir, step)
-                reason = manifest.verify(path) if is_complete(path) else "it is incomplete or missing"
-                if reason:
-                    raise CheckpointError(_failure(path.name, reason))
+                failure = step_failure(path) if is_complete(path) else _failure(path.name, "it is incomplete or missing")
+                if failure:
+                    raise CheckpointError(failure)
                 answer[0] = step
         except CheckpointError as exc:
             answer[2] = str(exc)
@@ -368,10 +456,14 @@ class _VerifiedReader(dcp.FileSystemReader):
         if reason:
             raise CheckpointError(_failure(folder.name, reason))
         try:
-            self._metadata = manifest.load_metadata((folder / ".metadata").read_bytes())
+            metadata = manifest.load_metadata((folder / ".metadata").read_bytes())
         except Exception as exc:  # a pickle that names a global we do not allow, or malformed bytes
             raise CheckpointError(f"checkpoint {folder.name}'s .metadata is not DCP metadata ({exc}); "
                                   "nothing in it was run") from None
+        failure = _metadata_failure(folder, metadata)  # storage only among the folder's own listed files
+        if failure:
+            raise CheckpointError(failure)
+        self._metadata = metadata
 
     def read_metadata(self):
         if getattr(self, "_metadata", None) is None:

@@ -181,6 +181,8 @@ def open_indexed(prefix: Path, vocab: int, length: int) -> TokenStream:
     for p in (idx, bin_):
         if not p.exists():
             raise DataError(f"indexed dataset '{prefix}' lacks its file '{p}'")
+        if not p.is_file():
+            raise DataError(f"indexed dataset '{prefix}' has '{p}', which is not a regular file")
     dtype, sizes, pointers, _ = read_mmidx(idx)
     if len(sizes) == 0:
         raise DataError(f"indexed dataset '{prefix}' holds no sequences (its index '{idx}' is empty)")
@@ -237,6 +239,8 @@ def open_source(spec_str: str | None, vocab: int, seq_len: int, dtype: str | Non
         elif p.is_dir():
             raise DataError(f"data source '{path}' is a folder; --data takes a flat token file, the prefix of a "
                             "Megatron .bin/.idx pair (PATH for PATH.bin and PATH.idx), 'synthetic', or W1:SRC1,W2:SRC2")
+        elif p.exists():  # a FIFO or a device: not a file of tokens, and reading it might never end
+            raise DataError(f"data source '{path}' is not a regular file")
         else:
             raise DataError(f"data source '{path}' does not exist")
         if not (math.isfinite(weight) and weight >= 0):

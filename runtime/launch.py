@@ -67,9 +67,17 @@ def check(args) -> tuple[Plan, int, Path]:
 
 def check_results_file(results: Path, resume: bool) -> None:
     """The step CSV can be written where asked, a fresh run does not append to an earlier run's, and a resumed
-    one appends only to a step CSV of ours (an empty file counts as new)."""
+    one appends only to a step CSV of ours (an empty file counts as new). Writability is found by doing: a probe
+    file is created and removed in its folder (os.access says "writable" to root in /proc); a device, FIFO or
+    symbolic link is refused (the worker would write through it)."""
+    from planner.outputs import probe_folder
+
+    if results.is_symlink():
+        raise PlanError(f"results file '{results}' is a symbolic link; give the file itself or another --results")
     if results.is_dir():
         raise PlanError(f"results file '{results}' is a folder")
+    if results.exists() and not results.is_file():
+        raise PlanError(f"results file '{results}' is not a regular file")
     if not results.parent.is_dir():
         raise PlanError(f"the folder of results file '{results}' does not exist")
     if results.exists() and not resume:
@@ -80,8 +88,7 @@ def check_results_file(results: Path, resume: bool) -> None:
         if results.stat().st_size and not _is_step_csv(results):
             raise PlanError(f"results file '{results}' is not a step CSV of plan launch (its first line is not "
                             "our header); give another --results")
-    elif not os.access(results.parent, os.W_OK | os.X_OK):
-        raise PlanError(f"results file '{results}' cannot be made: its folder is not writable")
+    probe_folder(results.parent, "--results", results)
 
 
 def _is_step_csv(path: Path) -> bool:
@@ -179,14 +186,16 @@ def run_torchrun(cmd: list[str], env: dict, ckpt_dir=None, ranks: range = range(
         beats = Path(tmp) / "heartbeat"
         beats.mkdir()
         env = {**env, WORKER_ERROR_FILE_ENV: str(error_file), supervise.HEARTBEAT_DIR_ENV: str(beats)}
+        env, job = supervise.job_env(env)  # every process of the job carries its id: the monitor ends them all
         # torchrun in a session of its own: a terminal's Ctrl-C then reaches it once, through forward_signals,
         # not twice (a second signal cuts short torchrun's wait for its workers to save); killed when this
-        # process dies (its workers then die with it)
+        # process dies (its workers then die with it), from the first instant
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
-                                start_new_session=True, preexec_fn=supervise.child_preexec)
-        with forward_signals(proc) as received, supervise.Monitor(beats, ranks, timeout_s, proc) as monitor:
+                                start_new_session=True, preexec_fn=supervise.preexec_bound_to(os.getpid()))
+        with forward_signals(proc) as received, \
+                supervise.Monitor(beats, ranks, timeout_s, proc, job_id=job) as monitor:
             held = relay_stderr(proc.stderr, lambda: error_file.exists() or bool(received) or bool(monitor.verdict),
-                                delay_s=1.0 if ranks else 0.0)
+                                delay_s=1.0 if ranks else 0.0, exited=lambda: proc.poll() is not None)
             rc = proc.wait()
         reported = _worker_error(error_file)
     killed = monitor.verdict is not None and monitor.verdict.kind == "died" and rc != 0 \
@@ -239,17 +248,27 @@ def forward_signals(proc: subprocess.Popen):
             signal.signal(sig, handler)
 
 
-def relay_stderr(stream, hold, delay_s: float = 0.0) -> list[str]:
+EXITED_GRACE_S = 1.0
+"""How long torchrun's stderr is still read after torchrun exited: a process it left behind holding the pipe
+open (ended by the monitor's sweep) must not keep the launch waiting."""
+
+
+def relay_stderr(stream, hold, delay_s: float = 0.0, exited=lambda: False) -> list[str]:
     """Copy torchrun's stderr (its own and its workers') to ours, each line `delay_s` after it came, until
     `hold()` is true: from then on lines are kept back, since what follows a reported error, a forwarded signal
     or a rank's death is torchrun's (and the other ranks') account of it; the delay gives the heartbeat monitor
-    time to notice a death before the other ranks' tracebacks about it are shown. Returns the lines kept back."""
+    time to notice a death before the other ranks' tracebacks about it are shown. Reading stops at the stream's
+    end, or EXITED_GRACE_S after `exited()` (torchrun has exited) turned true. Returns the lines kept back."""
     held: list[str] = []
     lines: deque = deque()
     reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), ln)) for ln in stream], daemon=True)
     reader.start()
+    exited_at = None
     while True:
-        alive = reader.is_alive()
+        now = time.monotonic()
+        if exited_at is None and exited():
+            exited_at = now
+        alive = reader.is_alive() and (exited_at is None or now - exited_at < EXITED_GRACE_S)
         now = time.monotonic()
         while lines and (not alive or lines[0][0] <= now - delay_s):
             line = lines.popleft()[1]

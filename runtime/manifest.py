@@ -4,9 +4,12 @@ MANIFEST_FILE (JSON, never a pickle) is the last file a save puts in its step fo
 temporary file, fsync, os.replace, fsync of the folder): the sha256 and size of every other file in the folder,
 the step, the hash of the plan that trained it and the source tree (git commit, else the package version).
 `verify` checks a folder against it before torch.distributed.checkpoint reads a byte (DCP unpickles its
-`.metadata`): a folder without a manifest, a file missing, changed, truncated or not listed fails, with the
-reason in a few words. `read_metadata` then unpickles DCP's `.metadata` through an unpickler that knows only
-the classes DCP's metadata is made of, so even a verified folder cannot name a function to call.
+`.metadata`): a folder without a manifest, a file missing, changed, truncated or not listed, or an entry that is
+not a regular file (a symbolic link, a FIFO) fails, with the reason in a few words. `load_metadata` then
+unpickles DCP's `.metadata` through an unpickler that knows only the classes DCP's metadata is made of, so even
+a verified folder cannot name a function to call, and `storage_outside` checks that every storage file the
+metadata names is a bare file name the manifest lists, so that DCP opens no file outside the folder (another
+step's, or any readable file on the machine).
 
 A verified manifest means "written by a save of this program and unchanged since"; it is not a signature:
 whoever can write the whole folder can write a matching manifest too (runtime/README.md, Checkpoints).
@@ -18,6 +21,7 @@ import io
 import json
 import os
 import pickle
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,6 +79,17 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def write_new(path: Path, text: str) -> None:
+    """Create `path` with `text`, exclusively and without following a link (O_CREAT|O_EXCL|O_NOFOLLOW: anything
+    already under that name, a planted link included, is an OSError), and fsync it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def write(folder, step: int, plan_hash: str | None = None) -> Path:
     """Hash every file in `folder` (each fsynced first) and write the manifest, last and atomically."""
     folder = Path(folder)
@@ -87,10 +102,9 @@ def write(folder, step: int, plan_hash: str | None = None) -> Path:
     body = {"format": FORMAT, "step": step, "plan_sha256": plan_hash, "source_tree": source_tree(),
             "files": {p.name: {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)}}
     tmp = folder / (MANIFEST_FILE + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(body, indent=1, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    if os.path.lexists(tmp):  # a temporary file of an earlier attempt: this folder is the save's own
+        os.unlink(tmp)
+    write_new(tmp, json.dumps(body, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, folder / MANIFEST_FILE)
     _fsync_dir(folder)
     return folder / MANIFEST_FILE
@@ -98,16 +112,18 @@ def write(folder, step: int, plan_hash: str | None = None) -> Path:
 
 def read(folder) -> dict:
     """The manifest's content; raises ValueError with the reason in a few words."""
+    from planner.json_input import parse, read_bytes
+
     f = Path(folder) / MANIFEST_FILE
-    if not f.is_file():
+    if not f.is_file() or f.is_symlink():
         raise ValueError(f"it has no {MANIFEST_FILE}")
     try:
-        body = json.loads(f.read_text())
+        body = parse(read_bytes(f, MANIFEST_FILE), MANIFEST_FILE)  # bounded: not yet trusted
         files = body["files"]
         ok = body.get("format") == FORMAT and isinstance(body.get("step"), int) and isinstance(files, dict) and all(
             isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
             for v in files.values())
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError):  # json_input.InputError is a ValueError
         ok = False
     if not ok:
         raise ValueError(f"its {MANIFEST_FILE} is not a manifest this program wrote")
@@ -123,7 +139,11 @@ def verify(folder, full: bool = True) -> str | None:
     except ValueError as exc:
         return str(exc)
     listed = body["files"]
-    present = {p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST_FILE}
+    entries = [p for p in folder.iterdir() if p.name != MANIFEST_FILE]
+    for p in sorted(entries):
+        if not stat.S_ISREG(p.lstat().st_mode):
+            return f"{p.name} is {'a symbolic link' if p.is_symlink() else 'not a regular file'}"
+    present = {p.name for p in entries}
     for name in sorted(listed):
         if name not in present:
             return f"file {name} is missing"
@@ -138,6 +158,27 @@ def verify(folder, full: bool = True) -> str | None:
     for name, digest in zip(names, _hash_all([folder / n for n in names])):
         if digest != listed[name]["sha256"]:
             return f"file {name} changed"
+    return None
+
+
+def storage_outside(storage_data, listed: dict) -> str | None:
+    """None when every storage file DCP's metadata names (`storage_data`: index -> _StorageInfo) is a bare file
+    name the manifest lists (`listed`: name -> record), read within that file's size and with no transform; else
+    why not, in a few words. Checked before DCP opens anything: a path with a folder in it, '..' or an absolute
+    path would make DCP read a file this save did not write."""
+    if not isinstance(storage_data, dict):
+        return "its .metadata holds no storage index"
+    for info in storage_data.values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or "\0" in name \
+                or name in (".", "..") or name in (MANIFEST_FILE, ".metadata") or name not in listed:
+            return f"its .metadata names the storage file {name!r}, which is not a file of its own"
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not (isinstance(offset, int) and isinstance(length, int) and 0 <= offset
+                and 0 <= length <= listed[name]["bytes"] - offset):
+            return f"its .metadata reads past the end of {name}"
+        if getattr(info, "transform_descriptors", None):
+            return f"its .metadata asks for transforms of {name}, which no save of ours writes"
     return None
 
 

@@ -25,6 +25,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+if __name__ == "__main__":  # a worker: bound to its parent and beating before the seconds of heavy imports below
+    from runtime.supervise import arm_worker
+    arm_worker()
+
 import torch
 import torch.distributed as dist
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from planner.errors import PlanError
+from planner.errors import PlanError, read_json
 from planner.memory import Fp8ActivationCache
 from planner.plan import RUNTIME_TARGETS
 
@@ -306,10 +306,9 @@ def attention_fa2(target: RuntimeTarget, path: Path | None = None) -> RuntimeTar
     if path is None and _FA2_RATIOS:
         return replace(target, attention_fwd_factor=_FA2_RATIOS[0], attention_bwd_factor=_FA2_RATIOS[1])
     try:
-        d = json.loads(p.read_text())
+        d = read_json(p, "attention-ratio file", f"the FlashAttention-2 ratios are missing ({p}); run "
+                      "benchmarks/attention_backends.py")
         fwd, bwd = float(d["fa2_over_runtime_fwd"]), float(d["fa2_over_runtime_bwd"])
-    except FileNotFoundError:
-        raise PlanError(f"the FlashAttention-2 ratios are missing ({p}); run benchmarks/attention_backends.py") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise PlanError(f"{p} is not a valid attention-ratio file ({exc.__class__.__name__}: {exc})") from None
     if not (0.2 <= fwd <= 10 and 0.2 <= bwd <= 10):
@@ -328,13 +327,8 @@ def load_target(name: str, path: Path | None = None) -> RuntimeTarget:
     if path is None and name in _LOADED:
         return _LOADED[name]
     p = Path(path) if path is not None else target_file(name)
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"the factors of runtime target '{name}' are missing ({p}); run "
-                        "benchmarks/fit_megatron_target.py") from None
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{p} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    d = read_json(p, f"factors file of runtime target '{name}'", f"the factors of runtime target '{name}' are "
+                  f"missing ({p}); run benchmarks/fit_megatron_target.py")
     t = megatron_from_dict(d, str(p))
     if path is None:
         _LOADED[name] = t

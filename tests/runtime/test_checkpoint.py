@@ -1,4 +1,6 @@
 """Resume continues the loss curve; a checkpoint saved under one plan loads under another."""
+import pickle
+
 import pytest
 
 from planner.model import tiny_model
@@ -83,7 +85,8 @@ def _reference(family):
 def _step(ckpt, name, complete):
     (ckpt / name).mkdir(parents=True)
     if complete:
-        (ckpt / name / ".metadata").write_bytes(b"")
+        from torch.distributed.checkpoint.metadata import Metadata
+        (ckpt / name / ".metadata").write_bytes(pickle.dumps(Metadata({}, storage_data={})))  # DCP metadata, no tensors
         manifest.write(ckpt / name, int(name[5:13]))
 
 

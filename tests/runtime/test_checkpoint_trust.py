@@ -74,7 +74,9 @@ def test_crafted_metadata_is_refused_before_anything_is_unpickled(tmp_path, caps
     with pytest.raises(checkpoint.CheckpointError) as exc:
         checkpoint.load(ck, opt, groups)
     assert str(exc.value) == ("checkpoint step-00000002's .metadata is not DCP metadata (it names posix.system, "
-                              "which checkpoint metadata never holds); nothing in it was run")
+                              "which checkpoint metadata never holds); nothing in it was run: no checkpoint in "
+                              f"'{ck}' can be resumed from without reading files its save did not write "
+                              "(runtime/README.md, Checkpoints)")
     plan = str(write_plan(tmp_path / "p.json", tp=1, micro_batch=2, sharding="none"))
     capsys.readouterr()
     assert main([plan, "--device", "cpu", "--nproc-per-node", "1", "--steps", "1", "--ckpt-dir", str(ck),
@@ -108,3 +110,100 @@ def test_damaged_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, capsys
     assert _one_sentence(capsys) == (
         f"plan: checkpoint step-00000004 has no manifest.json and 1 older one(s) fail too: no checkpoint in '{ck}' "
         "can be resumed from without reading files its save did not write (runtime/README.md, Checkpoints)")
+
+
+def _forge_storage(step_folder, name: str) -> None:
+    """Rewrite `.metadata` so that its first storage entry names `name`, and write a manifest matching the forged
+    folder (an attacker who can write the whole folder)."""
+    metadata = manifest.load_metadata((step_folder / ".metadata").read_bytes())
+    first = next(iter(metadata.storage_data))
+    metadata.storage_data[first].relative_path = name
+    (step_folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    manifest.write(step_folder, int(step_folder.name[5:]))
+
+
+@pytest.mark.parametrize("name", ["../step-00000002/__0_0.distcp", "/etc/passwd", "manifest.json", "nothere.distcp"])
+def test_metadata_naming_storage_outside_its_folder_falls_back(tmp_path, capsys, name):
+    """A `.metadata` built only from allowed classes, with a matching manifest, that names another step's file, an
+    absolute path, the manifest or an unlisted name: nothing is read from it; the resume names the step and falls
+    back to the newest intact one (step 2), saying so."""
+    ck = tmp_path / "ck"
+    opt, groups = _saved(ck, 2, 4)
+    _forge_storage(ck / "step-00000004", name)
+    notes = []
+    assert checkpoint.check_dir(ck, resume=True, report=notes.append) == 2
+    assert notes == [f"checkpoint step-00000004 is not one DCP may read (its .metadata names the storage file "
+                     f"{name!r}, which is not a file of its own); nothing was read; resuming from step-00000002"]
+    capsys.readouterr()
+    assert checkpoint.load(ck, opt, groups) == 2
+    assert capsys.readouterr().out == f"note: {notes[0]}\n"
+    reader = checkpoint._VerifiedReader(str(ck / "step-00000004"))
+    with pytest.raises(checkpoint.CheckpointError, match="is not one DCP may read"):
+        reader.check_metadata()  # each rank's own check before DCP opens anything
+
+
+def test_a_symlinked_file_or_step_folder_is_not_trusted(tmp_path):
+    """A storage file replaced by a symbolic link (even to identical bytes) and a step folder that is a link to
+    another step both fail, in one sentence each."""
+    ck = tmp_path / "ck"
+    _saved(ck, 2, 4)
+    distcp = ck / "step-00000004" / "__0_0.distcp"
+    copy = tmp_path / "copy.distcp"
+    copy.write_bytes(distcp.read_bytes())
+    distcp.unlink()
+    distcp.symlink_to(copy)
+    assert checkpoint.step_failure(ck / "step-00000004") == (
+        "checkpoint step-00000004 fails its manifest (__0_0.distcp is a symbolic link)")
+    (ck / "step-00000006").symlink_to(ck / "step-00000002")
+    assert checkpoint.step_failure(ck / "step-00000006") == (
+        "checkpoint step-00000006 is a symbolic link, not a folder of its own")
+    assert checkpoint.resume_step(ck)[0] == 2
+
+
+def test_saves_never_write_through_planted_links(tmp_path):
+    """`latest.tmp` planted as a link to a file outside: the save refuses in one sentence and the file is
+    unchanged; a stale regular `latest.tmp` is replaced; a `.partial` folder planted as a link to a folder
+    outside is moved aside, never written into; `latest` as a link is replaced by a file, its target unchanged."""
+    ck = tmp_path / "ck"
+    opt, groups = _saved(ck, 2)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine\n")
+    (ck / "latest.tmp").symlink_to(outside)
+    with pytest.raises(checkpoint.CheckpointError, match="latest.tmp' is a symbolic link"):
+        checkpoint.save(ck, 4, opt, groups)
+    assert outside.read_text() == "mine\n"
+    (ck / "latest.tmp").unlink()
+    (ck / "latest.tmp").write_text("stale")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (ck / "step-00000006.partial").symlink_to(elsewhere)
+    (ck / "latest").unlink()
+    (ck / "latest").symlink_to(outside)
+    checkpoint.save(ck, 6, opt, groups)
+    assert list(elsewhere.iterdir()) == [] and outside.read_text() == "mine\n"
+    assert not (ck / "latest").is_symlink() and checkpoint.latest_step(ck) == 6
+    assert (ck / "step-00000006.partial.incomplete").is_symlink()
+    assert manifest.verify(ck / "step-00000006") is None
+
+
+def test_a_failed_write_names_the_checkpoint_to_resume_from(tmp_path, monkeypatch):
+    """A full disk while the manifest is written: one sentence naming the newest intact checkpoint."""
+    import errno
+    ck = tmp_path / "ck"
+    opt, groups = _saved(ck, 2)
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(manifest, "write", full)
+    with pytest.raises(checkpoint.CheckpointError) as exc:
+        checkpoint.save(ck, 4, opt, groups)
+    assert str(exc.value) == (f"could not write checkpoint '{ck}/step-00000004' (No space left on device); "
+                              f"resume from '{ck}/step-00000002' with --resume")
+
+
+def test_latest_that_is_not_a_regular_file_is_refused(tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    os.mkfifo(ck / "latest")  # read, it would block forever
+    with pytest.raises(checkpoint.CheckpointError, match="is not a regular file"):
+        checkpoint.latest_step(ck)

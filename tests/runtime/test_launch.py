@@ -121,7 +121,9 @@ def _one_sentence(capsys) -> str:
 def _fake_checkpoint(ckpt, step):
     """A step directory as a completed save leaves it (DCP's .metadata written last), for checks on the folder."""
     (ckpt / f"step-{step:08d}").mkdir(parents=True)
-    (ckpt / f"step-{step:08d}" / ".metadata").write_bytes(b"")
+    import pickle
+    from torch.distributed.checkpoint.metadata import Metadata
+    (ckpt / f"step-{step:08d}" / ".metadata").write_bytes(pickle.dumps(Metadata({}, storage_data={})))  # no tensors
     manifest.write(ckpt / f"step-{step:08d}", step)
 
 

@@ -176,3 +176,158 @@ def test_a_killed_rank_ends_in_one_sentence(tmp_path):
     assert proc.returncode == 1, err
     assert re.fullmatch(r"plan: rank 1 was killed by SIGKILL during step \d+ \(after step \d+\); the job was "
                         rf"ended; resume from '{tmp_path}/d-ck/step-\d{{8}}' with --resume", err.strip()), err
+
+
+# -- from the first instant: job ids, torchrun watched, early kills -----------------------------------------------
+
+def _job_of(launcher_pid: int) -> list[int]:
+    """Live processes started for the launch `launcher_pid` (they carry its pid in LAUNCHER_PID_ENV)."""
+    from runtime.supervise import LAUNCHER_PID_ENV
+    needle = f"{LAUNCHER_PID_ENV}={launcher_pid}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "environ").read_bytes().split(b"\0"):
+                    found.append(int(d.name))
+            except OSError:
+                continue
+    return _alive(found)
+
+
+def _job_gone_within(launcher_pid: int, seconds: float = 10.0) -> list[int]:
+    end = time.monotonic() + seconds
+    while _job_of(launcher_pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    return _job_of(launcher_pid)
+
+
+def _wait_until(condition, proc, seconds: float = 60.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and proc.poll() is None:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"not seen within {seconds} s (launch exit code {proc.poll()})")
+
+
+def _torchrun_of(proc):
+    return [p for p in _descendants(proc.pid) if "torch.distributed.run" in _cmdline(p)]
+
+
+def _workers_of(proc):
+    return [p for p in _descendants(proc.pid) if "runtime.train" in _cmdline(p)]
+
+
+@pytest.mark.parametrize("instant", ["torchrun started", "worker started"])
+def test_kill_9_of_the_launch_at_an_early_instant_leaves_nothing(tmp_path, instant):
+    """kill -9 of `plan launch` as soon as torchrun exists, or as soon as a worker process exists (before it
+    imported torch): every process of the job is gone within 10 s."""
+    proc, _, _ = _launch(tmp_path, "k", 1)
+    try:
+        of = _torchrun_of if instant == "torchrun started" else _workers_of
+        _wait_until(lambda: of(proc), proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert _job_gone_within(proc.pid) == []
+    finally:
+        proc.kill()
+
+
+def test_a_timeout_shorter_than_start_up_ends_the_whole_job(tmp_path):
+    """--timeout 1, shorter than the workers' start-up: the launch ends every process of the job and exits 1 with
+    one sentence, rather than leaving the ranks that had not beaten and waiting on their stderr forever."""
+    proc, _, _ = _launch(tmp_path, "t", 2, "--timeout", "1")
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert re.fullmatch(r"plan: (rank \d sent no heartbeat within \d+ s of the launch \(--timeout 1\)|no rank "
+                        r"finished a step for \d+ s \(--timeout 1\); rank \d is furthest behind, stuck before its "
+                        r"first step); the job was ended; no checkpoint was saved", err.strip()), err
+    assert _job_gone_within(proc.pid) == []
+
+
+def test_a_stopped_torchrun_ends_the_job(tmp_path):
+    """SIGSTOP of torchrun while its worker trains: after half of --timeout the launch kills the job (torchrun
+    included) and says so in one sentence, rather than waiting forever."""
+    proc, _, _ = _launch(tmp_path, "s", 1, "--timeout", "6")
+    try:
+        _wait_until(lambda: _workers_of(proc), proc)
+        torchrun = _torchrun_of(proc)
+        assert len(torchrun) == 1
+        os.kill(torchrun[0], signal.SIGSTOP)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert re.fullmatch(r"plan: torchrun was stopped for \d+ s \(half of --timeout 6\); the job was ended; "
+                        r"no checkpoint was saved", err.strip()), err
+    assert _job_gone_within(proc.pid) == []
+
+
+def test_end_job_finds_every_process_by_its_job_id():
+    """A process and its grandchild carrying the job id both end; one without it is left alone."""
+    from runtime import supervise
+    env, job = supervise.job_env(dict(os.environ))
+    family = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60"], env=env, start_new_session=True)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        end = time.monotonic() + 10
+        while len(supervise.job_processes(job)) < 3 and time.monotonic() < end:
+            time.sleep(0.05)
+        members = supervise.job_processes(job)
+        assert len(members) == 3 and other.pid not in members
+        supervise.end_job(job)
+        assert _gone_within(members) == [] and other.poll() is None
+    finally:
+        other.kill()
+        family.kill()
+        family.wait()
+        other.wait()
+
+
+def test_a_stopped_torchrun_is_caught_without_any_worker():
+    """The monitor watches torchrun itself: a stopped one is ended after half of the timeout."""
+    from runtime import supervise
+    env, job = supervise.job_env(dict(os.environ))
+    fake = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    try:
+        os.kill(fake.pid, signal.SIGSTOP)
+        with supervise.Monitor(Path("/nonexistent"), range(0), 1.0, fake, job_id=job) as monitor:
+            fake.wait(10)
+        assert monitor.verdict.kind == "torchrun stopped" and monitor.killed
+        assert re.fullmatch(r"torchrun was stopped for \d+ s \(half of --timeout 1\); the job was ended; nothing "
+                            r"was saved", supervise.verdict_sentence(monitor.verdict, 1.0, "", "nothing was saved"))
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+def test_stderr_is_not_read_past_torchrun_s_exit():
+    """A process left holding torchrun's stderr open does not keep the relay waiting once torchrun exited."""
+    from runtime.launch import EXITED_GRACE_S, relay_stderr
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(read_end, errors="replace")
+    try:
+        start = time.monotonic()
+        assert relay_stderr(stream, lambda: True, exited=lambda: True) == []
+        assert time.monotonic() - start < EXITED_GRACE_S + 2
+    finally:
+        os.close(write_end)  # the relay's reader sees the end, and only then is the stream closed under it
+        time.sleep(0.2)
+        stream.close()
+
+
+def test_a_worker_whose_launcher_is_not_its_grandparent_exits_at_once(tmp_path):
+    """A worker started after its torchrun was orphaned (its parent's parent is not the launcher it was given)
+    exits before it imports anything heavy; one whose grandparent is that launcher goes on."""
+    from runtime.supervise import LAUNCHER_PID_ENV
+    code = "import sys; from runtime.supervise import arm_worker; arm_worker(); print('alive'); sys.exit(0)"
+    # the child's parent is this process: its grandparent is this process's parent
+    for launcher, expected in ((1, (1, "")), (os.getppid(), (0, "alive\n"))):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), LAUNCHER_PID_ENV: str(launcher)}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout) == expected, (launcher, done.stderr)
