@@ -115,8 +115,9 @@ def _run(cmd: list[str], env: dict, timeout: float, ranks: range = range(0)) -> 
     with tempfile.TemporaryDirectory(prefix="plan-validate-") as tmp:
         beats = Path(tmp) / "heartbeat"
         beats.mkdir()
-        env = {**env, supervise.HEARTBEAT_DIR_ENV: str(beats)}
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=supervise.child_preexec)
+        env, job = supervise.job_env({**env, supervise.HEARTBEAT_DIR_ENV: str(beats)})  # the monitor ends them all
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                preexec_fn=supervise.preexec_bound_to(os.getpid()))
 
         def stop(*_):
             for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
@@ -132,7 +133,7 @@ def _run(cmd: list[str], env: dict, timeout: float, ranks: range = range(0)) -> 
 
         old = signal.signal(signal.SIGTERM, lambda *a: (stop(), sys.exit(143)))
         try:
-            with supervise.Monitor(beats, ranks, supervise.DEFAULT_TIMEOUT_S, proc) as monitor:
+            with supervise.Monitor(beats, ranks, supervise.DEFAULT_TIMEOUT_S, proc, job_id=job) as monitor:
                 proc.wait(timeout if timeout > 0 else None)
         except subprocess.TimeoutExpired:
             stop()
