@@ -1,6 +1,6 @@
 """Lower bounds the search prunes with (planner/search/): for one layout, over every layer split and recompute
 choice, the step time a plan of it reports (the schedule played, CostModel.predict) and the busiest rank's
-memory. A bound above the truth would drop a layout that could win; tests/planner/test_search.py
+memory. A bound above the truth would drop a layout that could win; tests/planner/search/test_search.py
 holds each below every split of hundreds of layouts."""
 from __future__ import annotations
 

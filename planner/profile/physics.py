@@ -223,14 +223,14 @@ def provenance(gpu: str, nvls: bool = False) -> list[dict]:
                   f"steps x {FILL_STEP_S * 1e6:.1f} us), X = bytes x factor / busbw, steps = 2(n-1) all-reduce, "
                   "n-1 reduce-scatter / all-gather (planner/profile/physics.py); send/recv copies the measured pair",
          "source": f"{CSV} rows {', '.join(map(str, p.rows))}" + (f"; {p.note}" if p.note else ""),
-         "checked_by": "tests/planner/test_collectives_physics.py"},
+         "checked_by": "tests/planner/profile/test_collectives_physics.py"},
         {"part": "collectives/network", "status": "modelled",
          "model": f"one rank per node over its own NIC ({NOMINAL_NIC_GB_PER_S:g} GB/s per GPU, rescaled to the "
                   f"cluster's): busbw = {NET_EFF} x NIC (all-to-all {NET_A2A_EFF}); latency {NET_STEP_S * 1e6:.0f} us "
                   "x steps (all-reduce tree 2 ceil(log2 k), ring k-1); groups with several ranks per node: "
                   "hierarchical, planner/profile/physics.py spanning_s",
          "source": f"{CSV} rows {', '.join(map(str, NET_ROWS))}",
-         "checked_by": "tests/planner/test_collectives_physics.py"},
+         "checked_by": "tests/planner/profile/test_collectives_physics.py"},
     ]
 
 

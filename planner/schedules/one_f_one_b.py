@@ -54,8 +54,8 @@ def _micro_batch_cap(p: int, v: int) -> int:
 
 @lru_cache(maxsize=65536)
 def _megatron_peaks(p: int, v: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
-    """The walk of megatron_order(p, v, m, rank), cut short (tests/planner/test_interleaved_memory.py walks the whole
-    order itself): the k-th forward runs chunk (k mod p*v) // p, the k-th backward chunk v - 1 - (k mod p*v) // p.
+    """The walk of megatron_order(p, v, m, rank), cut short (tests/planner/memory/test_interleaved_memory.py walks the
+    whole order itself): the k-th forward runs chunk (k mod p*v) // p, the k-th backward chunk v - 1 - (k mod p*v) // p.
     The warm-up only adds, so of its vectors only its last can be a peak (among the first W forwards chunk c ran
     p (W // (p*v)) + clip(W mod p*v - c p, 0, p)); then the vector after each steady-state forward, which repeat
     every p*v steps; the cool-down only frees."""

@@ -29,7 +29,7 @@ class Piece:
 
 LLAMA_LIKE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe", "phi3")
 """Model types whose Hugging Face tensors map onto the runtime's Llama-style layers exactly (tested against
-`transformers` in tests/runtime/test_hf_weights.py)."""
+`transformers` in tests/runtime/hf/test_hf_weights.py)."""
 SUPPORTED_TYPES = LLAMA_LIKE_TYPES + ("gpt2", "bert")
 
 

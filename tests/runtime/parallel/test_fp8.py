@@ -253,7 +253,7 @@ def test_fp8_accuracy_check_holds_out_shapes_and_skips_without_a_table(tmp_path,
 
     from planner.profile import load_profile
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     import profile_accuracy as pa
 
     prof = replace(load_profile("h200-sxm", "h200-sxm"), fp8_points=[])   # the shipped one has a table

@@ -14,7 +14,7 @@ from planner.plan import Layout, TrainingShape
 from planner.profile import Profile, load_profile
 from planner.profile.grouped import GroupedGemmPoint, dense_equivalent, grouped_over_dense
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BASE = load_profile(None, "h200-sxm")
 N, K = 1536, 2048
 

@@ -21,7 +21,7 @@ from runtime.hf import load_hf_weights, refuse_approximated_model_type, save_hf_
 from runtime.hf.names import hf_sources  # noqa: E402
 from runtime.mesh import single_process_groups  # noqa: E402
 from runtime.model import build_model  # noqa: E402
-from tests.runtime import hf_models, hf_run  # noqa: E402
+from tests.runtime.hf import hf_models, hf_run  # noqa: E402
 from tests.runtime.dist_util import run_workers  # noqa: E402
 
 TYPES = ["llama", "mistral", "qwen2", "mixtral", "qwen3", "qwen3_moe", "gpt2", "bert", "phi3"]

@@ -1,5 +1,5 @@
 """Tiny `transformers` models of every model type the runtime loads, and their reference forward and backward on
-CPU in fp32: what tests/runtime/test_hf_weights.py compares the runtime with."""
+CPU in fp32: what tests/runtime/hf/test_hf_weights.py compares the runtime with."""
 from __future__ import annotations
 
 import warnings

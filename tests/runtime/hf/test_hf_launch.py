@@ -2,7 +2,7 @@
 its config.json, loaded into a TP2 x DP2 plan on CPU, trained 3 steps and written back, and transformers loads the
 result with no key missing or unexpected. The loaded weights are the checkpoint's under every layout (the first
 step's loss is the same at TP2 x DP2 and at DP4, and differs from a run from random weights), and the launcher
-refuses bad Hugging Face flags in one sentence before any worker starts. (tests/runtime/test_hf_weights.py checks
+refuses bad Hugging Face flags in one sentence before any worker starts. (tests/runtime/hf/test_hf_weights.py checks
 the numbers against transformers' forward per model type.)"""
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from runtime.launch import main  # noqa: E402
-from tests.runtime import hf_models  # noqa: E402
+from tests.runtime.hf import hf_models  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _plan(tmp_path: Path, folder: Path, name: str, **degrees) -> Path:

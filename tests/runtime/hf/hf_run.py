@@ -1,6 +1,6 @@
-"""The runtime's side of tests/runtime/test_hf_weights.py: build this rank's pipeline stage, load a Hugging Face
+"""The runtime's side of tests/runtime/hf/test_hf_weights.py: build this rank's pipeline stage, load a Hugging Face
 folder into it, run one forward and backward (two stages by point-to-point sends), and measure the logits, the loss
-and named gradients against transformers' (tests/runtime/hf_models.py Reference). Importable by gloo workers."""
+and named gradients against transformers' (tests/runtime/hf/hf_models.py Reference). Importable by gloo workers."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -95,7 +95,8 @@ def test_unknown_schedule_in_a_plan_file_is_one_sentence():
 # -- the runtime: the executor plays the toy schedule's order -------------------------------------------------------
 
 def _worker(rank, world):
-    parallel = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parallel")
+    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parallel = os.path.join(tests, "runtime", "parallel")
     if parallel not in sys.path:
         sys.path.insert(0, parallel)
     import _pp_common as C
@@ -113,7 +114,8 @@ def test_runtime_trains_under_the_toy_schedule():
 
     ticks, _ = simulate(2, 1, 4, GPIPE)
     assert [a.kind for _, a in ticks[1]] == ["F"] * 4 + ["B"] * 4
-    parallel = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "parallel")
+    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parallel = os.path.join(tests, "runtime", "parallel")
     if parallel not in sys.path:
         sys.path.insert(0, parallel)
     import _launch

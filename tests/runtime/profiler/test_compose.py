@@ -7,7 +7,7 @@ import pytest
 
 from planner.profile import Profile
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import compose_profile  # noqa: E402
 

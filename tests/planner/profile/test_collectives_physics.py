@@ -8,7 +8,7 @@ import pytest
 
 from planner.profile import Profile, physics
 
-CSV = Path(__file__).resolve().parents[2] / "benchmarks" / "published" / "collectives.csv"
+CSV = Path(__file__).resolve().parents[3] / "benchmarks" / "published" / "collectives.csv"
 ROWS = list(csv.DictReader(CSV.open()))
 
 GPU = {"A100": "a100-80gb", "H100": "h100-sxm", "H200": "h200-sxm"}
@@ -82,7 +82,7 @@ def test_hierarchical_group_uses_its_nics_in_parallel():
 @pytest.mark.parametrize("name", ["h200-sxm", "h200-sxm-calibrated", "h100-sxm", "h100-96gb", "a100-80gb"])
 def test_shipped_profiles_carry_the_physics_entries(name):
     """The shipped profiles' modelled 4/8-GPU entries are the physics model's, labelled modelled with their rows."""
-    path = Path(__file__).resolve().parents[2] / "profiles" / f"{name}.json"
+    path = Path(__file__).resolve().parents[3] / "profiles" / f"{name}.json"
     prof = Profile.load(path)
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for n in (4, 8):

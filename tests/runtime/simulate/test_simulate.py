@@ -12,7 +12,7 @@ from planner.model import tiny_model
 from planner.plan import Layout, Plan, TrainingShape, even_stages
 from runtime.simulate.roles import default_ranks, parse_ranks
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _plan(tmp_path, **moe) -> Path:

@@ -104,7 +104,7 @@ def test_layer_check_takes_the_host_floor_as_the_planner_does():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     from profile_accuracy import _layer_prediction
 
     slow_host = HostOverheads(layer_s={"none": 1.0}, tp_extra_s={"none": 0.5})  # seconds: far above any GPU time

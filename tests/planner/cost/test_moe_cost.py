@@ -139,8 +139,8 @@ def test_rows_per_expert_by_hand(ep, rows):
 
 @pytest.mark.parametrize("ep", [1, 2, 8])
 def test_grouped_gemm_is_local_experts_times_the_small_gemm(ep):
-    """Without measured grouped GEMMs in the profile (the fallback; tests/planner/test_grouped_gemm.py has the measured
-    path), the local experts' fc1 and fc2 each cost (local experts) x the table time of one expert's GEMM at its rows
+    """Without measured grouped GEMMs in the profile (the fallback; tests/planner/profile/test_grouped_gemm.py has the
+    measured path), the local experts' fc1 and fc2 each cost (local experts) x the table time of one expert's GEMM at its rows
     (forward; dgrad + wgrad backward), plus one launch per grouped kernel, not one per expert; the layer's MoE compute
     is the router's GEMM, those grouped GEMMs and the row passes, times the expert efficiency."""
     from dataclasses import replace
