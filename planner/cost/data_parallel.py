@@ -87,7 +87,7 @@ class DataParallelTerms:
         calls = num_micro if lay.sharding == "optimizer+grads" else 1
         grad = mem.grad_bytes(lay)
         t = sum(n * self.group_collective_s("all_reduce", grad * elems / shard, lay.tp, self.strides["tp"])
-                for n, elems in mem.tp_replicated_tensors(self.m, lay.ep, layers, first, last))
+                for n, elems in mem.tp_replicated_tensors(self.m, lay.ep, layers, first, last, lay.tp))
         return calls * t * self.prof.eff("tp")
 
     def optimizer_s(self, dense: float, expert: float, fused: float = 0.0) -> float:

@@ -103,7 +103,7 @@ class LayerTerms:
         without MoE fc1 and fc2); each also runs as dgrad and wgrad (_gemm_fwd_bwd_s)."""
         m, t = self.m, self.lay.tp
         T = int(self.tokens)
-        gemms = [(T, (m.q_width + 2 * m.kv_width) // t, m.hidden), (T, m.hidden, m.q_width // t)]
+        gemms = [(T, m.qkv_width_local(t), m.hidden), (T, m.hidden, m.q_width // t)]
         if not m.is_moe:
             gemms += [(T, (2 if m.gated_mlp else 1) * m.ffn_hidden // t, m.hidden), (T, m.hidden, m.ffn_hidden // t)]
         return gemms
@@ -179,7 +179,7 @@ class LayerTerms:
         m, t, prof = self.m, self.lay.tp, self.prof
         if not m.qk_norm:
             return 0.0, 0.0
-        qkv_bytes = BF16 * tokens * (m.q_width + 2 * m.kv_width) / t
+        qkv_bytes = BF16 * tokens * m.qkv_width_local(t)
         return prof.memory_bound_s(2 * qkv_bytes), prof.memory_bound_s(3 * qkv_bytes)
 
     def _unfused_attention_s(self) -> tuple[float, float]:
@@ -210,7 +210,7 @@ class LayerTerms:
         m, lay, prof = self.m, self.lay, self.prof
         t, h, f = lay.tp, m.hidden, m.ffn_hidden
         T = int(self.tokens)
-        qkv_n = (m.q_width + 2 * m.kv_width) // t
+        qkv_n = m.qkv_width_local(t)
         gemms = self.layer_gemms()
         fwd = bwd = 0.0
         for shape in gemms:
@@ -228,7 +228,7 @@ class LayerTerms:
                 for bwd in (False, True))
         if lay.cp > 1 and self.target.cp_fp32_buffers:  # PyTorch's fp32 merges and accumulators around the blocks
             per_head = lay.micro_batch * s // lay.cp * m.head_dim
-            pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head, cp_kv_heads // t * per_head, lay.cp)
+            pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head, max(cp_kv_heads // t, 1) * per_head, lay.cp)
             attn_f, attn_b = attn_f + prof.memory_bound_s(pass_f), attn_b + prof.memory_bound_s(pass_b)
         # elementwise kernels, each at the bandwidth the profiler measured for the runtime's own kernel
         # (bytes as the profiler counts them): the norms with the residual adds fused in (runtime/norm.py;
@@ -256,7 +256,7 @@ class LayerTerms:
         if not m.learned_positions:
             # runtime/rotary.py: one pass each way over the whole qkv GEMM output (v is copied out beside the
             # rotated q and k; backward also assembles the qkv gradient)
-            rot_bytes = BF16 * 2 * T * (m.q_width + 2 * m.kv_width) / t
+            rot_bytes = BF16 * 2 * T * m.qkv_width_local(t)
             ew_f += k("rotary_fwd", rot_bytes)
             ew_b += k("rotary_bwd", rot_bytes)
         qk_norm_fwd_s, qk_norm_bwd_s = self._qk_norm_s(T)
@@ -349,7 +349,7 @@ class LayerTerms:
             comm_tp_f = comm_tp_b = 0.0
         # context parallel: cp-1 ring steps pass K and V forward; backward passes K, V and dK, dV
         if lay.cp > 1:
-            kv_bytes = BF16 * 2 * lay.micro_batch * (cp_kv_heads // t) * (s // lay.cp) * m.head_dim
+            kv_bytes = BF16 * 2 * lay.micro_batch * max(cp_kv_heads // t, 1) * (s // lay.cp) * m.head_dim
             step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
             frac = self.target.cp_fraction(prof.overlap_hidden_fraction.get("cp", 0.0))
             # dK, dV: cp - 1 steps beside the blocks in bf16; in fp32 through every rank with the last step waited

@@ -301,6 +301,46 @@ class ColumnParallelLinear(nn.Module):
         return _ColumnParallelFn.apply(x, w, bias, self.group, self.overlap, fn, src, self.fp8)
 
 
+class SharedKVQKVLinear(nn.Module):
+    """The fused qkv projection where TP exceeds the KV heads (tp % kv_heads == 0): each rank computes its q heads
+    and the one KV head they attend with, as Megatron-Core does when num_query_groups < TP.
+
+    Parameters: `q_weight` [q_width/t, in] (split over TP like a column-parallel weight) and `kv_weight`
+    [2 kv_width, in] (K's rows, then V's), whole on every TP rank, with `q_bias` / `kv_bias` likewise. A rank
+    multiplies by its q rows and its KV head's K and V rows only, so its `kv_weight` gradient is zero outside
+    that head's rows; `kv_weight` is marked sequence_parallel, and the all-reduce over TP that such parameters
+    get (runtime/parallel/data.py) sums each head's gradient over exactly the ranks that share it. Every rank
+    so holds the same K/V weights, initialised from their logical name, and keeps them identical step after step.
+    Output: [s, b, (q_width/t + 2 head_dim)], the layout of ColumnParallelLinear over [q, k, v] with one KV head."""
+
+    def __init__(self, in_features: int, q_width: int, kv_heads: int, head_dim: int, bias: bool, group,
+                 overlap: bool = True):
+        super().__init__()
+        t, r = group_size(group), group_rank(group)
+        assert q_width % t == 0 and t % kv_heads == 0, f"TP {t}: q width {q_width}, {kv_heads} KV heads"
+        self.group, self.overlap, self.d = group, overlap, head_dim
+        self.kv_width = kv_heads * head_dim
+        self.head = r // (t // kv_heads)  # the KV head this rank's q heads use
+        self.q_weight = _tp_param((q_width // t, in_features), 0, [q_width], ("normal", 0.02))
+        self.kv_weight = _tp_param((2 * self.kv_width, in_features), None, init=("normal", 0.02),
+                                   sequence_parallel=True)
+        self.q_bias = _tp_param((q_width // t,), 0, [q_width], ("zeros",)) if bias else None
+        self.kv_bias = _tp_param((2 * self.kv_width,), None, init=("zeros",), sequence_parallel=True) \
+            if bias else None
+        self.fp8 = False  # see ColumnParallelLinear
+
+    def _rows(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """q's rows, then this rank's KV head's K rows and V rows."""
+        lo = self.head * self.d
+        return torch.cat([q, kv[lo:lo + self.d], kv[self.kv_width + lo:self.kv_width + lo + self.d]])
+
+    def forward(self, x, recompute=None):
+        fn, src = recompute if recompute is not None else (None, None)
+        w = self._rows(self.q_weight, self.kv_weight)
+        b = self._rows(self.q_bias, self.kv_bias) if self.q_bias is not None else None
+        return _ColumnParallelFn.apply(x, w, b, self.group, self.overlap, fn, src, self.fp8)
+
+
 class RowParallelLinear(nn.Module):
     """Input features split over TP; output reduce-scattered to sequence shards; bias added after."""
 
@@ -327,7 +367,7 @@ def enable_fp8(module: nn.Module) -> int:
     Returns how many linears it switched."""
     n = 0
     for m in module.modules():
-        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear, SharedKVQKVLinear)):
             m.fp8 = True
             n += 1
     return n
