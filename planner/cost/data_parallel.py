@@ -18,7 +18,7 @@ class DataParallelTerms:
         total = 0.0
 
         def exposed_s(comm_s, beside_s, frac, overlap):  # the target's rule (its buckets), ours: terms.exposed_s
-            return self.target.dp_exposed_s(comm_s, params, beside_s, frac, overlap)
+            return self.target.dp_exposed_s(comm_s, params, beside_s, frac, overlap, d, lay.vpp)
 
         # the dense gradients are sharded over the dp x cp ranks (adjacent blocks spaced by tp); the expert
         # gradients over the ranks holding the same experts (every ep-th of those)
