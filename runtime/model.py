@@ -339,6 +339,11 @@ def build_model(spec: ModelSpec, groups, layer_modes=None, **kw) -> Stage:
 
 
 def logical_name(name: str, p) -> str:
+    """p's name in checkpoints: its own `logical_name`, or its module path with the last part replaced by
+    `logical_leaf` (SharedKVQKVLinear's parameters are the fused qkv's parts), or its module path."""
+    leaf = getattr(p, "logical_leaf", None)
+    if leaf is not None:
+        return f"{name.rsplit('.', 1)[0]}.{leaf}"
     return getattr(p, "logical_name", name)
 
 

@@ -4,7 +4,7 @@ import torch
 
 from planner.plan import Layout
 from runtime.mesh import build_groups, single_process_groups
-from runtime.model import build_model
+from runtime.model import build_model, logical_name
 from runtime.parallel.tensor import group_rank, group_size, local_shard
 from tests.runtime.dist_util import run_workers
 from tests.runtime.equiv import assert_close, draw_attention_biases, reference, run_case, tiny_spec
@@ -16,9 +16,10 @@ CASES_TP8 = [("llama+num_heads=8+num_kv_heads=4", dict(tp=8, micro_batch=2, shar
 
 
 def _split_qkv(name: str, full: torch.Tensor, q_width: int) -> dict:
-    """A one-process `...attn.qkv.weight` / `.bias` as the shared-KV module's q and kv parameters."""
+    """A one-process `...attn.qkv.weight` / `.bias` as the shared-KV module's q, k and v parameters."""
     stem, kind = name.rsplit(".", 1)
-    return {f"{stem}.q_{kind}": full[:q_width], f"{stem}.kv_{kind}": full[q_width:]}
+    q, k, v = full.split([q_width, (full.shape[0] - q_width) // 2, (full.shape[0] - q_width) // 2])
+    return {f"{stem}.q_{kind}": q, f"{stem}.k_{kind}": k, f"{stem}.v_{kind}": v}
 
 
 def _logical_reference_weights(spec, modes) -> dict:
@@ -44,6 +45,10 @@ def _worker(rank, world, cases):
             t, r = group_size(groups.tp), group_rank(groups.tp)
             for n, p in model.named_parameters():
                 p.copy_(local_shard(weights[n], p.tp_dim, p.tp_parts, r, t))
+                if ".attn.qkv." in n:  # checkpoints name them as the fused qkv's parts (runtime/checkpoint.py)
+                    stem, leaf = n.rsplit(".", 1)
+                    part = "qkv".index(leaf[0])
+                    assert logical_name(n, p) == f"{stem}.{leaf[2:]}.part{part}", (n, logical_name(n, p))
 
         out.append(run_case(spec, lay, groups, modes, prepare=load))
     return out
