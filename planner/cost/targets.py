@@ -10,8 +10,9 @@ RuntimeTarget is the identity and changes nothing.
   (TE's FP8 recipe runs all three in FP8; ours keeps wgrad in bf16), the MoE experts' grouped GEMMs too (TE's
   GroupedLinear; ours keeps them in bf16), times `fp8_gemm_factor` (fitted: TE fuses the casts our runtime runs as
   separate passes);
-- TP communication with sequence parallelism overlapped by userbuffers (--tp-comm-overlap): at most
-  `tp_hidden_fraction` of it hidden behind the GEMMs beside it (fitted; the profile's fraction is our runtime's);
+- TP communication with sequence parallelism overlapped by userbuffers (--tp-comm-overlap): all of it that the
+  GEMMs beside it can cover is hidden (`tp_hidden_fraction` 1, stated: MEGATRON_TP_HIDDEN_FRACTION; the profile's
+  fraction is our runtime's);
   without it, the backward's asynchronous column-parallel collectives still hide behind its GEMMs at that fraction
   (`tp_backward_beside_gemms`) and the rest is exposed;
 - DP overlap with the distributed optimizer (--overlap-grad-reduce / --overlap-param-gather) by its mechanism
@@ -30,8 +31,7 @@ RuntimeTarget is the identity and changes nothing.
   ours on top of `compute_factor` (fitted on the MoE fit rows);
 - its pipeline schedules (1F1B, interleaved 1F1B): the same schedule play as ours (planner/schedule.py);
 - eager execution (no CUDA graph): the host issues each layer's kernels, `host_layer_s` per layer and micro-batch
-  (forward and backward, a stated figure times the fitted `host_factor`); a stage runs at the slower of the GPU
-  and the host.
+  (forward and backward, a stated figure, `host_factor` 1); a stage runs at the slower of the GPU and the host.
 
 The megatron factors live in profiles/targets/megatron.json with their provenance (written by
 benchmarks/fit_megatron_target.py from the `fit` rows of benchmarks/published/runs.csv only). They are relative
@@ -53,6 +53,10 @@ MEGATRON_HOST_LAYER_S = 0.6e-3
 """Stated figure: host time for Megatron-Core (TE layers, eager PyTorch) to issue one transformer layer's forward
 and backward for one micro-batch, about 0.25 ms forward and 0.35 ms backward (autograd) of Python and kernel-launch
 work for the ~100 kernels of a TE layer. An estimate, not measured here: `host_factor` scales it."""
+
+MEGATRON_TP_HIDDEN_FRACTION = 1.0
+"""Share of the TP communication userbuffers can hide behind the GEMMs beside it: all of it up to their time. Stated
+(the fit of this share settled at its bound of 1 on the fit rows, so it is no longer a free factor)."""
 
 MEGATRON_DP_BUCKET_PARAMS = 40_000_000
 """Megatron-Core's default DDP bucket size (--ddp-bucket-size unset: max(40M, 1M x DP size) parameters)."""
@@ -274,8 +278,8 @@ def target_file(name: str) -> Path:
     return Path(str(resources.files("profiles"))) / TARGETS_DIR / f"{name}.json"
 
 
-MEGATRON_FACTORS = ("compute_factor", "tp_hidden_fraction", "dp_overlap_slowdown", "ep_hidden_fraction",
-                    "fp8_gemm_factor", "host_factor", "expert_factor", "legacy_compute_factor")
+MEGATRON_FACTORS = ("compute_factor", "dp_overlap_slowdown", "ep_hidden_fraction", "fp8_gemm_factor", "expert_factor",
+                    "legacy_compute_factor")
 """The megatron target's free factors (fitted by benchmarks/fit_megatron_target.py)."""
 
 
@@ -284,6 +288,7 @@ def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_
     """The megatron RuntimeTarget with these free factors (MEGATRON_FACTORS) and its fixed traits: one MoE dispatch
     per layer, FP8 weight gradients and experts, eager execution, the experts' states sharded over TP x DP x CP / EP (ETP 1)."""
     return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
+                         tp_hidden_fraction=MEGATRON_TP_HIDDEN_FRACTION,
                          dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
                          two_chunk_dispatch=False, fp8_wgrad=True, fp8_experts=True, cuda_graph=False,
                          tp_backward_beside_gemms=True,
