@@ -41,7 +41,7 @@ CODE_PATHS = ("planner", "profiles", "benchmarks/published", "benchmarks/publish
 
 FREE_FACTORS = {
     "compute_factor": (0.5, 1.5),
-    "dp_overlap_slowdown": (1.0, 3.0),
+    "dp_overlap_contention": (0.0, 1.0),
     "ep_hidden_fraction": (0.0, 1.0),
     "fp8_gemm_factor": (0.5, 1.5),
     "expert_factor": (0.5, 2.0),
@@ -50,7 +50,7 @@ FREE_FACTORS = {
 """Each free factor and the range it is fitted in."""
 assert tuple(FREE_FACTORS) == MEGATRON_FACTORS
 
-START = {"compute_factor": 1.0, "dp_overlap_slowdown": 1.5, "ep_hidden_fraction": 0.5, "fp8_gemm_factor": 1.0,
+START = {"compute_factor": 1.0, "dp_overlap_contention": 0.2, "ep_hidden_fraction": 0.5, "fp8_gemm_factor": 1.0,
          "expert_factor": 1.0, "legacy_compute_factor": 1.0}
 """Where the fit starts. EP starts above 0: a plan decides its EP overlap (Layout.overlap_ep) by whether it pays, and
 at 0 it pays nothing, so the first layouts would leave it off and the fraction could not be fitted."""

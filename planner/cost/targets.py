@@ -21,7 +21,7 @@ RuntimeTarget is the identity and changes nothing.
   reduce-scatter starts when its last gradient is ready, after the chunk's last micro-batch, and overlaps the
   backward left after it; the parameter all-gather mirrors it over the next step's first forward. What the
   communication leaves beyond that compute is exposed (at least the last bucket's tail). One fitted factor,
-  `dp_overlap_slowdown`, is the bandwidth lost while overlapping (SM and memory contention);
+  `dp_overlap_contention`, is the share of the overlapped time the compute still loses (SM and memory contention);
 - MoE all-to-alls: one dispatch per layer (no two-chunk dispatch of ours), exposed (`ep_hidden_without_overlap` 0:
   the alltoall dispatcher runs them in order with the experts), or with Megatron-Core's batch-level EP overlap
   (`ep_a2a_beside_layer`; the plan's Layout.overlap_ep, which the search picks where it pays and `plan export`
@@ -77,8 +77,8 @@ class RuntimeTarget:
     dp_bucket_params: float = 0.0
     """Parameters per DP bucket (at least; Megatron takes max(this, 1M x DP)); 0: no bucket mechanism (ours: the
     profile's overlap fraction)."""
-    dp_overlap_slowdown: float = 1.0
-    """How many times slower a DP collective runs while it overlaps compute (bucketed_exposed_s)."""
+    dp_overlap_contention: float = 0.0
+    """Share of a DP collective's overlapped time that the compute beside it loses (bucketed_exposed_s)."""
     host_layer_s: float = 0.0
     """Host time per layer and micro-batch (forward + backward); 0: the profile's host model (ours)."""
     host_factor: float = 1.0
@@ -247,7 +247,7 @@ class RuntimeTarget:
             return exposed_s(comm_s, beside_s, self.dp_fraction(profile_fraction), overlap)
         bucket = max(self.dp_bucket_params, 1e6 * dp)
         buckets = max(chunks, math.ceil(params / bucket))
-        return bucketed_exposed_s(comm_s, beside_s, buckets, self.dp_overlap_slowdown)
+        return bucketed_exposed_s(comm_s, beside_s, buckets, self.dp_overlap_contention)
 
     def stage_host_s(self, layers: float, recompute_layers: float) -> float:
         """Host time to issue one micro-batch of a stage of `layers` layers, `recompute_layers` of them rerunning
@@ -265,7 +265,7 @@ class RuntimeTarget:
         fitted = self.provenance.get("fitted_on", "")
         return (f"megatron (Megatron-Core + Transformer Engine, eager; compute x{self.compute_factor:.3f}, TP overlap "
                 f"hides {self.tp_hidden_fraction:.0%}, DP buckets of {self.dp_bucket_params / 1e6:.0f}M parameters "
-                f"overlapped at x{self.dp_overlap_slowdown:.2f} time, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, MoE layer kernels x{self.expert_factor:.2f}, batch-level EP overlap hides {self.ep_hidden_fraction:.0%} (without it none), host {self.host_layer_s * self.host_factor * 1e3:.2f}"
+                f"overlapped at {self.dp_overlap_contention:.0%} contention, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, MoE layer kernels x{self.expert_factor:.2f}, batch-level EP overlap hides {self.ep_hidden_fraction:.0%} (without it none), host {self.host_layer_s * self.host_factor * 1e3:.2f}"
                 f" ms per layer and micro-batch" + (f"; fitted on {fitted}" if fitted else "") + ")")
 
 
@@ -278,7 +278,7 @@ def target_file(name: str) -> Path:
     return Path(str(resources.files("profiles"))) / TARGETS_DIR / f"{name}.json"
 
 
-MEGATRON_FACTORS = ("compute_factor", "dp_overlap_slowdown", "ep_hidden_fraction", "fp8_gemm_factor", "expert_factor",
+MEGATRON_FACTORS = ("compute_factor", "dp_overlap_contention", "ep_hidden_fraction", "fp8_gemm_factor", "expert_factor",
                     "legacy_compute_factor")
 """The megatron target's free factors (fitted by benchmarks/fit_megatron_target.py)."""
 

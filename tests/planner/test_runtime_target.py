@@ -4,9 +4,9 @@ target existed, `megatron` is saved in and read from the plan file, named in eve
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,11 +67,13 @@ def test_megatron_changes_time_not_memory(profile):
 
 
 def test_dp_bucket_mechanism_by_hand():
-    t = RuntimeTarget("t", dp_bucket_params=40e6, dp_overlap_slowdown=2.0)
+    t = RuntimeTarget("t", dp_bucket_params=40e6)
     # 400M parameters: ten 40M buckets; with compute to spare only the last bucket's tail (a tenth) is exposed
     assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, True) == pytest.approx(0.1)
-    # communication-bound: all of it less the nine buckets' share of the window it ran beside, at half speed
-    assert t.dp_exposed_s(1.0, 400e6, 0.5, 0.0, True) == pytest.approx(1.0 - 0.5 * 0.9 / 2.0)
+    # communication-bound: all of it less the nine buckets' share of the window it ran beside
+    assert t.dp_exposed_s(1.0, 400e6, 0.5, 0.0, True) == pytest.approx(1.0 - 0.5 * 0.9)
+    # contention: the overlapped part still costs that share of its time
+    assert replace(t, dp_overlap_contention=0.25).dp_exposed_s(1.0, 400e6, 10.0, 0.0, True) == pytest.approx(0.1 + 0.25 * 0.9)
     assert t.dp_exposed_s(1.0, 20e6, 10.0, 0.0, True) == pytest.approx(1.0)  # one bucket: after the window
     assert t.dp_exposed_s(1.0, 20e6, 10.0, 0.0, True, chunks=4) == pytest.approx(0.25)  # a bucket per model chunk
     assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, True, dp=200) == pytest.approx(0.5)  # buckets of 1M x DP: two
