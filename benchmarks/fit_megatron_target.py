@@ -41,19 +41,17 @@ CODE_PATHS = ("planner", "profiles", "benchmarks/published", "benchmarks/publish
 
 FREE_FACTORS = {
     "compute_factor": (0.5, 1.5),
-    "tp_hidden_fraction": (0.0, 1.0),
-    "dp_hidden_fraction": (0.0, 1.0),
+    "dp_overlap_contention": (0.0, 1.0),
     "ep_hidden_fraction": (0.0, 1.0),
     "fp8_gemm_factor": (0.5, 1.5),
-    "host_factor": (0.25, 4.0),
     "expert_factor": (0.5, 2.0),
     "legacy_compute_factor": (0.5, 1.5),
 }
 """Each free factor and the range it is fitted in."""
 assert tuple(FREE_FACTORS) == MEGATRON_FACTORS
 
-START = {"compute_factor": 1.0, "tp_hidden_fraction": 0.5, "dp_hidden_fraction": 0.5, "ep_hidden_fraction": 0.5,
-         "fp8_gemm_factor": 1.0, "host_factor": 1.0, "expert_factor": 1.0, "legacy_compute_factor": 1.0}
+START = {"compute_factor": 1.0, "dp_overlap_contention": 0.2, "ep_hidden_fraction": 0.5, "fp8_gemm_factor": 1.0,
+         "expert_factor": 1.0, "legacy_compute_factor": 1.0}
 """Where the fit starts. EP starts above 0: a plan decides its EP overlap (Layout.overlap_ep) by whether it pays, and
 at 0 it pays nothing, so the first layouts would leave it off and the fraction could not be fitted."""
 SCALE = 0.1
@@ -180,9 +178,9 @@ def main(argv=None) -> int:
             "rows": {row.row_id: round(math.exp(e) - 1, 4) for (row, *_), e in zip(planned, errs)},
             "rows_failed": failed,
             "rows_skipped": skipped,
-            "stated": {"host_layer_s": "planner/cost/targets.py MEGATRON_HOST_LAYER_S (an estimate, scaled by "
-                                      "host_factor)",
-                       "dp_bucket_params": "Megatron-Core's default DDP bucket (40M parameters)"},
+            "stated": {"host_layer_s": "planner/cost/targets.py MEGATRON_HOST_LAYER_S (an estimate)",
+                       "tp_hidden_fraction": "planner/cost/targets.py MEGATRON_TP_HIDDEN_FRACTION",
+                       "dp_bucket_params": "Megatron-Core's default DDP bucket (max(40M, 1M x DP) parameters)"},
         },
     }
     out.parent.mkdir(parents=True, exist_ok=True)

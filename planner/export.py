@@ -297,6 +297,22 @@ def _cuda_graph(plan: Plan, notes: list[str]) -> None:
                      "and for small layers or TP > 1 the host may then pace the step")
 
 
+def _query_groups(plan: Plan, add, notes: list[str]) -> None:
+    """Grouped-query attention. Megatron-Core's TransformerConfig accepts query groups that are a multiple or a
+    divisor of TP; with fewer groups than TP ranks its attention (num_query_groups < world_size) gives each rank
+    one KV group, shared with the ranks of its query heads. Any other count is refused here by name."""
+    kv, tp = plan.model.num_kv_heads, plan.layout.tp
+    if kv % tp and tp % kv:
+        raise PlanError(f"Megatron-LM needs the {kv} query groups (KV heads) to be a multiple or a divisor of "
+                        f"TP {tp}")
+    add("--group-query-attention")
+    add("--num-query-groups", kv)
+    if kv < tp:
+        notes.append(f"{kv} query group(s) under TP {tp}: each KV head is shared by {tp // kv} TP ranks, which "
+                     "needs a Megatron-Core whose attention handles num_query_groups < TP (older releases refuse "
+                     "query groups that are not a multiple of TP)")
+
+
 def _model_shape(plan: Plan, add, notes: list[str]) -> None:
     """The model's architecture: layers, widths, heads, sequence, MLP, norms, positions, embeddings, biases and
     (no) dropout."""
@@ -306,8 +322,7 @@ def _model_shape(plan: Plan, add, notes: list[str]) -> None:
     add("--ffn-hidden-size", m.ffn_hidden)
     add("--num-attention-heads", m.num_heads)
     if m.num_kv_heads != m.num_heads:
-        add("--group-query-attention")
-        add("--num-query-groups", m.num_kv_heads)
+        _query_groups(plan, add, notes)
     if m.head_dim_override:
         add("--kv-channels", m.head_dim)
     add("--seq-length", plan.training.seq_len)

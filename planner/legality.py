@@ -45,8 +45,9 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
                 f"does not equal the {num_gpus} GPUs")
     if model.num_heads % lay.tp:
         return f"{model.num_heads} attention heads are not divisible by TP {lay.tp}"
-    if model.num_kv_heads % lay.tp:
-        return f"{model.num_kv_heads} KV heads are not divisible by TP {lay.tp}"
+    if model.num_kv_heads % lay.tp and lay.tp % model.num_kv_heads:
+        # fewer KV heads than TP ranks: each is replicated over the ranks whose q heads use it
+        return f"{model.num_kv_heads} KV heads are neither a multiple nor a divisor of TP {lay.tp}"
     if model.ffn_hidden % lay.tp:
         return f"MLP width {model.ffn_hidden} is not divisible by TP {lay.tp}"
     if model.padded_vocab % lay.tp:

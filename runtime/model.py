@@ -49,8 +49,8 @@ from runtime.qk_norm import fused as qk_norm_fused
 from runtime.qk_norm import qk_norm
 from runtime.rotary import qkv_rotary
 from runtime.parallel.cross_entropy import mask_padded_vocab, vocab_parallel_cross_entropy
-from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _tp_param,
-                                     group_rank, group_size, local_shard)
+from runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, SharedKVQKVLinear, VocabParallelEmbedding,
+                                     _tp_param, group_rank, group_size, local_shard)
 from runtime.swiglu import swiglu
 
 IGNORE_INDEX = -100
@@ -113,10 +113,15 @@ class Attention(nn.Module):
         super().__init__()
         t = group_size(groups.tp)
         self.spec, self.groups = spec, groups
-        self.heads, self.kv_heads, self.d = spec.num_heads // t, spec.num_kv_heads // t, spec.head_dim
-        # the qkv bias (GPT, BERT, Qwen2-style) is split like the weight's rows: each rank its heads' q, k, v parts
-        self.qkv = ColumnParallelLinear(spec.hidden, [spec.q_width, spec.kv_width, spec.kv_width], spec.has_qkv_bias,
-                                        groups.tp, overlap)
+        self.heads, self.kv_heads, self.d = spec.num_heads // t, max(spec.num_kv_heads // t, 1), spec.head_dim
+        # the qkv bias (GPT, BERT, Qwen2-style) is split like the weight's rows: each rank its heads' q, k, v parts;
+        # with fewer KV heads than TP ranks each rank uses one KV head, shared with the ranks of its q heads' group
+        if spec.num_kv_heads < t:
+            self.qkv = SharedKVQKVLinear(spec.hidden, spec.q_width, spec.num_kv_heads, spec.head_dim,
+                                         spec.has_qkv_bias, groups.tp, overlap)
+        else:
+            self.qkv = ColumnParallelLinear(spec.hidden, [spec.q_width, spec.kv_width, spec.kv_width],
+                                            spec.has_qkv_bias, groups.tp, overlap)
         self.proj = RowParallelLinear(spec.q_width, spec.hidden, spec.has_attn_out_bias, groups.tp,
                                       std=0.02 / math.sqrt(2 * spec.num_layers))
         # Qwen3's q/k norms: [d] weights whole on every TP rank; each rank normalises its own heads, so its gradient
@@ -342,6 +347,11 @@ def build_model(spec: ModelSpec, groups, layer_modes=None, **kw) -> Stage:
 
 
 def logical_name(name: str, p) -> str:
+    """p's name in checkpoints: its own `logical_name`, or its module path with the last part replaced by
+    `logical_leaf` (SharedKVQKVLinear's parameters are the fused qkv's parts), or its module path."""
+    leaf = getattr(p, "logical_leaf", None)
+    if leaf is not None:
+        return f"{name.rsplit('.', 1)[0]}.{leaf}"
     return getattr(p, "logical_name", name)
 
 

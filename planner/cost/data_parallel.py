@@ -18,7 +18,7 @@ class DataParallelTerms:
         total = 0.0
 
         def exposed_s(comm_s, beside_s, frac, overlap):  # the target's rule (its buckets), ours: terms.exposed_s
-            return self.target.dp_exposed_s(comm_s, params, beside_s, frac, overlap)
+            return self.target.dp_exposed_s(comm_s, params, beside_s, frac, overlap, d, lay.vpp)
 
         # the dense gradients are sharded over the dp x cp ranks (adjacent blocks spaced by tp); the expert
         # gradients over the ranks holding the same experts (every ep-th of those)
@@ -87,7 +87,7 @@ class DataParallelTerms:
         calls = num_micro if lay.sharding == "optimizer+grads" else 1
         grad = mem.grad_bytes(lay)
         t = sum(n * self.group_collective_s("all_reduce", grad * elems / shard, lay.tp, self.strides["tp"])
-                for n, elems in mem.tp_replicated_tensors(self.m, lay.ep, layers, first, last))
+                for n, elems in mem.tp_replicated_tensors(self.m, lay.ep, layers, first, last, lay.tp))
         return calls * t * self.prof.eff("tp")
 
     def optimizer_s(self, dense: float, expert: float, fused: float = 0.0) -> float:

@@ -118,7 +118,7 @@ class LayerTerms:
         without MoE fc1 and fc2); each also runs as dgrad and wgrad (_gemm_fwd_bwd_s)."""
         m, t = self.m, self.lay.tp
         T = int(self.tokens)
-        gemms = [(T, (m.q_width + 2 * m.kv_width) // t, m.hidden), (T, m.hidden, m.q_width // t)]
+        gemms = [(T, m.qkv_width_local(t), m.hidden), (T, m.hidden, m.q_width // t)]
         if not m.is_moe:
             gemms += [(T, (2 if m.gated_mlp else 1) * m.ffn_hidden // t, m.hidden), (T, m.hidden, m.ffn_hidden // t)]
         return gemms
@@ -194,7 +194,7 @@ class LayerTerms:
         m, t, prof = self.m, self.lay.tp, self.prof
         if not m.qk_norm:
             return 0.0, 0.0
-        qkv_bytes = BF16 * tokens * (m.q_width + 2 * m.kv_width) / t
+        qkv_bytes = BF16 * tokens * m.qkv_width_local(t)
         return prof.memory_bound_s(2 * qkv_bytes), prof.memory_bound_s(3 * qkv_bytes)
 
     def _unfused_attention_s(self) -> tuple[float, float]:
@@ -279,7 +279,8 @@ class LayerTerms:
                 for bwd in (False, True))
         if lay.cp > 1 and self.target.cp_fp32_buffers:  # PyTorch's fp32 merges and accumulators around the blocks
             per_head = lay.micro_batch * s // lay.cp * m.head_dim
-            pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head, self._cp_kv_heads // t * per_head,
+            pass_f, pass_b = torch_cp_fp32_pass_bytes(m.num_heads // t * per_head,
+                                                      max(self._cp_kv_heads // t, 1) * per_head,
                                                       lay.cp)
             attn_f, attn_b = attn_f + prof.memory_bound_s(pass_f), attn_b + prof.memory_bound_s(pass_b)
         return attn_f, attn_b
@@ -322,7 +323,7 @@ class LayerTerms:
         if not m.learned_positions:
             # runtime/rotary.py: one pass each way over the whole qkv GEMM output (v is copied out beside the
             # rotated q and k; backward also assembles the qkv gradient)
-            rot_bytes = BF16 * 2 * T * (m.q_width + 2 * m.kv_width) / t
+            rot_bytes = BF16 * 2 * T * m.qkv_width_local(t)
             ew_f += k("rotary_fwd", rot_bytes)
             ew_b += k("rotary_bwd", rot_bytes)
         qk_norm_fwd_s, qk_norm_bwd_s = self._qk_norm_s(T)
@@ -332,7 +333,7 @@ class LayerTerms:
         # tokens of the local columns, row-parallel over this rank's sequence shard of all columns (3.6 ms of a
         # 128 ms GPT 1.3B step in a trace): qkv, proj (where the family or qkv_bias / attn_out_bias give them),
         # fc1 (unless inside the activation's backward), fc2
-        sums = ([T * ((m.q_width + 2 * m.kv_width) // t)] if m.has_qkv_bias else []) \
+        sums = ([T * (m.qkv_width_local(t))] if m.has_qkv_bias else []) \
             + ([tok_t * h] if m.has_attn_out_bias else [])
         if m.has_bias and not m.is_moe:
             sums += ([] if bias_act else [T * (f // t)]) + [tok_t * h]
@@ -432,7 +433,7 @@ class LayerTerms:
         if lay.cp == 1:
             return 0.0, 0.0
         t, s = lay.tp, self.shape.seq_len
-        kv_bytes = BF16 * 2 * lay.micro_batch * (self._cp_kv_heads // t) * (s // lay.cp) * m.head_dim
+        kv_bytes = BF16 * 2 * lay.micro_batch * max(self._cp_kv_heads // t, 1) * (s // lay.cp) * m.head_dim
         step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
         frac = self.target.cp_fraction(prof.overlap_hidden_fraction.get("cp", 0.0))
         # dK, dV: cp - 1 steps beside the blocks in bf16; in fp32 through every rank with the last step waited

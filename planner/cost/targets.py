@@ -10,14 +10,18 @@ RuntimeTarget is the identity and changes nothing.
   (TE's FP8 recipe runs all three in FP8; ours keeps wgrad in bf16), the MoE experts' grouped GEMMs too (TE's
   GroupedLinear; ours keeps them in bf16), times `fp8_gemm_factor` (fitted: TE fuses the casts our runtime runs as
   separate passes);
-- TP communication with sequence parallelism overlapped by userbuffers (--tp-comm-overlap): at most
-  `tp_hidden_fraction` of it hidden behind the GEMMs beside it (fitted; the profile's fraction is our runtime's);
+- TP communication with sequence parallelism overlapped by userbuffers (--tp-comm-overlap): all of it that the
+  GEMMs beside it can cover is hidden (`tp_hidden_fraction` 1, stated: MEGATRON_TP_HIDDEN_FRACTION; the profile's
+  fraction is our runtime's);
   without it, the backward's asynchronous column-parallel collectives still hide behind its GEMMs at that fraction
   (`tp_backward_beside_gemms`) and the rest is exposed;
-- DP overlap with the distributed optimizer (--overlap-grad-reduce / --overlap-param-gather) in buckets of
-  `dp_bucket_params` parameters (Megatron's default 40M): the gradient reduction of the last bucket (the first
-  layers, reduced after backward ends) and the parameter gather of the first bucket (before forward starts) are
-  exposed; of the rest at most `dp_hidden_fraction` hides behind the compute beside it (fitted);
+- DP overlap with the distributed optimizer (--overlap-grad-reduce / --overlap-param-gather) by its mechanism
+  (planner/cost/terms.bucketed_exposed_s): buckets of max(`dp_bucket_params`, 1M x DP) parameters (Megatron's
+  default), at least one per model chunk, in the order backward produces their gradients; each bucket's
+  reduce-scatter starts when its last gradient is ready, after the chunk's last micro-batch, and overlaps the
+  backward left after it; the parameter all-gather mirrors it over the next step's first forward. What the
+  communication leaves beyond that compute is exposed (at least the last bucket's tail). One fitted factor,
+  `dp_overlap_contention`, is the share of the overlapped time the compute still loses (SM and memory contention);
 - MoE all-to-alls: one dispatch per layer (no two-chunk dispatch of ours), exposed (`ep_hidden_without_overlap` 0:
   the alltoall dispatcher runs them in order with the experts), or with Megatron-Core's batch-level EP overlap
   (`ep_a2a_beside_layer`; the plan's Layout.overlap_ep, which the search picks where it pays and `plan export`
@@ -27,8 +31,7 @@ RuntimeTarget is the identity and changes nothing.
   ours on top of `compute_factor` (fitted on the MoE fit rows);
 - its pipeline schedules (1F1B, interleaved 1F1B): the same schedule play as ours (planner/schedule.py);
 - eager execution (no CUDA graph): the host issues each layer's kernels, `host_layer_s` per layer and micro-batch
-  (forward and backward, a stated figure times the fitted `host_factor`); a stage runs at the slower of the GPU
-  and the host.
+  (forward and backward, a stated figure, `host_factor` 1); a stage runs at the slower of the GPU and the host.
 
 The megatron factors live in profiles/targets/megatron.json with their provenance (written by
 benchmarks/fit_megatron_target.py from the `fit` rows of benchmarks/published/runs.csv only). They are relative
@@ -37,6 +40,7 @@ to this project's kernels and apply on any GPU kind, so they are a file of their
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -49,6 +53,10 @@ MEGATRON_HOST_LAYER_S = 0.6e-3
 """Stated figure: host time for Megatron-Core (TE layers, eager PyTorch) to issue one transformer layer's forward
 and backward for one micro-batch, about 0.25 ms forward and 0.35 ms backward (autograd) of Python and kernel-launch
 work for the ~100 kernels of a TE layer. An estimate, not measured here: `host_factor` scales it."""
+
+MEGATRON_TP_HIDDEN_FRACTION = 1.0
+"""Share of the TP communication userbuffers can hide behind the GEMMs beside it: all of it up to their time. Stated
+(the fit of this share settled at its bound of 1 on the fit rows, so it is no longer a free factor)."""
 
 MEGATRON_DP_BUCKET_PARAMS = 40_000_000
 """Megatron-Core's default DDP bucket size (--ddp-bucket-size unset: max(40M, 1M x DP size) parameters)."""
@@ -67,7 +75,10 @@ class RuntimeTarget:
     """Share of the MoE all-to-alls hidden behind the expert compute beside them (Megatron-Core's EP overlap,
     --overlap-moe-expert-parallel-comm, and its permute fusion); None: the profile's."""
     dp_bucket_params: float = 0.0
-    """Parameters per DP bucket whose first gather and last reduction are exposed; 0: no bucket term (ours)."""
+    """Parameters per DP bucket (at least; Megatron takes max(this, 1M x DP)); 0: no bucket mechanism (ours: the
+    profile's overlap fraction)."""
+    dp_overlap_contention: float = 0.0
+    """Share of a DP collective's overlapped time that the compute beside it loses (bucketed_exposed_s)."""
     host_layer_s: float = 0.0
     """Host time per layer and micro-batch (forward + backward); 0: the profile's host model (ours)."""
     host_factor: float = 1.0
@@ -224,17 +235,19 @@ class RuntimeTarget:
         return profile_fraction if self.dp_hidden_fraction is None else self.dp_hidden_fraction
 
     def dp_exposed_s(self, comm_s: float, params: float, beside_s: float, profile_fraction: float,
-                     overlap: bool) -> float:
-        """Exposed DP traffic `comm_s` of `params` parameters running beside `beside_s` of compute: without a
-        bucket term the overlap rule (planner/cost/terms.exposed_s) at this target's fraction; with one, one
-        bucket's share of it is exposed and the rest follows the rule."""
-        from planner.cost.terms import exposed_s
+                     overlap: bool, dp: int = 1, chunks: int = 1) -> float:
+        """Exposed DP traffic `comm_s` of `params` parameters beside `beside_s` of compute (one micro-batch's
+        backward of the rank's layers for the gradient reduction, its forward for the parameter gather): without a
+        bucket size the overlap rule (planner/cost/terms.exposed_s) at this target's fraction; with one, the bucket
+        mechanism (terms.bucketed_exposed_s) over max(bucket, 1M x dp)-parameter buckets, at least one per model
+        chunk (`chunks`: virtual stages per rank)."""
+        from planner.cost.terms import bucketed_exposed_s, exposed_s
 
-        frac = self.dp_fraction(profile_fraction)
         if not overlap or self.dp_bucket_params <= 0 or params <= 0:
-            return exposed_s(comm_s, beside_s, frac, overlap)
-        bucket_s = comm_s * min(1.0, self.dp_bucket_params / params)
-        return bucket_s + exposed_s(comm_s - bucket_s, beside_s, frac, True)
+            return exposed_s(comm_s, beside_s, self.dp_fraction(profile_fraction), overlap)
+        bucket = max(self.dp_bucket_params, 1e6 * dp)
+        buckets = max(chunks, math.ceil(params / bucket))
+        return bucketed_exposed_s(comm_s, beside_s, buckets, self.dp_overlap_contention)
 
     def stage_host_s(self, layers: float, recompute_layers: float) -> float:
         """Host time to issue one micro-batch of a stage of `layers` layers, `recompute_layers` of them rerunning
@@ -251,8 +264,8 @@ class RuntimeTarget:
             return "ours (this project's runtime)"
         fitted = self.provenance.get("fitted_on", "")
         return (f"megatron (Megatron-Core + Transformer Engine, eager; compute x{self.compute_factor:.3f}, TP overlap "
-                f"hides {self.tp_hidden_fraction:.0%}, DP overlap hides {self.dp_hidden_fraction:.0%} beyond a "
-                f"{self.dp_bucket_params / 1e6:.0f}M-parameter bucket, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, MoE layer kernels x{self.expert_factor:.2f}, batch-level EP overlap hides {self.ep_hidden_fraction:.0%} (without it none), host {self.host_layer_s * self.host_factor * 1e3:.2f}"
+                f"hides {self.tp_hidden_fraction:.0%}, DP buckets of {self.dp_bucket_params / 1e6:.0f}M parameters "
+                f"overlapped at {self.dp_overlap_contention:.0%} contention, FP8 GEMMs x{self.fp8_gemm_factor:.2f}, MoE layer kernels x{self.expert_factor:.2f}, batch-level EP overlap hides {self.ep_hidden_fraction:.0%} (without it none), host {self.host_layer_s * self.host_factor * 1e3:.2f}"
                 f" ms per layer and micro-batch" + (f"; fitted on {fitted}" if fitted else "") + ")")
 
 
@@ -265,8 +278,8 @@ def target_file(name: str) -> Path:
     return Path(str(resources.files("profiles"))) / TARGETS_DIR / f"{name}.json"
 
 
-MEGATRON_FACTORS = ("compute_factor", "tp_hidden_fraction", "dp_hidden_fraction", "ep_hidden_fraction",
-                    "fp8_gemm_factor", "host_factor", "expert_factor", "legacy_compute_factor")
+MEGATRON_FACTORS = ("compute_factor", "dp_overlap_contention", "ep_hidden_fraction", "fp8_gemm_factor", "expert_factor",
+                    "legacy_compute_factor")
 """The megatron target's free factors (fitted by benchmarks/fit_megatron_target.py)."""
 
 
@@ -275,6 +288,7 @@ def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_
     """The megatron RuntimeTarget with these free factors (MEGATRON_FACTORS) and its fixed traits: one MoE dispatch
     per layer, FP8 weight gradients and experts, eager execution, the experts' states sharded over TP x DP x CP / EP (ETP 1)."""
     return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
+                         tp_hidden_fraction=MEGATRON_TP_HIDDEN_FRACTION,
                          dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
                          two_chunk_dispatch=False, fp8_wgrad=True, fp8_experts=True, cuda_graph=False,
                          tp_backward_beside_gemms=True,

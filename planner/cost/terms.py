@@ -35,6 +35,22 @@ def exposed_s(comm_s: float, beside_s: float, hidden_fraction: float, overlap: b
     return comm_s - min(hidden_fraction * comm_s, beside_s)
 
 
+def bucketed_exposed_s(comm_s: float, window_s: float, buckets: int, contention: float = 0.0) -> float:
+    """Communication left on the critical path when it goes out in `buckets` equal buckets, one after another on
+    one stream, each as soon as its share of a compute window of `window_s` is done (Megatron-Core's
+    --overlap-grad-reduce: a bucket's reduce-scatter starts when backward has produced its last gradient) or, the
+    mirror, each needed before its share of the window starts (--overlap-param-gather: a bucket's all-gather before
+    the forward of its layers). With bucket k of n ready at k/n of the window, the last transfer ends at the latest of
+    k/n x window + (n - k + 1)/n x comm over k, which is at k = n (only the last bucket's tail, comm / n, is left:
+    communication keeps up) or at k = 1 (communication-bound: all of it less the n - 1 buckets' window it ran beside).
+    The part that runs beside compute still costs `contention` of its time (the SMs and memory bandwidth the
+    collectives take from the compute they overlap)."""
+    if buckets <= 1 or window_s <= 0:
+        return comm_s
+    exposed = max(comm_s / buckets, comm_s - window_s * (1 - 1 / buckets))
+    return exposed + contention * (comm_s - exposed)
+
+
 def two_chunk_exposed_s(transfer_s: float, experts_s: float) -> float:
     """What an MoE layer's all-to-alls add to its experts' time, one direction (forward or backward), with the
     tokens dispatched in two chunks (Layout.overlap_ep, runtime/parallel/expert.py): chunk 0's dispatch alone,

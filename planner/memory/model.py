@@ -65,10 +65,10 @@ def plan_memory_limit_bytes(cluster: ClusterSpec) -> float:
 def layer_dense_params_local(m: ModelSpec, tp: int) -> float:
     """Non-expert parameters of one layer held by one tensor-parallel rank (norms and row biases replicated)."""
     h = m.hidden
-    qkv_out = m.q_width + 2 * m.kv_width
-    attn = h * qkv_out / tp + m.q_width * h / tp
+    qkv_rows = m.qkv_weight_rows_local(tp)
+    attn = h * qkv_rows + m.q_width * h / tp
     if m.has_qkv_bias:
-        attn += qkv_out / tp
+        attn += qkv_rows
     if m.has_attn_out_bias:
         attn += h
     attn += m.qk_norm_params()  # whole on every rank: each holds its own heads' share of their gradient
@@ -89,7 +89,7 @@ def layer_gemm_weights_local(m: ModelSpec, tp: int) -> float:
     """Weights of one layer's column- and row-parallel GEMMs (qkv, out-proj, and the dense MLP's fc1, fc2)
     on one TP rank: the runtime accumulates their gradients inside the weight-gradient GEMM."""
     h, f = m.hidden, m.ffn_hidden
-    attn = h * (m.q_width + 2 * m.kv_width) / tp + m.q_width * h / tp
+    attn = h * m.qkv_weight_rows_local(tp) + m.q_width * h / tp
     if m.is_moe:
         return attn
     return attn + (3 if m.gated_mlp else 2) * h * f / tp
@@ -131,18 +131,24 @@ def head_params_local(m: ModelSpec, tp: int, pp: int) -> float:
     return n
 
 
-def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, last: bool) -> list[tuple[float, float]]:
+def tp_replicated_tensors(m: ModelSpec, ep: int, layers: float, first: bool, last: bool,
+                          tp: int = 1) -> list[tuple[float, float]]:
     """(how many, elements each) of one pipeline rank's parameter tensors that are replicated over TP while the
     activations they touch are sequence-sharded: their gradients are partial per TP rank, and the runtime
     all-reduces each over TP, one call per tensor (runtime/parallel/data_parallel.py, `sequence_parallel`; the list
     follows runtime/model.py, tensor.py and expert.py): the norms' weights and biases, the row-parallel biases,
     learned positions, token types, the embedding norm and the head transform (BERT), and under MoE the router and the
     local experts' weights, which every TP rank holds whole. Likewise the q/k norms' weights (qk_norm), which touch
-    head-sharded activations: each rank's gradient is its own heads' part of the sum."""
+    head-sharded activations: each rank's gradient is its own heads' part of the sum. Where `tp` exceeds the KV
+    heads, the K/V weights (and bias) too (SharedKVQKVLinear): each rank's gradient is its own KV head's rows."""
     h, f = m.hidden, m.ffn_hidden
     fam = m.model_family
     norm = 2 if m.layernorm else 1                                  # LayerNorm: weight and bias
     per_layer = [(2 * norm, h)]
+    if m.num_kv_heads < tp:
+        per_layer.append((1, 2 * m.kv_width * h))                   # K/V weights, whole on every TP rank
+        if m.has_qkv_bias:
+            per_layer.append((1, 2 * m.kv_width))
     if m.qk_norm:
         per_layer.append((2, m.head_dim))                           # q_norm and k_norm weights
     row_biases = int(m.has_attn_out_bias) + int(m.has_bias and not m.is_moe)
@@ -216,7 +222,7 @@ def largest_layer_param_local(m: ModelSpec, tp: int) -> float:
     """Elements of the largest parameter tensor of one layer on a tensor-parallel rank (fused qkv or fc1;
     an expert's own matrices are not split by TP)."""
     h = m.hidden
-    return max((m.q_width + 2 * m.kv_width) * h / tp, (2 if m.gated_mlp else 1) * m.ffn_hidden * h / tp,
+    return max(m.qkv_weight_rows_local(tp) * h, (2 if m.gated_mlp else 1) * m.ffn_hidden * h / tp,
                m.ffn_hidden * h if m.is_moe else 0.0)
 
 
@@ -304,7 +310,7 @@ def fp8_cached_layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout
     tok_t = tokens / t
     h, f = m.hidden, m.ffn_hidden
     norms_in = 2 * BF16_BYTES * h * tok_t
-    qkv = BF16_BYTES * (cache.mla_latent_width if cache.mla_latent_width else m.q_width + 2 * m.kv_width) * tok_t
+    qkv = BF16_BYTES * (cache.mla_latent_width * tok_t if cache.mla_latent_width else m.qkv_width_local(t) * tokens)
     attn_out = E5M6_BYTES * m.q_width * tok_t + FP32_BYTES * lay.micro_batch * (m.num_heads / t) * shape.seq_len / lay.cp
     if m.is_moe:
         router = FP32_BYTES * (2 * m.num_experts + 2 * m.top_k * m.num_experts) * tok_t
@@ -327,12 +333,12 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
     stats = FP32_BYTES * (2 if m.layernorm else 1)  # LayerNorm keeps mean and rstd, RMSNorm only rstd
     norms_in = 2 * (a * h + stats) * tok_t
     gemm_in = 2 * a * h * tok_t  # QKV and FC1 inputs (the norm outputs), sequence-sharded
-    qkv = a * (m.q_width + 2 * m.kv_width) * tok_t
+    qkv = a * m.qkv_width_local(t) * tokens  # each rank's heads' q, k, v over the whole sequence
     attn_out = a * m.q_width * tok_t + FP32_BYTES * lay.micro_batch * (m.num_heads / t) * shape.seq_len / lay.cp
     # q/k norms (qk_norm): they keep the whole qkv GEMM output (v's part too: runtime/qk_norm.py saves it, PyTorch's
     # path keeps views into it) with an fp32 rstd per head and token; selective recompute reruns them inside the
     # checkpointed attention core, whose kept input is that same GEMM output
-    qk_norms = (a * (m.q_width + 2 * m.kv_width) + FP32_BYTES * (m.num_heads + m.num_kv_heads)) * tok_t \
+    qk_norms = (a * m.qkv_width_local(t) + FP32_BYTES * (m.num_heads / t + m.kv_heads_local(t))) * tokens \
         if m.qk_norm else 0.0
     if m.is_moe:
         # as runtime/parallel/expert.py keeps them: the router's input (bf16, _RouterLogits), its fp32 logits and
@@ -363,7 +369,7 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
     # norm itself and keeps the output, so there only the attention norm's output goes
     selective = none - (gemm_in / 2 if m.is_moe else gemm_in) - act_out_total - qk_norms
     full = a * h * tok_t
-    widest = max(h, (2 if m.gated_mlp else 1) * f * (m.top_k if m.is_moe else 1), m.q_width + 2 * m.kv_width)
+    widest = max(h, (2 if m.gated_mlp else 1) * f * (m.top_k if m.is_moe else 1), m.qkv_width_local(t) * t)
     working = 3 * a * widest * tokens / t
     return LayerActivations(none, selective, full, working)
 

@@ -161,6 +161,22 @@ class ModelSpec:
     def kv_width(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def kv_heads_local(self, tp: int) -> int:
+        """KV heads one TP rank computes: kv_heads / tp, or one (shared with the ranks of its query group) where
+        TP exceeds the KV heads (runtime/parallel/tensor.py, SharedKVQKVLinear; Megatron-Core likewise)."""
+        return max(self.num_kv_heads // tp, 1)
+
+    def qkv_width_local(self, tp: int) -> int:
+        """Output width of one TP rank's fused qkv GEMM: its q heads and its KV heads' K and V."""
+        return self.q_width // tp + 2 * self.kv_heads_local(tp) * self.head_dim
+
+    def qkv_weight_rows_local(self, tp: int) -> float:
+        """Rows of the qkv weight one TP rank holds: (q + 2 kv) / tp, or, where TP exceeds the KV heads, its q
+        rows and every KV head's K and V rows, whole on every rank (SharedKVQKVLinear)."""
+        if self.num_kv_heads >= tp:
+            return (self.q_width + 2 * self.kv_width) / tp
+        return self.q_width / tp + 2 * self.kv_width
+
     # -- parameter counts (elements) ---------------------------------------
     def norm_params(self) -> int:
         return 2 * self.hidden if self.layernorm else self.hidden

@@ -1,5 +1,6 @@
 """Enumeration of candidate layouts: every (tp, cp, pp, vpp, dp, ep, micro-batch, sharding, recompute pin) the
-cluster and the user's pins allow; planner/legality.py then filters them."""
+cluster and the user's pins allow; planner/legality.py then filters them. Virtual stages run up to layers / pp
+(one layer per virtual stage); the schedules' own rules (planner/schedules/) decide which of those can run."""
 from __future__ import annotations
 
 
@@ -10,8 +11,14 @@ from planner.plan import Layout, TrainingShape
 from planner.search.result import Pins
 
 
-MAX_VPP = 8
 MAX_MICRO_BATCH = 16
+
+EVEN_SPLIT_VPP_ABOVE = 8
+"""Virtual stages per pipeline rank searched whatever the split: 1 to this. Above it the search takes only the
+counts that split the layers evenly (layers divisible by pp * vpp, down to one layer per virtual stage), the
+layouts interleaved runs use at that depth (Nemotron-4 340B: 96 layers, PP 8, 12 virtual stages); uneven splits
+there add many candidates and little throughput, and keep the search inside its plan-speed bars
+(benchmarks/plan_speed.py)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -24,6 +31,12 @@ def _pow2_upto(n: int) -> list[int]:
         out.append(x)
         x *= 2
     return out
+
+
+def _virtual_stage_counts(layers: int, pp: int) -> list[int]:
+    """The virtual-stage counts searched at pipeline depth pp: every count up to EVEN_SPLIT_VPP_ABOVE, and above it
+    those that give every virtual stage the same whole number of layers; at most layers / pp."""
+    return [v for v in range(1, layers // pp + 1) if v <= EVEN_SPLIT_VPP_ABOVE or layers % (pp * v) == 0]
 
 
 def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, pins: Pins):
@@ -43,8 +56,7 @@ def enumerate_layouts(model: ModelSpec, shape: TrainingShape, cluster: ClusterSp
                 dp = rest // pp
                 if pins.dp and pins.dp != dp:
                     continue
-                vpps = [pins.vpp] if pins.vpp else ([1] if pp == 1 else
-                                                    [v for v in range(1, MAX_VPP + 1) if pp * v <= model.num_layers])
+                vpps = [pins.vpp] if pins.vpp else ([1] if pp == 1 else _virtual_stage_counts(model.num_layers, pp))
                 eps = [pins.ep] if pins.ep else [e for e in _divisors(model.num_experts) if (dp * cp) % e == 0]
                 if shape.global_batch % dp:
                     mbs = [pins.micro_batch] if pins.micro_batch else []

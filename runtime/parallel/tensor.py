@@ -254,7 +254,8 @@ class _RowParallelFn(torch.autograd.Function):
         return grad_x, weight_grad(ctx.param, grad_full, x), grad_b, None, None, None, None
 
 
-PARAM_ATTRS = ("tp_dim", "tp_parts", "init", "sequence_parallel", "logical_name", "tied_copy", "expert")
+PARAM_ATTRS = ("tp_dim", "tp_parts", "init", "sequence_parallel", "logical_name", "logical_leaf", "tied_copy",
+               "expert")
 """Metadata our parameters carry; wrappers that replace parameters (FSDP2) must copy it over."""
 
 
@@ -301,6 +302,53 @@ class ColumnParallelLinear(nn.Module):
         return _ColumnParallelFn.apply(x, w, bias, self.group, self.overlap, fn, src, self.fp8)
 
 
+class SharedKVQKVLinear(nn.Module):
+    """The fused qkv projection where TP exceeds the KV heads (tp % kv_heads == 0): each rank computes its q heads
+    and the one KV head they attend with, as Megatron-Core does when num_query_groups < TP.
+
+    Parameters: `q_weight` [q_width/t, in] (split over TP like a column-parallel weight), `k_weight` and `v_weight`
+    [kv_width, in], whole on every TP rank, and `q_bias`, `k_bias`, `v_bias` likewise. A rank multiplies by its q
+    rows and its KV head's K and V rows only, so its K/V gradients are zero outside that head's rows; they are marked
+    sequence_parallel, and the all-reduce over TP that such parameters get (runtime/parallel/data.py) sums each head's
+    gradient over exactly the ranks that share it. Every rank so holds the same K/V weights (initialised from their
+    logical name) and keeps them identical step after step. Their logical names are the fused qkv's parts
+    (`logical_leaf`: qkv.weight.part0, .part1, .part2), so a checkpoint moves between this module and
+    ColumnParallelLinear (runtime/checkpoint.py). Output: [s, b, (q_width/t + 2 head_dim)], the layout of
+    ColumnParallelLinear over [q, k, v] with one KV head."""
+
+    def __init__(self, in_features: int, q_width: int, kv_heads: int, head_dim: int, bias: bool, group,
+                 overlap: bool = True):
+        super().__init__()
+        t, r = group_size(group), group_rank(group)
+        assert q_width % t == 0 and t % kv_heads == 0, f"TP {t}: q width {q_width}, {kv_heads} KV heads"
+        self.group, self.overlap, self.d = group, overlap, head_dim
+        self.head = r // (t // kv_heads)  # the KV head this rank's q heads use
+        kv_width = kv_heads * head_dim
+        self.q_weight = _tp_param((q_width // t, in_features), 0, [q_width], ("normal", 0.02))
+        self.k_weight = _tp_param((kv_width, in_features), None, sequence_parallel=True)
+        self.v_weight = _tp_param((kv_width, in_features), None, sequence_parallel=True)
+        self.q_bias = _tp_param((q_width // t,), 0, [q_width], ("zeros",)) if bias else None
+        self.k_bias = _tp_param((kv_width,), None, init=("zeros",), sequence_parallel=True) if bias else None
+        self.v_bias = _tp_param((kv_width,), None, init=("zeros",), sequence_parallel=True) if bias else None
+        for kind in ("weight", "bias"):
+            for i, part in enumerate("qkv"):
+                p = getattr(self, f"{part}_{kind}")
+                if p is not None:
+                    p.logical_leaf = f"{kind}.part{i}"
+        self.fp8 = False  # see ColumnParallelLinear
+
+    def _rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q's rows, then this rank's KV head's K rows and V rows."""
+        lo = self.head * self.d
+        return torch.cat([q, k[lo:lo + self.d], v[lo:lo + self.d]])
+
+    def forward(self, x, recompute=None):
+        fn, src = recompute if recompute is not None else (None, None)
+        w = self._rows(self.q_weight, self.k_weight, self.v_weight)
+        b = self._rows(self.q_bias, self.k_bias, self.v_bias) if self.q_bias is not None else None
+        return _ColumnParallelFn.apply(x, w, b, self.group, self.overlap, fn, src, self.fp8)
+
+
 class RowParallelLinear(nn.Module):
     """Input features split over TP; output reduce-scattered to sequence shards; bias added after."""
 
@@ -327,7 +375,7 @@ def enable_fp8(module: nn.Module) -> int:
     Returns how many linears it switched."""
     n = 0
     for m in module.modules():
-        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear, SharedKVQKVLinear)):
             m.fp8 = True
             n += 1
     return n

@@ -41,8 +41,13 @@ def test_heads_divisible_by_tp():
     assert "4 attention heads are not divisible by TP 8" in why(tiny_model("gpt", ffn_hidden=256), tp=8)
 
 
-def test_kv_heads_divisible_by_tp():
-    assert "2 KV heads are not divisible by TP 4" in why(LLAMA, tp=4)
+def test_kv_heads_a_multiple_or_a_divisor_of_tp():
+    """Fewer KV heads than TP ranks is legal where TP is a multiple of them (each KV head is replicated over the
+    ranks that share it); any other count is refused by name."""
+    assert why(LLAMA, tp=4) is None                                            # 2 KV heads, TP 4
+    assert why(tiny_model("llama", num_kv_heads=1), tp=4) is None             # one KV head
+    model = tiny_model("llama", num_heads=12, num_kv_heads=3, hidden=96)
+    assert "3 KV heads are neither a multiple nor a divisor of TP 4" in why(model, tp=4)
 
 
 def test_ffn_divisible_by_tp():

@@ -58,10 +58,13 @@ def draw_attention_biases(model, spec, groups, seed=1234):
     init_weights(model, groups, seed)
 
 
-def run_case(spec, lay: Layout, groups, modes, steps=2):
-    """Returns losses of `steps` steps and logical grads of the first step (gathered over TP)."""
+def run_case(spec, lay: Layout, groups, modes, steps=2, prepare=None):
+    """Returns losses of `steps` steps and logical grads of the first step (gathered over TP). prepare(model), when
+    given, runs after initialisation (a test that sets the weights itself)."""
     model = build_model(spec, groups, modes, overlap=lay.overlap_tp, fp8=lay.fp8)
     draw_attention_biases(model, spec, groups)
+    if prepare is not None:
+        prepare(model)
     opt = build_optimizer([model], groups, lay.sharding, AdamConfig(lr=1e-3), overlap=lay.overlap_dp,
                           bucket_elems=20_000, grad_dtype=GRAD_DTYPES[lay.grad_dtype])
     grads = {}

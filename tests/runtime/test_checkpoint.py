@@ -54,6 +54,10 @@ def worker(rank, world, family, phases, ckpt_dir):
     # the q/k/v bias saved as its logical parts from TP2 shards, read back whole (and the output bias)
     ("llama+qkv_bias+attn_out_bias", dict(tp=2, micro_batch=2, sharding="none"),
      dict(dp=2, micro_batch=1, sharding="optimizer")),
+    # one KV head: saved from the fused qkv (DP2), resumed at TP2 where the K/V weights are whole on each rank
+    # (runtime/parallel/tensor.py, SharedKVQKVLinear), read back from the fused parts
+    ("llama+qkv_bias+num_kv_heads=1", dict(dp=2, micro_batch=1, sharding="optimizer"),
+     dict(tp=2, micro_batch=2, sharding="none")),
     # Qwen3's q/k norm weights: replicated over TP, saved once and read back by every rank of the next plan
     ("llama+qk_norm+head_dim_override=24", dict(tp=2, micro_batch=2, sharding="optimizer"),
      dict(dp=2, micro_batch=1, sharding="full")),

@@ -40,7 +40,7 @@ def test_llama3_16k_gpu_dp_traffic_by_hand(rows):
 
     by_id, pr = rows
     row = by_id["llama3-02"]
-    plan = pr.plan_row(row, replace(load_target("megatron"), dp_hidden_fraction=0.0))
+    plan = pr.plan_row(row, replace(load_target("megatron"), dp_bucket_params=0.0, dp_hidden_fraction=0.0))
     m = row.model
     params_rank = (8 * m.layer_params() + m.embedding_params()) / 8
     hand_s = params_rank * (4 + 2) * 127 / 128 / 50e9

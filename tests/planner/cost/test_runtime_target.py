@@ -4,9 +4,9 @@ target existed, `megatron` is saved in and read from the plan file, named in eve
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,15 +66,35 @@ def test_megatron_changes_time_not_memory(profile):
     assert max(p.memory_gib_per_rank) == pytest.approx(mem_gib, rel=1e-12)
 
 
-def test_dp_bucket_term_by_hand():
-    t = RuntimeTarget("t", dp_hidden_fraction=0.6, dp_bucket_params=40e6)
-    # 400M parameters: one 40M bucket (a tenth of the traffic) exposed, the rest hidden up to 60% or the compute beside
-    assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, True) == pytest.approx(0.1 + 0.9 * 0.4)
-    assert t.dp_exposed_s(1.0, 400e6, 0.2, 0.0, True) == pytest.approx(0.1 + 0.9 - 0.2)
-    assert t.dp_exposed_s(1.0, 20e6, 10.0, 0.0, True) == pytest.approx(1.0)  # all in one bucket
+def test_dp_bucket_mechanism_by_hand():
+    t = RuntimeTarget("t", dp_bucket_params=40e6)
+    # 400M parameters: ten 40M buckets; with compute to spare only the last bucket's tail (a tenth) is exposed
+    assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, True) == pytest.approx(0.1)
+    # communication-bound: all of it less the nine buckets' share of the window it ran beside
+    assert t.dp_exposed_s(1.0, 400e6, 0.5, 0.0, True) == pytest.approx(1.0 - 0.5 * 0.9)
+    # contention: the overlapped part still costs that share of its time
+    assert replace(t, dp_overlap_contention=0.25).dp_exposed_s(1.0, 400e6, 10.0, 0.0, True) == pytest.approx(0.1 + 0.25 * 0.9)
+    assert t.dp_exposed_s(1.0, 20e6, 10.0, 0.0, True) == pytest.approx(1.0)  # one bucket: after the window
+    assert t.dp_exposed_s(1.0, 20e6, 10.0, 0.0, True, chunks=4) == pytest.approx(0.25)  # a bucket per model chunk
+    assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, True, dp=200) == pytest.approx(0.5)  # buckets of 1M x DP: two
     assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, False) == 1.0
     for comm, beside, frac in ((1.0, 10.0, 0.5), (2.0, 0.3, 0.9)):  # ours: the plain overlap rule, profile's fraction
         assert OURS.dp_exposed_s(comm, 400e6, beside, frac, True) == exposed_s(comm, beside, frac, True)
+
+
+def test_megatron_dp_share_falls_as_micro_batches_per_step_rise(profile):
+    """Megatron's gradient reduce-scatter and parameter all-gather overlap only the last micro-batch's backward and
+    the first one's forward (the bucket mechanism), so their exposed time stays put while a step of more
+    micro-batches grows: the DP part of the breakdown falls as micro-batches per step rise."""
+    shares = []
+    for global_batch in (32, 64, 128, 256):  # 1, 2, 4, 8 micro-batches per DP rank at DP 32
+        lay = Layout(tp=8, dp=32, micro_batch=1, sharding="optimizer", cuda_graph=False)
+        cm = CostModel(resolve_model("llama3-70b"), TrainingShape(4096, global_batch), lay,
+                       ClusterSpec(gpu="h200-sxm", num_gpus=256, gpus_per_node=8), profile,
+                       target=load_target("megatron"))
+        p = cm.predict(even_stages(80, 1, "full"))
+        shares.append(p.breakdown_s["dp_comm"] / p.step_s)
+    assert shares[0] > 0.05 and all(a > b for a, b in zip(shares, shares[1:])), shares
 
 
 def test_megatron_host_floor_by_hand(profile):
