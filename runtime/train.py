@@ -258,6 +258,7 @@ class StepLog:
         self.tokens = shape.global_batch * shape.seq_len
         self.flops = plan.model.model_flops_per_token(shape.seq_len) * self.tokens
         self.results, self.writer = None, None
+        self.last_saved: int | None = None  # the newest step checkpointed, for the sentence of a failed write
         if self.rank0 and results_path:
             self.results, self.writer = _open_results(Path(results_path))
 
@@ -286,14 +287,28 @@ class StepLog:
         if self.rank0:
             print(" ".join(f"{k} {v}" for k, v in row.items() if k != "end_unix_s"), flush=True)
             if self.writer:
-                self.writer.writerow(row)
-                self.results.flush()
+                self._write_row(row)
         supervise.progress(rec.step)  # the launcher's monitor: this rank is not stuck
         return self.stop.agreed()  # SIGTERM / SIGINT on any rank: every rank stops after the same step
 
+    def _write_row(self, row: dict) -> None:
+        """Append a step's row to the results CSV; a write error (a full disk) is one sentence naming the step to
+        resume from."""
+        try:
+            self.writer.writerow(row)
+            self.results.flush()
+        except OSError as e:
+            where = (f"resume from step {self.last_saved} with --resume" if self.last_saved is not None
+                     else "no checkpoint was saved yet")
+            raise PlanError(f"writing step {row['step']}'s row to the results file '{self.results.name}' failed "
+                            f"({e.strerror or e}); {where}") from None
+
     def close(self) -> None:
         if self.results:
-            self.results.close()
+            try:
+                self.results.close()
+            except OSError:  # the write error was reported when it happened
+                pass
 
 
 def _open_results(path: Path):
@@ -489,7 +504,7 @@ def run_steps(t: Trainer) -> RunOutcome:
     start = t.start
     pending: _LaunchedStep | None = None
     done, stopped = start, False
-    last_saved = start if args.resume else None
+    last_saved = t.log.last_saved = start if args.resume else None
     for step in range(start, start + args.steps):
         if step > start and (step - start) % GC_EVERY_STEPS == 0:
             gc.collect()
@@ -516,7 +531,7 @@ def run_steps(t: Trainer) -> RunOutcome:
             t.save(done)
             t.save_hf(done, final=False)
             supervise.progress()
-            last_saved = done
+            last_saved = t.log.last_saved = done
         if stopped:
             if rank0:
                 print(f"stopping after step {done} (signal)", flush=True)
