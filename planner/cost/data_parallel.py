@@ -74,6 +74,30 @@ class DataParallelTerms:
             + (mem.head_gemm_weights_local(m, lay.tp) if last else 0.0) \
             + (word if first else 0.0) + (word if tied_copy else 0.0)
 
+    def tied_embedding_grad_bytes(self, first: bool, last: bool) -> float:
+        """Bytes of the tied word embedding's gradient that the first and the last pipeline rank sum between them
+        once per step (runtime/parallel/pipeline.py finish_gradients), before the data-parallel reduction: the
+        rank's [vocab / tp, hidden] gradient in the main gradients' precision, or under 'full' its shard over
+        dp x cp in fp32 (FSDP2 keeps the sharded gradient in the fp32 parameter's dtype). 0 on a rank that holds
+        no copy, without a pipeline or without tied embeddings."""
+        lay, m = self.lay, self.m
+        if lay.pp == 1 or not m.tie_embeddings or not (first or last):
+            return 0.0
+        word = m.padded_vocab * m.hidden / lay.tp
+        if lay.sharding == "full":
+            return mem.FP32_BYTES * word / (lay.dp * lay.cp)
+        return mem.grad_bytes(lay) * word
+
+    def tied_embedding_reduce_s(self, first: bool, last: bool) -> float:
+        """The all-reduce of tied_embedding_grad_bytes between the first and the last pipeline rank (a group of two,
+        pp - 1 pipeline strides apart), exposed: it runs after the last backward and before the data-parallel
+        reduction starts."""
+        nbytes = self.tied_embedding_grad_bytes(first, last)
+        if nbytes <= 0:
+            return 0.0
+        stride = self.strides["pp"] * (self.lay.pp - 1)
+        return self.group_collective_s("all_reduce", nbytes, 2, stride) * self.prof.eff("dp")
+
     def tp_grad_reduce_s(self, layers: float, first: bool, last: bool, num_micro: int) -> float:
         """The TP all-reduces of the gradients of TP-replicated parameters (memory.tp_replicated_tensors), one
         fp32 call per tensor, issued in backward's gradient hooks on the compute stream: exposed. Once per step

@@ -179,19 +179,32 @@ def grad_bytes(lay: Layout) -> int:
     return BF16_BYTES if lay.grad_dtype == "bf16" else FP32_BYTES
 
 
-def bytes_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES) -> float:
-    """Persistent bytes per parameter: the compute-dtype weight, the main gradient (`grad` bytes, full-size
-    under 'none' and 'optimizer'; ZeRO-2 keeps only its fp32 shard, which accumulates the reduced micro-batches
-    whatever the reduction's precision), fp32 master weight and Adam m and v."""
+def state_parts_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES,
+                          pipelined: bool = False) -> tuple[float, float, float]:
+    """Persistent (weight, gradient, optimizer) bytes per parameter: the compute-dtype weight, the main gradient
+    (`grad` bytes, full-size under 'none' and 'optimizer'; ZeRO-2 keeps its fp32 shard, which accumulates the
+    reduced micro-batches whatever the reduction's precision), fp32 master weight and Adam m and v.
+
+    Under 'optimizer+grads' in a pipeline (`pipelined`: pp > 1) the runtime reduces the gradients only on a chunk's
+    last micro-batch (runtime/parallel/pipeline.py sets the optimizer's sync there), so every bucket's full-size
+    gradient (`grad` bytes per parameter, runtime/parallel/flat_buffer.py Bucket.full) is held from the first
+    micro-batch's backward to the step's end, beside the fp32 shard: the rank holds what ZeRO-1 holds plus the
+    shard. This counts what the runtime holds (the simulation traces it: benchmarks/results/simulation/); reducing
+    every micro-batch under a pipeline would need per-chunk bucket accounting in the runtime."""
     d = max(shard_ranks, 1)
     weight, optim = BF16_BYTES, 3 * FP32_BYTES
     if sharding == "none":
-        return weight + grad + optim
+        return weight, grad, optim
     if sharding == "optimizer":
-        return weight + grad + optim / d
+        return weight, grad, optim / d
     if sharding == "optimizer+grads":
-        return weight + (FP32_BYTES + optim) / d
-    return (weight + FP32_BYTES + optim) / d  # full: FSDP2 keeps the sharded gradient in the fp32 parameter's dtype
+        return weight, FP32_BYTES / d + (grad if pipelined else 0.0), optim / d
+    return weight / d, FP32_BYTES / d, optim / d  # full: FSDP2 keeps the sharded gradient in the fp32 parameter's dtype
+
+
+def bytes_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES, pipelined: bool = False) -> float:
+    """Persistent bytes per parameter: the sum of state_parts_per_param."""
+    return sum(state_parts_per_param(sharding, shard_ranks, grad, pipelined))
 
 
 def expert_shard_ranks(lay: Layout, over_tp: bool = False) -> int:
@@ -204,8 +217,9 @@ def expert_shard_ranks(lay: Layout, over_tp: bool = False) -> int:
 def state_bytes(dense_params: float, expert_params: float, lay: Layout, experts_over_tp: bool = False) -> float:
     d = lay.dp * lay.cp
     g = grad_bytes(lay)
-    return (dense_params * bytes_per_param(lay.sharding, d, g)
-            + expert_params * bytes_per_param(lay.sharding, expert_shard_ranks(lay, experts_over_tp), g))
+    piped = lay.pp > 1
+    return (dense_params * bytes_per_param(lay.sharding, d, g, piped)
+            + expert_params * bytes_per_param(lay.sharding, expert_shard_ranks(lay, experts_over_tp), g, piped))
 
 
 DP_BUCKET_ELEMENTS = 40_000_000
@@ -241,6 +255,10 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
         return 0.0
     if lay.sharding == "optimizer":
         return 0.0  # reduced in place, into each rank's own shard of the main-gradient buffer
+    if lay.pp > 1:  # the full buckets are held all step (state_parts_per_param); the reduce-scatters' outputs,
+        # a shard of each bucket in flight, are what comes on top
+        in_flight = min(3 * bucket_elems + 2 * largest_layer_param + largest_param, dense_params + expert_params)
+        return grad_bytes(lay) * in_flight / d
     return grad_bytes(lay) * (3 * bucket_elems + 2 * largest_layer_param + largest_param)
 
 
