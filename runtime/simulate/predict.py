@@ -70,7 +70,7 @@ def predicted_collectives(cm: CostModel, plan: Plan, pp_rank: int) -> dict[tuple
             out[("reduce_scatter", "tp")] += n * nbytes
             out[("all_reduce", "tp")] += n * 3 * FP32 * T
         shard = lay.dp * lay.cp if lay.sharding == "full" else 1
-        calls = n if lay.sharding == "optimizer+grads" else 1
+        calls = cm.zero2_reductions if lay.sharding == "optimizer+grads" else 1
         out[("all_reduce", "tp")] += calls * sum(k * mem.grad_bytes(lay) * e / shard
                                               for k, e in mem.tp_replicated_tensors(m, lay.ep, layers, first, last))
     if m.is_moe and lay.ep > 1:  # dispatch and combine, each way in forward and again in backward (layer.py)
@@ -116,7 +116,7 @@ def _data_parallel(cm: CostModel, out: dict, dense: float, expert: float) -> Non
             out[("reduce_scatter", group)] += grad * params
             out[("all_gather", group)] += BF16 * params
         elif lay.sharding == "optimizer+grads":
-            out[("reduce_scatter", group)] += cm.num_micro * grad * params
+            out[("reduce_scatter", group)] += cm.zero2_reductions * grad * params
             out[("all_gather", group)] += BF16 * params
         else:
             out[("all_gather", group)] += cm.num_micro * 2 * BF16 * params

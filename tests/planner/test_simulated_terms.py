@@ -89,14 +89,30 @@ def _attn_b(cm, m) -> float:
 
 def test_zero2_under_a_pipeline_holds_the_full_gradient():
     """ZeRO-2 in a pipeline: the bf16 weight, the full-size gradient buckets (gradient precision) and the fp32
-    gradient shard, master and moments over d; without a pipeline only the shards."""
+    gradient shard, master and moments over d; without a pipeline only the shards. Interleaved with at most pp
+    micro-batches one chunk's full gradient at a time (in the transient)."""
     assert mem.state_parts_per_param("optimizer+grads", 4, 4, pipelined=False) == (2, 1, 3)
     assert mem.state_parts_per_param("optimizer+grads", 4, 4, pipelined=True) == (2, 4 + 1, 3)
     assert mem.bytes_per_param("optimizer+grads", 4, 2, pipelined=True) == 2 + 2 + 1 + 3
     assert mem.bytes_per_param("optimizer", 4, 4, pipelined=True) == mem.bytes_per_param("optimizer", 4, 4) == 2 + 4 + 3
     piped = Layout(pp=2, dp=4, sharding="optimizer+grads")
-    flat = Layout(dp=4, sharding="optimizer+grads")
-    assert mem.state_bytes(1e9, 0, piped) - mem.state_bytes(1e9, 0, flat) == pytest.approx(4e9)
+    inter = Layout(pp=2, vpp=4, dp=4, sharding="optimizer+grads")
+    assert mem.zero2_holds_full_grads(piped, 2) and mem.zero2_holds_full_grads(inter, 4)
+    assert not mem.zero2_holds_full_grads(inter, 2) and not mem.zero2_holds_full_grads(Layout(dp=4), 8)
+    assert not mem.zero2_holds_full_grads(Layout(pp=2, dp=4, sharding="optimizer"), 8)
+    assert mem.state_bytes(1e9, 0, piped, full_grads=True) - mem.state_bytes(1e9, 0, piped) == pytest.approx(4e9)
     # the reduce-scatters' outputs (a shard of each bucket in flight) on top, under a pipeline
     assert mem.dp_reduction_transient_bytes(1e6, 0, piped, 1e5, 2e5) == pytest.approx(4 * 1e6 / 4)
     assert mem.dp_reduction_transient_bytes(1e9, 0, piped, 1e5, 2e5) == pytest.approx(4 * (120e6 + 4e5) / 4)
+    # one chunk (a quarter of the rank's parameters) at a time
+    assert mem.dp_reduction_transient_bytes(1e9, 0, inter, 1e5, 2e5, full_grads=False) == \
+        pytest.approx(4 * (120e6 + 4e5) / 4 + 4 * 1e9 / 4)
+
+
+def test_zero2_in_a_pipeline_reduces_once_per_step(profile):
+    """The runtime reduces ZeRO-2's gradients on each chunk's last micro-batch in a pipeline: one reduce-scatter a
+    step there, one per micro-batch without a pipeline."""
+    m = _gpt()
+    assert _cm(profile, m, 8, pp=2, dp=4, sharding="optimizer+grads").zero2_reductions == 1
+    flat = _cm(profile, m, 4, dp=4, sharding="optimizer+grads")
+    assert flat.zero2_reductions == flat.num_micro > 1
