@@ -43,10 +43,12 @@ class Case:
     covers: str
     ranks: str | None = None
     """--ranks for the simulation; None: the first ranks of the first and last pipeline stage."""
+    steps: int = 1
+    """Steps per rank, the last traced: 2 under FSDP, whose optimizer state AdamW makes at its first step."""
 
 
-def _c(name, gpus, covers, *args, ranks=None) -> Case:
-    return Case(name, gpus, tuple(args), covers, ranks)
+def _c(name, gpus, covers, *args, ranks=None, steps=1) -> Case:
+    return Case(name, gpus, tuple(args), covers, ranks, steps)
 
 
 DSV3 = str(MODELS / "deepseek-v3-sized" / "config.json")
@@ -61,7 +63,7 @@ CASES: list[Case] = [
     _c("gpt-13b-64gpu-full", 64, "recompute full", "--model", "gpt-13b", "--recompute", "full", "--pp", "2",
        "--global-batch", "128"),
     _c("gpt-13b-64gpu-fsdp", 64, "FSDP (sharding full)", "--model", "gpt-13b", "--sharding", "full",
-       "--global-batch", "128"),
+       "--global-batch", "128", steps=2),
     _c("gpt-13b-64gpu-zero2", 64, "ZeRO-2 under a pipeline", "--model", "gpt-13b", "--sharding", "optimizer+grads",
        "--pp", "2", "--global-batch", "128"),
     _c("llama3-8b-64gpu-a100", 64, "an A100 plan", "--model", "llama3-8b", "--gpu", "a100-80gb",
@@ -79,7 +81,7 @@ CASES: list[Case] = [
     _c("llama3-70b-256gpu-cp", 256, "context parallel at 32K tokens", "--model", LLAMA31_70B, "--seq-len",
        "32768", "--cp", "4", "--global-batch", "64"),
     _c("llama3-70b-1024gpu-cp", 1024, "context parallel at 32K tokens", "--model", LLAMA31_70B, "--seq-len",
-       "32768", "--cp", "8", "--global-batch", "128"),
+       "32768", "--cp", "8", "--global-batch", "128", steps=2),
     _c("llama3-405b-1024gpu", 1024, "405B", "--model", "llama3-405b", "--global-batch", "256"),
     _c("llama3-405b-16384gpu", 16384, "405B at the largest world", "--model", "llama3-405b", "--global-batch", "2048"),
     _c("deepseek-v3-sized-2048gpu-ep64", 2048, "a DeepSeek-V3-sized MoE at EP 64", "--model", DSV3, "--ep", "64",
@@ -89,7 +91,8 @@ CASES: list[Case] = [
     _c("gpt-6.7b-64gpu-bf16-grads", 64, "bf16 gradients", "--model", "gpt-6.7b", "--grad-dtype", "bf16",
        "--global-batch", "128"),
     _c("llama3-70b-512gpu", 512, "70B at 512", "--model", "llama3-70b", "--global-batch", "256"),
-    _c("gpt-70b-256gpu-fsdp", 256, "FSDP at 70B", "--model", "gpt-70b", "--sharding", "full", "--global-batch", "256"),
+    _c("gpt-70b-256gpu-fsdp", 256, "FSDP at 70B", "--model", "gpt-70b", "--sharding", "full", "--global-batch", "256",
+       steps=2),
 ]
 
 
@@ -120,7 +123,8 @@ def default_ranks(plan_path: Path) -> str:
 
 def simulate(case: Case, plan_path: Path, ranks: str, jobs: int, nice: int) -> dict:
     """The simulation's JSON object for the case, with its wall and the command's outcome."""
-    cmd = [sys.executable, "-m", "runtime.simulate", str(plan_path), "--ranks", ranks, "--json", "--jobs", str(jobs)]
+    cmd = [sys.executable, "-m", "runtime.simulate", str(plan_path), "--ranks", ranks, "--json", "--jobs", str(jobs),
+           "--steps", str(case.steps)]
     t0 = time.perf_counter()
     out = _run(cmd, nice)
     wall = time.perf_counter() - t0
@@ -128,7 +132,7 @@ def simulate(case: Case, plan_path: Path, ranks: str, jobs: int, nice: int) -> d
         return {"case": case.name, "covers": case.covers, "ranks_asked": ranks, "built": False, "wall_s": wall,
                 "error": (out.stderr or out.stdout).strip().splitlines()[-1:]}
     obj = json.loads(out.stdout)
-    obj.update(case=case.name, covers=case.covers, ranks_asked=ranks, built=True, wall_s=wall,
+    obj.update(case=case.name, covers=case.covers, ranks_asked=ranks, steps=case.steps, built=True, wall_s=wall,
                plan=str(plan_path.relative_to(ROOT)))
     return obj
 

@@ -246,7 +246,9 @@ class LayerTerms:
         cp_f, cp_b = self._cp_comm_s(attn_f, attn_b)
         comm["tp"], comm["cp"] = comm_tp_f + comm_tp_b, cp_f + cp_b
         ep_half = comm["ep"] / 2
-        sel = ew_sel + attn_f  # selective recompute reruns the norms, the MLP activation and the attention core
+        # selective recompute reruns the norms, the MLP activation and the attention core (runtime/model.py
+        # checkpoints Attention.core), with context parallelism the core's ring passes of K and V too
+        sel = ew_sel + attn_f + cp_f
         return LayerCosts(fwd_compute_s=compute_f, bwd_compute_s=compute_b,
                           fwd_comm_s=comm_tp_f + cp_f + ep_half, bwd_comm_s=comm_tp_b + cp_b + ep_half,
                           selective_recompute_s=sel, comm_by_dim_s=comm)

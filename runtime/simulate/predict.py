@@ -12,7 +12,8 @@ simulation's traced collectives can be set beside them:
        (data_parallel.py dp_comm_s)
   pp   one [tokens, hidden / tp] bf16 activation per hop and micro-batch (comm.py p2p_s), sent forward by every
        chunk but the last stage and backward by every chunk but the first, received likewise
-  cp   ring attention's K/V (and in backward dK/dV) passes, cp - 1 per layer and micro-batch (layer.py)
+  cp   ring attention's K/V (and in backward dK/dV) passes, cp - 1 per layer and micro-batch, the forward's again
+       in a fully or selectively recomputed layer (layer.py)
   ep   the MoE dispatch and combine all-to-alls of every routed copy (tokens / tp x top_k x hidden, bf16), each way
        in forward and in backward (layer.py _ep_all_to_all_s; the small all-to-all of the counts is not priced)
   embedding  the tied word embedding's gradient all-reduced once per step between the first and the last pipeline
@@ -76,8 +77,9 @@ def predicted_collectives(cm: CostModel, plan: Plan, pp_rank: int) -> dict[tuple
     if m.is_moe and lay.ep > 1:  # dispatch and combine, each way in forward and again in backward (layer.py)
         out[("all_to_all", "ep")] += n * 4 * (layers + sum(st.full_recompute_layers for _, st in rank_stages)) \
             * BF16 * (T / t) * m.top_k * m.hidden
-    if lay.cp > 1:
-        _context_parallel(cm, out, layers + sum(st.full_recompute_layers for _, st in rank_stages), layers)
+    if lay.cp > 1:  # a fully or selectively recomputed layer reruns the ring's forward (Attention.core)
+        reruns = sum(st.full_recompute_layers + st.selective_recompute_layers for _, st in rank_stages)
+        _context_parallel(cm, out, layers + reruns, layers)
     _data_parallel(cm, out, *cm.rank_params(rank_stages))
     tied = cm.tied_embedding_grad_bytes(first, last)
     if tied > 0:

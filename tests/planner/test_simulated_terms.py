@@ -116,3 +116,21 @@ def test_zero2_in_a_pipeline_reduces_once_per_step(profile):
     assert _cm(profile, m, 8, pp=2, dp=4, sharding="optimizer+grads").zero2_reductions == 1
     flat = _cm(profile, m, 4, dp=4, sharding="optimizer+grads")
     assert flat.zero2_reductions == flat.num_micro > 1
+
+
+def test_selective_recompute_reruns_the_ring_forward(profile):
+    """Selective recompute checkpoints the attention core (runtime/model.py), so under context parallelism its
+    rerun passes K and V around the ring again: the forward's exposed ring time is in selective_recompute_s."""
+    m = resolve_model("llama3-8b")
+    kw, seq_gb = dict(cp=4, micro_batch=1, cuda_graph=False), (32768, 4)
+    cm = _cm(profile, m, 4, OURS, seq_gb, **kw)
+
+    class NoRing(CostModel):
+        def _cp_comm_s(self, attn_f, attn_b):
+            return 0.0, 0.0
+
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=4, gpus_per_node=4)
+    bare = NoRing(m, TrainingShape(*seq_gb), Layout(**kw), cluster, profile, target=OURS)
+    cp_f = cm.layer.fwd_comm_s - bare.layer.fwd_comm_s
+    assert cp_f > 0
+    assert cm.layer.selective_recompute_s - bare.layer.selective_recompute_s == pytest.approx(cp_f, rel=1e-9)
