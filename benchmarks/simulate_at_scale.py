@@ -44,7 +44,7 @@ class Case:
     ranks: str | None = None
     """--ranks for the simulation; None: the first ranks of the first and last pipeline stage."""
     steps: int = 1
-    """Steps per rank, the last traced: 2 under FSDP, whose optimizer state AdamW makes at its first step."""
+    """Steps per rank, the last traced (runtime.simulate --steps)."""
 
 
 def _c(name, gpus, covers, *args, ranks=None, steps=1) -> Case:
@@ -63,7 +63,7 @@ CASES: list[Case] = [
     _c("gpt-13b-64gpu-full", 64, "recompute full", "--model", "gpt-13b", "--recompute", "full", "--pp", "2",
        "--global-batch", "128"),
     _c("gpt-13b-64gpu-fsdp", 64, "FSDP (sharding full)", "--model", "gpt-13b", "--sharding", "full",
-       "--global-batch", "128", steps=2),
+       "--global-batch", "128"),
     _c("gpt-13b-64gpu-zero2", 64, "ZeRO-2 under a pipeline", "--model", "gpt-13b", "--sharding", "optimizer+grads",
        "--pp", "2", "--global-batch", "128"),
     _c("llama3-8b-64gpu-a100", 64, "an A100 plan", "--model", "llama3-8b", "--gpu", "a100-80gb",
@@ -81,7 +81,7 @@ CASES: list[Case] = [
     _c("llama3-70b-256gpu-cp", 256, "context parallel at 32K tokens", "--model", LLAMA31_70B, "--seq-len",
        "32768", "--cp", "4", "--global-batch", "64"),
     _c("llama3-70b-1024gpu-cp", 1024, "context parallel at 32K tokens", "--model", LLAMA31_70B, "--seq-len",
-       "32768", "--cp", "8", "--global-batch", "128", steps=2),
+       "32768", "--cp", "8", "--global-batch", "128"),
     _c("llama3-405b-1024gpu", 1024, "405B", "--model", "llama3-405b", "--global-batch", "256"),
     _c("llama3-405b-16384gpu", 16384, "405B at the largest world", "--model", "llama3-405b", "--global-batch", "2048"),
     _c("deepseek-v3-sized-2048gpu-ep64", 2048, "a DeepSeek-V3-sized MoE at EP 64", "--model", DSV3, "--ep", "64",
@@ -91,8 +91,7 @@ CASES: list[Case] = [
     _c("gpt-6.7b-64gpu-bf16-grads", 64, "bf16 gradients", "--model", "gpt-6.7b", "--grad-dtype", "bf16",
        "--global-batch", "128"),
     _c("llama3-70b-512gpu", 512, "70B at 512", "--model", "llama3-70b", "--global-batch", "256"),
-    _c("gpt-70b-256gpu-fsdp", 256, "FSDP at 70B", "--model", "gpt-70b", "--sharding", "full", "--global-batch", "256",
-       steps=2),
+    _c("gpt-70b-256gpu-fsdp", 256, "FSDP at 70B", "--model", "gpt-70b", "--sharding", "full", "--global-batch", "256"),
 ]
 
 
