@@ -368,7 +368,8 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         if m.qk_norm else 0.0
     if m.is_moe:
         # as runtime/parallel/expert.py keeps them: the router's input (bf16, _RouterLogits), its fp32 logits and
-        # probabilities; per routed token copy the gathered expert input (and the received copy under EP),
+        # probabilities; per routed token copy the expert input (the gathered copy, or under EP the received one:
+        # the gather and the all-to-all save only indices, runtime/parallel/expert_dispatch.py),
         # the SwiGLU's input (gate and up) and its product (runtime/swiglu.py keeps only its input), or
         # GELU's input and output, and the expert output that the weighted combine keeps (once: its
         # gather-and-sum keeps no second copy, as index_add did). The MoE layer keeps all of this under
@@ -376,7 +377,7 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         # tests/runtime/test_memory_model.py)
         routed = tok_t * m.top_k  # token copies this rank's experts see, on average
         router = tok_t * (a * h + FP32_BYTES * (2 * m.num_experts + 2 * m.top_k * m.num_experts))
-        expert_width = (3 if m.gated_mlp else 2) * f + (3 if lay.ep > 1 else 2) * h
+        expert_width = (3 if m.gated_mlp else 2) * f + 2 * h
         mlp = router + a * expert_width * routed
         # shared experts on every token (their input is the router's): the SwiGLU's input and product, and under
         # Qwen's gate its output (kept by the scaling) and the gate itself

@@ -134,3 +134,13 @@ def test_selective_recompute_reruns_the_ring_forward(profile):
     cp_f = cm.layer.fwd_comm_s - bare.layer.fwd_comm_s
     assert cp_f > 0
     assert cm.layer.selective_recompute_s - bare.layer.selective_recompute_s == pytest.approx(cp_f, rel=1e-9)
+
+
+def test_expert_parallel_keeps_one_input_copy_per_routed_token():
+    """Under EP the dispatch's gather and all-to-all save only indices: a routed copy keeps its expert input (the
+    received one) and its expert output, as without EP (the simulation traces it: benchmarks/results/simulation/)."""
+    m = resolve_model("mixtral-8x7b")
+    shape = TrainingShape(4096, 8)
+    with_ep = mem.layer_activations(m, shape, Layout(dp=8, ep=8))
+    without = mem.layer_activations(m, shape, Layout(dp=8))
+    assert with_ep.none_bytes == without.none_bytes
