@@ -158,7 +158,7 @@ def group_names(groups) -> dict[str, str]:
         if g is not None and g.size() > 1:
             names.setdefault(g.group_name, f)
     emb = _EMB_GROUPS.get(id(groups))
-    if emb is not None:
+    if emb is not None and hasattr(emb, "group_name"):  # a middle stage's rank is no member (new_group's marker)
         names.setdefault(emb.group_name, "embedding")
     return names
 
