@@ -7,8 +7,8 @@ every case simulated so far `summary.json`, `provenance.json` and the table in i
                                            [--summary-only]
 
 Ranks: by default the first rank of the first and of the last pipeline stage (the ends: embedding, head, tied
-embedding), which bounds the time; `--ranks CASE=all` or a list runs others. Each simulated rank costs about a
-minute of CPU for a 70B-class pipeline rank of 64 micro-batches (benchmarks/results/simulation/), so the cases
+embedding), which bounds the time; `--ranks CASE=all` or a list runs others. Each simulated rank costs about 50 s
+of CPU for a 70B-class pipeline rank of 64 micro-batches (benchmarks/results/simulation/), so the cases
 carry a global batch that keeps their micro-batches per step near the pipeline's depth where the model's default
 would take hours."""
 from __future__ import annotations
