@@ -34,12 +34,19 @@ class DataParallelTerms:
             elif lay.sharding == "optimizer":
                 total += exposed_s(rs, window_bwd_s, frac, lay.overlap_dp) + exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
             elif lay.sharding == "optimizer+grads":
-                total += num_micro * exposed_s(rs, window_bwd_s, frac, lay.overlap_dp) \
+                total += self.zero2_reductions * exposed_s(rs, window_bwd_s, frac, lay.overlap_dp) \
                     + exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
             else:  # full: gather for forward and again for backward, reduce-scatter, every micro-batch
                 total += num_micro * (exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
                                       + exposed_s(ag + rs, window_bwd_s, frac, lay.overlap_dp))
         return total
+
+    @property
+    def zero2_reductions(self) -> int:
+        """Times per step ZeRO-2 reduces the gradients (and the TP-replicated ones): every micro-batch without a
+        pipeline; in a pipeline once, on each chunk's last micro-batch (runtime/parallel/pipeline.py sets the
+        optimizer's sync there; planner/memory/model.py state_parts_per_param counts what that holds)."""
+        return self.num_micro if self.lay.pp == 1 else 1
 
     def _moe_row_passes_s(self, tokens: float, routed: float, h: int, regroup: bool) -> tuple[float, float]:
         """(forward, backward) seconds of the MoE layer's row movements over [rows, hidden] bf16, as
@@ -74,17 +81,41 @@ class DataParallelTerms:
             + (mem.head_gemm_weights_local(m, lay.tp) if last else 0.0) \
             + (word if first else 0.0) + (word if tied_copy else 0.0)
 
+    def tied_embedding_grad_bytes(self, first: bool, last: bool) -> float:
+        """Bytes of the tied word embedding's gradient that the first and the last pipeline rank sum between them
+        once per step (runtime/parallel/pipeline.py finish_gradients), before the data-parallel reduction: the
+        rank's [vocab / tp, hidden] gradient in the main gradients' precision, or under 'full' its shard over
+        dp x cp in fp32 (FSDP2 keeps the sharded gradient in the fp32 parameter's dtype). 0 on a rank that holds
+        no copy, without a pipeline or without tied embeddings."""
+        lay, m = self.lay, self.m
+        if lay.pp == 1 or not m.tie_embeddings or not (first or last):
+            return 0.0
+        word = m.padded_vocab * m.hidden / lay.tp
+        if lay.sharding == "full":
+            return mem.FP32_BYTES * word / (lay.dp * lay.cp)
+        return mem.grad_bytes(lay) * word
+
+    def tied_embedding_reduce_s(self, first: bool, last: bool) -> float:
+        """The all-reduce of tied_embedding_grad_bytes between the first and the last pipeline rank (a group of two,
+        pp - 1 pipeline strides apart), exposed: it runs after the last backward and before the data-parallel
+        reduction starts."""
+        nbytes = self.tied_embedding_grad_bytes(first, last)
+        if nbytes <= 0:
+            return 0.0
+        stride = self.strides["pp"] * (self.lay.pp - 1)
+        return self.group_collective_s("all_reduce", nbytes, 2, stride) * self.prof.eff("dp")
+
     def tp_grad_reduce_s(self, layers: float, first: bool, last: bool, num_micro: int) -> float:
         """The TP all-reduces of the gradients of TP-replicated parameters (memory.tp_replicated_tensors), one
         fp32 call per tensor, issued in backward's gradient hooks on the compute stream: exposed. Once per step
-        (on the last micro-batch), every micro-batch under 'optimizer+grads' (whose gradients are reduced every
-        micro-batch); under 'full' on the rank's shard of each. Under MoE with TP the experts' weights are among
+        (on the last micro-batch), under 'optimizer+grads' as often as its gradients are reduced
+        (zero2_reductions); under 'full' on the rank's shard of each. Under MoE with TP the experts' weights are among
         them: 2 GiB per step for moe-small at TP2 (11 ms on H200)."""
         lay = self.lay
         if lay.tp == 1:
             return 0.0
         shard = lay.dp * lay.cp if lay.sharding == "full" else 1
-        calls = num_micro if lay.sharding == "optimizer+grads" else 1
+        calls = self.zero2_reductions if lay.sharding == "optimizer+grads" else 1
         grad = mem.grad_bytes(lay)
         t = sum(n * self.group_collective_s("all_reduce", grad * elems / shard, lay.tp, self.strides["tp"])
                 for n, elems in mem.tp_replicated_tensors(self.m, lay.ep, layers, first, last, lay.tp))

@@ -246,7 +246,9 @@ class LayerTerms:
         cp_f, cp_b = self._cp_comm_s(attn_f, attn_b)
         comm["tp"], comm["cp"] = comm_tp_f + comm_tp_b, cp_f + cp_b
         ep_half = comm["ep"] / 2
-        sel = ew_sel + attn_f  # selective recompute reruns the norms, the MLP activation and the attention core
+        # selective recompute reruns the norms, the MLP activation and the attention core (runtime/model.py
+        # checkpoints Attention.core), with context parallelism the core's ring passes of K and V too
+        sel = ew_sel + attn_f + cp_f
         return LayerCosts(fwd_compute_s=compute_f, bwd_compute_s=compute_b,
                           fwd_comm_s=comm_tp_f + cp_f + ep_half, bwd_comm_s=comm_tp_b + cp_b + ep_half,
                           selective_recompute_s=sel, comm_by_dim_s=comm)
@@ -437,8 +439,8 @@ class LayerTerms:
         step = self.group_collective_s("send_recv", kv_bytes, lay.cp, self.strides["cp"]) * prof.eff("cp")
         frac = self.target.cp_fraction(prof.overlap_hidden_fraction.get("cp", 0.0))
         # dK, dV: cp - 1 steps beside the blocks in bf16; in fp32 through every rank with the last step waited
-        # at once (RuntimeTarget.cp_fp32_buffers)
-        if self.target.cp_fp32_buffers:
+        # at once (RuntimeTarget.dkv_ring_fp32)
+        if self.target.dkv_ring_fp32:
             grad_step = self.group_collective_s("send_recv", 2 * kv_bytes, lay.cp, self.strides["cp"]) \
                 * prof.eff("cp")
             grad_beside, grad_last = (lay.cp - 1) * grad_step, grad_step
@@ -473,9 +475,12 @@ class LayerTerms:
         ce = prof.kernel_s("cross_entropy_fwd_bwd", 2 * BF16 * T * v / t)  # the profiler's nominal bytes per logit
         comm = 0.0
         if t > 1:
+            # the embedding's and the head's gather and scatter of [tokens, hidden], and the head's backward
+            # re-gathering its sequence-sharded input for the weight gradient (runtime/parallel/tensor.py keeps
+            # the input sharded between forward and backward): three all-gathers, two reduce-scatters
             nbytes = BF16 * T * h
-            comm = 2 * (self.group_collective_s("all_gather", nbytes, t, 1)
-                        + self.group_collective_s("reduce_scatter", nbytes, t, 1))
+            comm = 3 * self.group_collective_s("all_gather", nbytes, t, 1) \
+                + 2 * self.group_collective_s("reduce_scatter", nbytes, t, 1)
             comm += self.group_collective_s("all_reduce", FP32 * T, t, 1)  # the loss: max
             comm += self.group_collective_s("all_reduce", 2 * FP32 * T, t, 1)  # sum of exp and target logit
         c = self.target.kernel_s(prof.eff("compute"))

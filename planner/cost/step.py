@@ -163,9 +163,10 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
             dense, expert = self.rank_params(rs)
             L = self.layer
             layers = sum(st.layers for _, st in rs)
-            dp_t.append(self.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro))
             last = any(j == lay.pp * lay.vpp - 1 for j, _ in rs)
             first = any(j == 0 for j, _ in rs)
+            dp_t.append(self.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro)
+                        + self.tied_embedding_reduce_s(first, last))
             opt_t.append(self.optimizer_s(dense, expert, self.fused_wgrad_params(layers, last, first)))
             tpg_t.append(self.tp_grad_reduce_s(layers, first, last, num_micro))
         t_max = max(per_rank_t)

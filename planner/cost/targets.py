@@ -179,6 +179,11 @@ class RuntimeTarget:
     torch 2.6 (torch/distributed/tensor/experimental/_attention.py: _SDPAMerger with convert_to_f32 on by default,
     _templated_ring_attention_backward's fp32 buffers and its dK/dV rotater); its merges, casts and concatenations
     are priced as memory-bound passes (planner/cost/layer.py torch_cp_fp32_pass_bytes). False: ours, Megatron's."""
+    cp_dkv_fp32: bool = False
+    """Whether the ring attention's backward passes dK, dV around the ring in fp32 through every rank (cp steps of
+    twice K and V's bf16 bytes, the last waited at once) while its K, V passes and its attention blocks stay as
+    the profile measured them: ours (runtime/parallel/context.py accumulates dK, dV in fp32 and sends the
+    accumulator). cp_fp32_buffers implies it (dkv_ring_fp32)."""
     attention_fwd_factor: float = 1.0
     """The runtime's attention kernel's forward time over the profile's (the runtime's SDPA, cuDNN's fused attention
     on Hopper). A run that used another kernel is priced at its measured ratio: FlashAttention-2, which torch's SDPA
@@ -221,6 +226,13 @@ class RuntimeTarget:
     def gemm_s(self, table: str, ours_s: float) -> float:
         """A GEMM from the profile's `table` ('mm', 'wgrad', 'fp8') that takes `ours_s` in our runtime."""
         return ours_s * self.fp8_gemm_factor if table == "fp8" else ours_s
+
+    @property
+    def dkv_ring_fp32(self) -> bool:
+        """Whether dK, dV travel the ring in fp32 through every rank (cp_fp32_buffers or cp_dkv_fp32): the one rule
+        for the bytes of the context-parallel backward (planner/cost/layer.py _cp_comm_s and the simulation's
+        runtime/simulate/predict.py)."""
+        return self.cp_fp32_buffers or self.cp_dkv_fp32
 
     def tp_fraction(self, profile_fraction: float) -> float:
         return profile_fraction if self.tp_hidden_fraction is None else self.tp_hidden_fraction
@@ -269,7 +281,7 @@ class RuntimeTarget:
                 f" ms per layer and micro-batch" + (f"; fitted on {fitted}" if fitted else "") + ")")
 
 
-OURS = RuntimeTarget("ours")
+OURS = RuntimeTarget("ours", cp_dkv_fp32=True)
 
 TARGETS_DIR = "targets"
 

@@ -185,19 +185,41 @@ def grad_bytes(lay: Layout) -> int:
     return BF16_BYTES if lay.grad_dtype == "bf16" else FP32_BYTES
 
 
-def bytes_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES) -> float:
-    """Persistent bytes per parameter: the compute-dtype weight, the main gradient (`grad` bytes, full-size
-    under 'none' and 'optimizer'; ZeRO-2 keeps only its fp32 shard, which accumulates the reduced micro-batches
-    whatever the reduction's precision), fp32 master weight and Adam m and v."""
+def state_parts_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES,
+                          pipelined: bool = False) -> tuple[float, float, float]:
+    """Persistent (weight, gradient, optimizer) bytes per parameter: the compute-dtype weight, the main gradient
+    (`grad` bytes, full-size under 'none' and 'optimizer'; ZeRO-2 keeps its fp32 shard, which accumulates the
+    reduced micro-batches whatever the reduction's precision), fp32 master weight and Adam m and v.
+
+    `pipelined`: the rank holds its whole full-size gradient (zero2_holds_full_grads): under 'optimizer+grads' in a
+    pipeline the runtime reduces a chunk's gradients only on its last micro-batch (runtime/parallel/pipeline.py sets
+    the optimizer's sync there), so every bucket's full-size gradient (`grad` bytes per parameter,
+    runtime/parallel/flat_buffer.py Bucket.full) is held from the chunk's first backward to its last, beside the
+    fp32 shard. This counts what the runtime holds (the simulation traces it: benchmarks/results/simulation/);
+    reducing every micro-batch under a pipeline would need per-chunk bucket accounting in the runtime."""
     d = max(shard_ranks, 1)
     weight, optim = BF16_BYTES, 3 * FP32_BYTES
     if sharding == "none":
-        return weight + grad + optim
+        return weight, grad, optim
     if sharding == "optimizer":
-        return weight + grad + optim / d
+        return weight, grad, optim / d
     if sharding == "optimizer+grads":
-        return weight + (FP32_BYTES + optim) / d
-    return (weight + FP32_BYTES + optim) / d  # full: FSDP2 keeps the sharded gradient in the fp32 parameter's dtype
+        return weight, FP32_BYTES / d + (grad if pipelined else 0.0), optim / d
+    return weight / d, FP32_BYTES / d, optim / d  # full: FSDP2 keeps the sharded gradient in the fp32 parameter's dtype
+
+
+def zero2_holds_full_grads(lay: Layout, num_micro: int) -> bool:
+    """Whether a ZeRO-2 pipeline rank holds the full-size gradient of all its chunks at once (state_parts_per_param):
+    without interleaving (its one chunk's backward spans the step), or interleaved with more micro-batches than
+    pipeline ranks (the schedule runs each chunk's backward for pp micro-batches in turn, so every chunk has
+    started its backward before the first finishes). Interleaved with at most pp micro-batches each chunk finishes
+    before the next starts: one chunk's gradient at a time (dp_reduction_transient_bytes)."""
+    return lay.sharding == "optimizer+grads" and lay.pp > 1 and (lay.vpp == 1 or num_micro > lay.pp)
+
+
+def bytes_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES, pipelined: bool = False) -> float:
+    """Persistent bytes per parameter: the sum of state_parts_per_param."""
+    return sum(state_parts_per_param(sharding, shard_ranks, grad, pipelined))
 
 
 def expert_shard_ranks(lay: Layout, over_tp: bool = False) -> int:
@@ -207,11 +229,14 @@ def expert_shard_ranks(lay: Layout, over_tp: bool = False) -> int:
     return lay.dp * lay.cp * (lay.tp if over_tp else 1) // lay.ep
 
 
-def state_bytes(dense_params: float, expert_params: float, lay: Layout, experts_over_tp: bool = False) -> float:
+def state_bytes(dense_params: float, expert_params: float, lay: Layout, experts_over_tp: bool = False,
+                full_grads: bool = False) -> float:
+    """Persistent bytes of the rank's parameters (bytes_per_param); `full_grads`: zero2_holds_full_grads."""
     d = lay.dp * lay.cp
     g = grad_bytes(lay)
-    return (dense_params * bytes_per_param(lay.sharding, d, g)
-            + expert_params * bytes_per_param(lay.sharding, expert_shard_ranks(lay, experts_over_tp), g))
+    piped = full_grads
+    return (dense_params * bytes_per_param(lay.sharding, d, g, piped)
+            + expert_params * bytes_per_param(lay.sharding, expert_shard_ranks(lay, experts_over_tp), g, piped))
 
 
 DP_BUCKET_ELEMENTS = 40_000_000
@@ -233,7 +258,7 @@ def largest_param_local(m: ModelSpec, tp: int) -> float:
 
 def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay: Layout,
                                  largest_layer_param: float = 0.0, largest_param: float = 0.0,
-                                 bucket_elems: float = DP_BUCKET_ELEMENTS) -> float:
+                                 bucket_elems: float = DP_BUCKET_ELEMENTS, full_grads: bool = True) -> float:
     """Buffers the data-parallel gradient reduction holds at the end of backward (runtime/parallel/data_parallel.py):
     none under 'optimizer', whose reduce-scatter runs in place (each rank's shard of a bucket receives the sum, so
     no separate output per bucket stays allocated until the step waits for it); under
@@ -241,12 +266,19 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
     the one being filled. A bucket closes on the parameter that takes it past `bucket_elems`, so it holds less
     than bucket_elems plus that parameter; of the three alive at most one holds a vocabulary-sized tensor (those
     sit at the two ends of backward). tests/runtime/test_memory_model.py checks this against the buckets alive
-    in a real backward."""
+    in a real backward. In a pipeline the buckets are reduced once per chunk (state_parts_per_param): the
+    reduce-scatters' outputs, and where the rank does not hold all its chunks' full gradients at once
+    (`full_grads` False, zero2_holds_full_grads) one chunk's full-size gradient."""
     d = lay.dp * lay.cp
     if d <= 1 or lay.sharding in ("none", "full"):
         return 0.0
     if lay.sharding == "optimizer":
         return 0.0  # reduced in place, into each rank's own shard of the main-gradient buffer
+    if lay.pp > 1:
+        params = dense_params + expert_params
+        in_flight = min(3 * bucket_elems + 2 * largest_layer_param + largest_param, params)
+        chunk = 0.0 if full_grads else params / lay.vpp
+        return grad_bytes(lay) * (in_flight / d + chunk)
     return grad_bytes(lay) * (3 * bucket_elems + 2 * largest_layer_param + largest_param)
 
 
@@ -342,7 +374,8 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         if m.qk_norm else 0.0
     if m.is_moe:
         # as runtime/parallel/expert.py keeps them: the router's input (bf16, _RouterLogits), its fp32 logits and
-        # probabilities; per routed token copy the gathered expert input (and the received copy under EP),
+        # probabilities; per routed token copy the expert input (the gathered copy, or under EP the received one:
+        # the gather and the all-to-all save only indices, runtime/parallel/expert_dispatch.py),
         # the SwiGLU's input (gate and up) and its product (runtime/swiglu.py keeps only its input), or
         # GELU's input and output, and the expert output that the weighted combine keeps (once: its
         # gather-and-sum keeps no second copy, as index_add did). The MoE layer keeps all of this under
@@ -350,7 +383,7 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         # tests/runtime/test_memory_model.py)
         routed = tok_t * m.top_k  # token copies this rank's experts see, on average
         router = tok_t * (a * h + FP32_BYTES * (2 * m.num_experts + 2 * m.top_k * m.num_experts))
-        expert_width = (3 if m.gated_mlp else 2) * f + (3 if lay.ep > 1 else 2) * h
+        expert_width = (3 if m.gated_mlp else 2) * f + 2 * h
         mlp = router + a * expert_width * routed
         # shared experts on every token (their input is the router's): the SwiGLU's input and product, and under
         # Qwen's gate its output (kept by the scaling) and the gate itself

@@ -16,6 +16,11 @@ class MemoryTermsOfRanks:
         return self._memo("per_layer_params", lambda: (mem.layer_dense_params_local(self.m, self.lay.tp),
                                                        mem.layer_expert_params_local(self.m, self.lay.ep)))
 
+    @cached_property
+    def zero2_full_grads(self) -> bool:
+        """Whether each pipeline rank holds its whole full-size gradient under ZeRO-2 (memory.zero2_holds_full_grads)."""
+        return mem.zero2_holds_full_grads(self.lay, self.num_micro)
+
     def rank_params(self, rank_stages: list[tuple[int, StagePlan]]) -> tuple[float, float]:
         """(dense, expert) parameter elements held by one pipeline rank."""
         layers = sum(st.layers for _, st in rank_stages)
@@ -52,13 +57,13 @@ class MemoryTermsOfRanks:
         last = any(j == lay.pp * lay.vpp - 1 for j, _ in rank_stages)
         root = (mem.embedding_params_local(m, lay.tp) if first else 0.0) \
             + (mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0)
-        base = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp) \
+        base = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp, self.zero2_full_grads) \
             + mem.fsdp_gather_bytes(m, lay, root) \
             + mem.cublas_workspace_bytes(lay, self.cluster.gpu)
         acts = self.activations
         last = lay.pp * lay.vpp - 1
         dp_t = mem.dp_reduction_transient_bytes(dense, expert, lay, mem.largest_layer_param_local(m, lay.tp),
-                                                mem.largest_param_local(m, lay.tp))
+                                                mem.largest_param_local(m, lay.tp), full_grads=self.zero2_full_grads)
         beside = dp_t  # ZeRO-2's buckets alive beside the activations (nothing under the other levels)
         transient = acts.working_bytes + beside
         per_chunk = []
@@ -111,7 +116,8 @@ class MemoryTermsOfRanks:
         m, lay, shape = self.m, self.lay, self.shape
         num_micro = self.num_micro
         S = lay.pp * lay.vpp
-        state_l = mem.state_bytes(*self.per_layer_params, lay, self.target.expert_states_over_tp)
+        state_l = mem.state_bytes(*self.per_layer_params, lay, self.target.expert_states_over_tp,
+                                  self.zero2_full_grads)
         transient = self.activations.working_bytes + mem.dp_reduction_transient_bytes(
             0.0, 0.0, lay, mem.largest_layer_param_local(m, lay.tp), mem.largest_param_local(m, lay.tp))
         every_mb = mem.rotary_table_bytes(m, shape, lay)
@@ -126,7 +132,7 @@ class MemoryTermsOfRanks:
             chunks = self.rank_chunks(r)
             first, last = 0 in chunks, S - 1 in chunks  # the embedding's and the head's rank
             dense, expert = self.params_of(0, first, last)
-            f = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp) \
+            f = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp, self.zero2_full_grads) \
                 + mem.fsdp_gather_bytes(m, lay, dense) + workspace
             for j, k in zip(chunks, inflight):
                 per_mb = every_mb + (hop_mb if j != S - 1 else head_kept)
@@ -146,7 +152,7 @@ class MemoryTermsOfRanks:
         acts = self.activations
         dense_l, expert_l = self.per_layer_params
         static, fixed = self.rank_memory_parts([(j, StagePlan(0)) for j in js])
-        state_l = mem.state_bytes(dense_l, expert_l, lay, self.target.expert_states_over_tp)
+        state_l = mem.state_bytes(dense_l, expert_l, lay, self.target.expert_states_over_tp, self.zero2_full_grads)
         return MemoryTerms(
             base_bytes=static, state_per_layer_bytes=state_l, peaks=self.in_flight_peaks(rank, num_micro),
             fixed_per_mb_bytes=fixed,

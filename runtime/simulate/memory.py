@@ -35,17 +35,10 @@ class MemoryParts:
         return {k: v / GIB for k, v in asdict(self).items()}
 
 
-def _state_split(params: float, sharding: str, shard_ranks: int, grad: float) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes of `params` elements: planner/memory/model.py's bytes_per_param in parts."""
-    d = max(shard_ranks, 1)
-    weight, optim = mem.BF16_BYTES, 3 * mem.FP32_BYTES
-    if sharding == "none":
-        return params * weight, params * grad, params * optim
-    if sharding == "optimizer":
-        return params * weight, params * grad, params * optim / d
-    if sharding == "optimizer+grads":
-        return params * weight, params * mem.FP32_BYTES / d, params * optim / d
-    return params * weight / d, params * mem.FP32_BYTES / d, params * optim / d
+def _state_split(params: float, lay, shard_ranks: int, grad: float, full_grads: bool) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes of `params` elements (planner/memory/model.py state_parts_per_param)."""
+    w, g, o = mem.state_parts_per_param(lay.sharding, shard_ranks, grad, full_grads)
+    return params * w, params * g, params * o
 
 
 def predicted_parts(cm: CostModel, plan: Plan, pp_rank: int) -> MemoryParts:
@@ -54,8 +47,9 @@ def predicted_parts(cm: CostModel, plan: Plan, pp_rank: int) -> MemoryParts:
     rank_stages = [(j, plan.stages[j]) for j in cm.rank_chunks(pp_rank)]
     dense, expert = cm.rank_params(rank_stages)
     g = mem.grad_bytes(lay)
-    dw, dg, do = _state_split(dense, lay.sharding, lay.dp * lay.cp, g)
-    ew, eg, eo = _state_split(expert, lay.sharding, mem.expert_shard_ranks(lay, cm.target.expert_states_over_tp), g)
+    dw, dg, do = _state_split(dense, lay, lay.dp * lay.cp, g, cm.zero2_full_grads)
+    ew, eg, eo = _state_split(expert, lay, mem.expert_shard_ranks(lay, cm.target.expert_states_over_tp), g,
+                              cm.zero2_full_grads)
     static, per_mb = cm.rank_memory_parts(rank_stages)
     acts = mem.peak_in_flight_bytes(cm.in_flight_peaks(pp_rank, cm.num_micro), per_mb)
     workspace = mem.cublas_workspace_bytes(lay, cm.cluster.gpu)

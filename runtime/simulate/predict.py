@@ -12,9 +12,12 @@ simulation's traced collectives can be set beside them:
        (data_parallel.py dp_comm_s)
   pp   one [tokens, hidden / tp] bf16 activation per hop and micro-batch (comm.py p2p_s), sent forward by every
        chunk but the last stage and backward by every chunk but the first, received likewise
-  cp   ring attention's K/V (and in backward dK/dV) passes, cp - 1 per layer and micro-batch (layer.py)
+  cp   ring attention's K/V (and in backward dK/dV) passes, cp - 1 per layer and micro-batch, the forward's again
+       in a fully or selectively recomputed layer (layer.py)
   ep   the MoE dispatch and combine all-to-alls of every routed copy (tokens / tp x top_k x hidden, bf16), each way
        in forward and in backward (layer.py _ep_all_to_all_s; the small all-to-all of the counts is not priced)
+  embedding  the tied word embedding's gradient all-reduced once per step between the first and the last pipeline
+       rank (data_parallel.py tied_embedding_grad_bytes)
 Where the cost model puts a term on another rank than the runtime issues it (the embedding's TP collectives are
 priced with the head's, on the last stage), the bytes here follow the runtime: they are on the first stage.
 """
@@ -63,20 +66,24 @@ def predicted_collectives(cm: CostModel, plan: Plan, pp_rank: int) -> dict[tuple
         if first:
             out[("all_gather", "tp")] += n * nbytes
             out[("reduce_scatter", "tp")] += n * nbytes
-        if last:
-            out[("all_gather", "tp")] += n * nbytes
+        if last:  # the head's input gathered in forward and again for its weight gradient in backward (_ends)
+            out[("all_gather", "tp")] += n * 2 * nbytes
             out[("reduce_scatter", "tp")] += n * nbytes
             out[("all_reduce", "tp")] += n * 3 * FP32 * T
         shard = lay.dp * lay.cp if lay.sharding == "full" else 1
-        calls = n if lay.sharding == "optimizer+grads" else 1
+        calls = cm.zero2_reductions if lay.sharding == "optimizer+grads" else 1
         out[("all_reduce", "tp")] += calls * sum(k * mem.grad_bytes(lay) * e / shard
                                               for k, e in mem.tp_replicated_tensors(m, lay.ep, layers, first, last))
     if m.is_moe and lay.ep > 1:  # dispatch and combine, each way in forward and again in backward (layer.py)
         out[("all_to_all", "ep")] += n * 4 * (layers + sum(st.full_recompute_layers for _, st in rank_stages)) \
             * BF16 * (T / t) * m.top_k * m.hidden
-    if lay.cp > 1:
-        _context_parallel(cm, out, layers + sum(st.full_recompute_layers for _, st in rank_stages), layers)
+    if lay.cp > 1:  # a fully or selectively recomputed layer reruns the ring's forward (Attention.core)
+        reruns = sum(st.full_recompute_layers + st.selective_recompute_layers for _, st in rank_stages)
+        _context_parallel(cm, out, layers + reruns, layers)
     _data_parallel(cm, out, *cm.rank_params(rank_stages))
+    tied = cm.tied_embedding_grad_bytes(first, last)
+    if tied > 0:
+        out[("all_reduce", "embedding")] += tied
     if lay.pp > 1:
         hop = BF16 * T * m.hidden / t
         fwd_hops = sum(1 for j in chunks if j != last_j)
@@ -88,11 +95,11 @@ def predicted_collectives(cm: CostModel, plan: Plan, pp_rank: int) -> dict[tuple
 
 def _context_parallel(cm: CostModel, out: dict, forwards: float, backwards: float) -> None:
     """Ring attention per micro-batch (layer.py): cp - 1 steps pass K and V in each forward; each backward passes
-    K and V again and dK, dV (cp - 1 bf16 steps, or cp fp32 steps of twice the bytes under cp_fp32_buffers)."""
+    K and V again and dK, dV (cp - 1 bf16 steps, or cp fp32 steps of twice the bytes where RuntimeTarget.dkv_ring_fp32)."""
     m, lay, t = cm.m, cm.lay, cm.lay.tp
     kv_heads = m.num_heads if cm.target.cp_kv_expanded else m.num_kv_heads
     kv = BF16 * 2 * lay.micro_batch * (kv_heads // t) * (cm.shape.seq_len // lay.cp) * m.head_dim
-    grad = lay.cp * 2 * kv if cm.target.cp_fp32_buffers else (lay.cp - 1) * kv
+    grad = lay.cp * 2 * kv if cm.target.dkv_ring_fp32 else (lay.cp - 1) * kv
     per_mb = forwards * (lay.cp - 1) * kv + backwards * ((lay.cp - 1) * kv + grad)
     out[("send", "cp")] += cm.num_micro * per_mb
     out[("recv", "cp")] += cm.num_micro * per_mb
@@ -111,7 +118,7 @@ def _data_parallel(cm: CostModel, out: dict, dense: float, expert: float) -> Non
             out[("reduce_scatter", group)] += grad * params
             out[("all_gather", group)] += BF16 * params
         elif lay.sharding == "optimizer+grads":
-            out[("reduce_scatter", group)] += cm.num_micro * grad * params
+            out[("reduce_scatter", group)] += cm.zero2_reductions * grad * params
             out[("all_gather", group)] += BF16 * params
         else:
             out[("all_gather", group)] += cm.num_micro * 2 * BF16 * params

@@ -120,6 +120,10 @@ def trace_rank(plan: Plan, rank: int, steps: int = 1):
 
     fake_world(rank, plan.layout.world_size)
     groups = build_groups(plan.layout, "cpu")
+    if plan.layout.pp > 1 and plan.model.tie_embeddings:  # formed now, so that its collectives are named
+        from runtime.parallel.pipeline import _embedding_group
+
+        _embedding_group(groups)
     device = torch.device("cpu")
     tracker = StepTracker(group_names(groups))
     t0 = time.perf_counter()
@@ -143,13 +147,19 @@ GROUP_FIELDS = ("tp", "cp", "dp_cp", "pp", "ep", "expert_dp", "cp_tp", "dp")
 
 
 def group_names(groups) -> dict[str, str]:
-    """ProcessGroup.group_name -> its field in ParallelGroups (the first of GROUP_FIELDS that holds it); the
-    tied embedding's group (first and last pipeline stage) is reported by size."""
+    """ProcessGroup.group_name -> its field in ParallelGroups (the first of GROUP_FIELDS that holds it), and the
+    tied embedding's group (first and last pipeline stage, runtime/parallel/pipeline.py) as 'embedding' once the
+    rank's pipeline has formed it."""
+    from runtime.parallel.pipeline import _EMB_GROUPS
+
     names: dict[str, str] = {}
     for f in GROUP_FIELDS:
         g = getattr(groups, f, None)
         if g is not None and g.size() > 1:
             names.setdefault(g.group_name, f)
+    emb = _EMB_GROUPS.get(id(groups))
+    if emb is not None and hasattr(emb, "group_name"):  # a middle stage's rank is no member (new_group's marker)
+        names.setdefault(emb.group_name, "embedding")
     return names
 
 

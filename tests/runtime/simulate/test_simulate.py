@@ -55,3 +55,22 @@ def test_a_64_rank_plan_simulates_within_the_planner_memory(tmp_path, moe):
         by = {(c["kind"], c["group"]): c for c in r["collectives"]}
         for key in keys:
             assert by[key]["traced_bytes"] == pytest.approx(by[key]["predicted_bytes"], rel=0.02), key
+
+
+def test_tied_cp_zero2_pipeline_collectives_equal_the_cost_model(tmp_path):
+    """A tied GPT at TP2 PP2 CP2 DP2 under ZeRO-2: the tied embedding's gradient all-reduce between the first and
+    last stage, the head's backward re-gather (TP all-gathers of the last stage), ring attention's fp32 dK/dV
+    (CP send/recv) all as the cost model prices them, and the full-size gradient buckets ZeRO-2 holds in a
+    pipeline within the planner's tensors."""
+    spec = tiny_model("gpt", hidden=256, ffn_hidden=512, num_layers=4, num_heads=8, num_kv_heads=8,
+                      vocab_size=1024, max_seq_len=256, tie_embeddings=True)
+    lay = Layout(tp=2, pp=2, cp=2, dp=2, micro_batch=1, sharding="optimizer+grads")
+    path = tmp_path / "plan.json"
+    Plan(spec, ClusterSpec(num_gpus=16).to_dict(), TrainingShape(256, 8), lay, even_stages(4, 2)).save(path)
+    for r in _simulate(path, "0,15"):
+        by = {(c["kind"], c["group"]): c for c in r["collectives"]}
+        for key in (("all_reduce", "embedding"), ("all_gather", "tp"), ("reduce_scatter", "tp"), ("send", "cp"),
+                    ("recv", "cp"), ("send", "pp")):
+            assert by[key]["traced_bytes"] == pytest.approx(by[key]["predicted_bytes"], rel=1e-3), key
+        err = r["traced_tensor_gib"] / r["predicted_tensor_gib"] - 1
+        assert -0.08 <= err <= 0.05, err
