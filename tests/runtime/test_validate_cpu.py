@@ -85,7 +85,8 @@ def test_sidecar_keeps_the_traced_components(tiny_plan, tmp_path):
 
     ranks = [RankComponents(r, 0.5 + r, 0.4, 0.3, 0.2, 0.1) for r in range(2)]
     path = tmp_path / "r.csv"
-    append_row(path, {k: "x" for k in RESULT_COLUMNS}, Plan.load(tiny_plan), components=TracedStep(4, ranks))
+    row = {k: "x" for k in RESULT_COLUMNS} | {"measured_step_s": "1.5", "measured_mem_gib": "20"}  # in range
+    append_row(path, row, Plan.load(tiny_plan), components=TracedStep(4, ranks))
     rec = json.loads(sidecar_path(path).read_text())
     assert rec["components"]["step"] == 4
     assert [RankComponents.from_dict(d) for d in rec["components"]["ranks"]] == ranks
