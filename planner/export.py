@@ -7,7 +7,7 @@
 - slurm: an sbatch script running the plan on N nodes: srun starts one `plan launch` per node, torchrun
   underneath, rendezvous on the first node.
 
-Megatron-LM argument names were checked against the NVIDIA/Megatron-LM source that MEGATRON_SOURCE names:
+Megatron-LM argument names were checked against the NVIDIA/Megatron-LM source that megatron_source() names:
 megatron/training/arguments.py (hand-written arguments, e.g. --num-layers-per-virtual-pipeline-stage,
 --decoder-first-pipeline-num-layers, --pipeline-model-parallel-layout, --use-distributed-optimizer,
 --overlap-grad-reduce, --swiglu, --group-query-attention) and the dataclasses it turns into arguments
@@ -43,8 +43,19 @@ from planner.export_prediction import runtime_predictions
 from planner.plan import Plan
 from planner.shell_safe import check_slurm_time, check_slurm_value, safe_model_name
 
-MEGATRON_SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py (+ core/model_parallel_config.py, "
-                   "core/transformer/transformer_config.py) at commit d98e8a64, 2026-08-22")
+MEGATRON_SOURCE_FILE = "megatron-export-source.json"
+"""In profiles/targets/: the Megatron-LM source (repository, files, commit, date) the argument names were checked
+against; data, so that a re-check changes a file, not the code."""
+
+
+def megatron_source() -> str:
+    """The Megatron-LM source the exported argument names were checked against, as the export's header names it."""
+    from planner.cost.targets import target_file
+    from planner.errors import read_json
+
+    p = target_file(MEGATRON_SOURCE_FILE.removesuffix(".json"))
+    d = read_json(p, "Megatron-LM source file", f"the Megatron-LM source file is missing ({p})")
+    return f"{d['repository']} {d['files']} at commit {d['commit']}, {d['date']}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -379,7 +390,7 @@ def _training_script(plan: Plan, a: list[str], notes: list[str]) -> MegatronExpo
 
 MEGATRON_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192}
-"""What Megatron-Core's llama3 rope scaling (RotaryEmbedding._apply_scaling, at MEGATRON_SOURCE's commit) applies:
+"""What Megatron-Core's llama3 rope scaling (RotaryEmbedding._apply_scaling, in the source megatron_source() names) applies:
 only the factor is an argument, and pretrain_gpt.py's model builder (gpt_builders.py) does not pass even that on,
 so --rope-scaling-factor is left at RotaryEmbedding's default 8; the other three are fixed."""
 
@@ -459,7 +470,7 @@ def render_megatron(plan: Plan, plan_path: str, optimizer: OptimizerSettings | N
         f"# Megatron-LM {ex.script} arguments realising {plan_path}: {plan.model.name}, {lay.short()}"
         + (f" x{lay.vpp} virtual stages" if lay.vpp > 1 else "") + f", world size {lay.world_size}",
         f"# (data parallel size {lay.dp} follows from the world size; launch {lay.world_size} processes)",
-        f"# argument names checked against {MEGATRON_SOURCE}",
+        f"# argument names checked against {megatron_source()}",
     ]
     for text in predictions or []:
         lines.append("# " + text)
