@@ -496,13 +496,39 @@ def in_flight_peaks(rank: int, lay: Layout, num_micro_batches: int) -> tuple[tup
     return schedule_named(lay.schedule).in_flight_peaks(lay.pp, lay.vpp, num_micro_batches, rank)
 
 
+NUMPY_PEAK_TERMS = 256
+"""Peak vectors x chunks above which peak_in_flight_bytes sums with numpy (deep interleaved pipelines hold
+hundreds of candidate vectors); below it plain Python is faster."""
+
+_PEAK_COLUMNS: dict[int, tuple] = {}
+"""id(peaks) -> (peaks, one float64 array per chunk): the schedules' peak tuples are cached objects, so their
+columns are built once (the tuple is kept with them, so its id cannot be reused)."""
+
+
+def _peak_columns(peaks: tuple[tuple[int, ...], ...]) -> tuple:
+    hit = _PEAK_COLUMNS.get(id(peaks))
+    if hit is None or hit[0] is not peaks:
+        import numpy as np
+        hit = (peaks, tuple(np.array([h[c] for h in peaks], dtype=np.float64) for c in range(len(peaks[0]))))
+        _PEAK_COLUMNS[id(peaks)] = hit
+    return hit[1]
+
+
 def peak_in_flight_bytes(peaks: tuple[tuple[int, ...], ...], per_micro_batch_bytes) -> float:
-    """The largest sum over a rank's chunks of micro-batches held at once times each chunk's bytes per micro-batch."""
+    """The largest sum over a rank's chunks of micro-batches held at once times each chunk's bytes per micro-batch.
+    Each vector's sum runs chunk by chunk from 0.0 in either path, so both give the same float."""
+    w = tuple(per_micro_batch_bytes)
+    if len(peaks) * len(w) > NUMPY_PEAK_TERMS:
+        cols = _peak_columns(peaks)
+        total = 0.0
+        for col, wc in zip(cols, w):
+            total = total + col * wc
+        return float(total.max())
     best = float("-inf")
     for h in peaks:
         t = 0.0
-        for k, w in zip(h, per_micro_batch_bytes):
-            t += k * w
+        for k, x in zip(h, w):
+            t += k * x
         if t > best:
             best = t
     return best
