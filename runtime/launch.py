@@ -61,7 +61,8 @@ def check(args) -> tuple[Plan, int, Path]:
     check_memory_trace(args, nproc)
     if args.init_from or args.save_hf or args.hf_config:
         from runtime.hf.checks import check_launch_folders
-        check_launch_folders(plan.model, args.init_from, args.save_hf, args.hf_config, args.save_every)
+        check_launch_folders(plan.model, args.init_from, args.save_hf, args.hf_config, args.save_every,
+                             plan.layout.tp)
     return plan, nproc, results
 
 

@@ -180,10 +180,22 @@ def check_folder(hf_dir, spec: ModelSpec) -> CheckedFolder:
     return CheckedFolder(root, cfg, model_type, files, shapes)
 
 
-def check_launch_folders(spec: ModelSpec, init_from, save_hf, hf_config, save_every: int) -> None:
+def refuse_shared_kv_layout(spec: ModelSpec, tp: int) -> None:
+    """Refuse Hugging Face weights in or out of a layout whose TP degree exceeds the KV heads: its K/V projections
+    are replicated per group of ranks (runtime/parallel/tensor.py SharedKVQKVLinear), which the name map does not
+    cover yet."""
+    if spec.num_kv_heads < tp:
+        raise PlanError(f"Hugging Face weights are not loaded or saved under TP {tp} with {spec.num_kv_heads} KV "
+                        f"head(s) yet (the K/V heads are replicated across TP ranks there); use TP <= "
+                        f"{spec.num_kv_heads}")
+
+
+def check_launch_folders(spec: ModelSpec, init_from, save_hf, hf_config, save_every: int, tp: int = 1) -> None:
     """`plan launch`'s checks of its Hugging Face flags, before any worker starts: the --init-from folder passes
     check_folder; --save-hf has a config to write (--hf-config, else --init-from's) that matches the plan's model,
     names a type whose weights are mapped, and neither it nor a step folder it would write exists yet."""
+    if init_from or save_hf:
+        refuse_shared_kv_layout(spec, tp)
     if init_from:
         check_folder(init_from, spec)
     if not save_hf:

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from planner.errors import PlanError
-from runtime.hf.checks import CheckedFolder, check_folder, refuse_unused_tensors
+from runtime.hf.checks import CheckedFolder, check_folder, refuse_shared_kv_layout, refuse_unused_tensors
 from runtime.hf.names import Piece, hf_sources
 from runtime.model import logical_name
 from runtime.parallel.tensor import group_rank, group_size
@@ -115,6 +115,7 @@ def load_hf_weights(stages, plan, groups, hf_dir) -> CheckedFolder:
     reads its own slices; no collective runs. Refuses, before any weight is read, what runtime/hf/checks.py refuses,
     a tensor the model needs that the folder lacks, and a tensor of the wrong shape.
     Returns the checked folder (its config is what save_hf_weights writes back)."""
+    refuse_shared_kv_layout(plan.model, group_size(groups.tp))
     folder = check_folder(hf_dir, plan.model)
     sources = hf_sources(plan.model, folder.model_type)
     refuse_unused_tensors(folder, {pc.hf_name for pieces in sources.values() for pc in pieces})

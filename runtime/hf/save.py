@@ -19,7 +19,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from planner.errors import PlanError
-from runtime.hf.checks import INDEX_NAME, compare_spec
+from runtime.hf.checks import INDEX_NAME, compare_spec, refuse_shared_kv_layout
 from runtime.hf.names import Piece, hf_sources
 from runtime.model import logical_name
 from runtime.parallel.tensor import gather_logical, group_rank, group_size
@@ -103,6 +103,7 @@ def save_hf_weights(stages, plan, groups, out_dir, config) -> Path:
     _refuse_existing(out_dir)
     partial = out_dir.with_name(out_dir.name + ".partial")
     check_config(cfg, plan)
+    refuse_shared_kv_layout(plan.model, group_size(groups.tp))
     rank = dist.get_rank() if _distributed() else 0
     world = dist.get_world_size() if _distributed() else 1
     tensors = collect_tensors(stages, plan, groups, str(cfg.get("model_type", "")).lower())

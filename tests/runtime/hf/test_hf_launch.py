@@ -86,3 +86,10 @@ def test_bad_hf_flags_are_one_sentence_and_start_nothing(tmp_path, llama, capsys
         assert "\n" not in err and "Traceback" not in err, err
         assert words in err, err
         assert not (tmp_path / "r.csv").exists() and not (tmp_path / "x").exists()
+
+
+def test_weights_under_more_tp_ranks_than_kv_heads_are_refused(tmp_path, llama, capsys):
+    plan = _plan(tmp_path, llama, "tp4", tp=4, dp=1)  # the tiny Llama has 2 KV heads: replicated over TP 4
+    assert _launch(plan, "--init-from", llama, "--results", tmp_path / "r.csv") == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "with 2 KV head(s)" in err and "use TP <= 2" in err, err
