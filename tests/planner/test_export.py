@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from planner.cli import main as cli_main
-from planner.export import _layout_string, megatron_args
+from planner.export_megatron import _layout_string, megatron_args
 from planner.model import CATALOGUE, tiny_model
 from planner.plan import Layout, Plan, StagePlan, TrainingShape, even_stages
 
