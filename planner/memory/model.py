@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from planner.cluster import ClusterSpec
 from planner.model import ModelSpec
 from planner.plan import Layout, TrainingShape
-from planner.schedules import schedule_named
+from planner.memory.in_flight import (in_flight_by_chunk, in_flight_micro_batches,  # noqa: F401 (re-exported)
+                                      in_flight_peaks, peak_in_flight_bytes)
 
 GIB = 2**30
 BF16_BYTES = 2
@@ -474,61 +475,3 @@ def rotary_table_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> float
     return FP32_BYTES * 2 * m.head_dim * lay.micro_batch * shape.seq_len / lay.cp
 
 
-def in_flight_micro_batches(rank: int, chunk: int, lay: Layout, num_micro_batches: int) -> int:
-    """The most micro-batches a virtual stage (`chunk` of pipeline `rank`) holds at any moment of the step. The
-    chunks of one rank reach their maxima at different moments, so their sum over-counts the rank's peak (rank 0
-    of PP4 with 5 virtual stages: 31 against 23 held at once); memory uses in_flight_peaks. This per-chunk figure
-    only orders chunks in the greedy split (planner/search/stages.py)."""
-    return in_flight_by_chunk(rank, lay, num_micro_batches)[chunk]
-
-
-def in_flight_by_chunk(rank: int, lay: Layout, num_micro_batches: int) -> tuple[int, ...]:
-    """in_flight_micro_batches of each of the rank's chunks, at once."""
-    peaks = in_flight_peaks(rank, lay, num_micro_batches)
-    return tuple(max(h[c] for h in peaks) for c in range(lay.vpp))
-
-
-def in_flight_peaks(rank: int, lay: Layout, num_micro_batches: int) -> tuple[tuple[int, ...], ...]:
-    """The micro-batches each of the rank's chunks holds at once, at every moment that can be the rank's memory peak:
-    the layout's schedule's (PipelineSchedule.in_flight_peaks, from the action order the runtime plays). The peak of a
-    rank whose chunks keep w_c bytes per micro-batch is max over these vectors h of sum_c h_c w_c
-    (peak_in_flight_bytes)."""
-    return schedule_named(lay.schedule).in_flight_peaks(lay.pp, lay.vpp, num_micro_batches, rank)
-
-
-NUMPY_PEAK_TERMS = 256
-"""Peak vectors x chunks above which peak_in_flight_bytes sums with numpy (deep interleaved pipelines hold
-hundreds of candidate vectors); below it plain Python is faster."""
-
-_PEAK_COLUMNS: dict[int, tuple] = {}
-"""id(peaks) -> (peaks, one float64 array per chunk): the schedules' peak tuples are cached objects, so their
-columns are built once (the tuple is kept with them, so its id cannot be reused)."""
-
-
-def _peak_columns(peaks: tuple[tuple[int, ...], ...]) -> tuple:
-    hit = _PEAK_COLUMNS.get(id(peaks))
-    if hit is None or hit[0] is not peaks:
-        import numpy as np
-        hit = (peaks, tuple(np.array([h[c] for h in peaks], dtype=np.float64) for c in range(len(peaks[0]))))
-        _PEAK_COLUMNS[id(peaks)] = hit
-    return hit[1]
-
-
-def peak_in_flight_bytes(peaks: tuple[tuple[int, ...], ...], per_micro_batch_bytes) -> float:
-    """The largest sum over a rank's chunks of micro-batches held at once times each chunk's bytes per micro-batch.
-    Each vector's sum runs chunk by chunk from 0.0 in either path, so both give the same float."""
-    w = tuple(per_micro_batch_bytes)
-    if len(peaks) * len(w) > NUMPY_PEAK_TERMS:
-        cols = _peak_columns(peaks)
-        total = 0.0
-        for col, wc in zip(cols, w):
-            total = total + col * wc
-        return float(total.max())
-    best = float("-inf")
-    for h in peaks:
-        t = 0.0
-        for k, x in zip(h, w):
-            t += k * x
-        if t > best:
-            best = t
-    return best
