@@ -9,7 +9,7 @@ import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from planner.errors import PlanError
+from planner.errors import PlanError, read_json
 from planner.hf_checks import PLAIN_MLP_TYPES
 from planner.model import ModelSpec, from_hf_config
 from runtime.hf.names import SUPPORTED_TYPES
@@ -95,7 +95,8 @@ def _weight_files(root: Path) -> dict[str, Path]:
     """Tensor name -> file: the index's weight_map, or every tensor of the single file."""
     index, single = root / INDEX_NAME, root / SINGLE_NAME
     if index.exists():
-        weight_map = json.loads(_inside(root, index).read_text()).get("weight_map")
+        index_data = read_json(_inside(root, index), "checkpoint index")
+        weight_map = index_data.get("weight_map") if isinstance(index_data, dict) else None
         if not isinstance(weight_map, dict):
             raise PlanError(f"'{index}' has no weight_map object")
         return {k: _inside(root, root / v) for k, v in weight_map.items()}
@@ -111,7 +112,7 @@ def _config(root: Path) -> dict:
     path = root / "config.json"
     if not path.exists():
         raise PlanError(f"checkpoint folder '{root}' has no config.json")
-    cfg = json.loads(_inside(root, path).read_text())
+    cfg = read_json(_inside(root, path), "Hugging Face config")
     if not isinstance(cfg, dict):
         raise PlanError(f"'{path}' is not a JSON object")
     if cfg.get("auto_map"):
@@ -207,7 +208,7 @@ def check_launch_folders(spec: ModelSpec, init_from, save_hf, hf_config, save_ev
         raise PlanError("--save-hf needs the model's Hugging Face config.json: give --init-from or --hf-config")
     if not config.is_file():
         raise PlanError(f"--save-hf's config '{config}' does not exist or is not a file")
-    cfg = json.loads(config.read_text())
+    cfg = read_json(config, "Hugging Face config")
     model_type = str(cfg.get("model_type", "")).lower() if isinstance(cfg, dict) else ""
     refuse_approximated_model_type(model_type)
     if model_type not in SUPPORTED_TYPES:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from planner.errors import PlanError
+from planner.errors import PlanError, read_json
 from runtime.hf.checks import INDEX_NAME, compare_spec, refuse_shared_kv_layout
 from runtime.hf.names import Piece, hf_sources
 from runtime.model import logical_name
@@ -99,7 +99,7 @@ def save_hf_weights(stages, plan, groups, out_dir, config) -> Path:
             and written as out_dir/config.json with dtype set to the weights'.
     Returns: out_dir."""
     out_dir = Path(out_dir)
-    cfg = json.loads(Path(config).read_text()) if not isinstance(config, dict) else dict(config)
+    cfg = read_json(config, "Hugging Face config") if not isinstance(config, dict) else dict(config)
     _refuse_existing(out_dir)
     partial = out_dir.with_name(out_dir.name + ".partial")
     check_config(cfg, plan)
