@@ -190,7 +190,8 @@ def state_parts_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BY
                           pipelined: bool = False) -> tuple[float, float, float]:
     """Persistent (weight, gradient, optimizer) bytes per parameter: the compute-dtype weight, the main gradient
     (`grad` bytes, full-size under 'none' and 'optimizer'; ZeRO-2 keeps its fp32 shard, which accumulates the
-    reduced micro-batches whatever the reduction's precision), fp32 master weight and Adam m and v.
+    reduced micro-batches whatever the reduction's precision), fp32 master weight and Adam m and v. Under 'full'
+    the weight is the fp32 sharded parameter, which is also the master, so the optimizer part is m and v.
 
     `pipelined`: the rank holds its whole full-size gradient (zero2_holds_full_grads): under 'optimizer+grads' in a
     pipeline the runtime reduces a chunk's gradients only on its last micro-batch (runtime/parallel/pipeline.py sets
@@ -206,7 +207,9 @@ def state_parts_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BY
         return weight, grad, optim / d
     if sharding == "optimizer+grads":
         return weight, FP32_BYTES / d + (grad if pipelined else 0.0), optim / d
-    return weight / d, FP32_BYTES / d, optim / d  # full: FSDP2 keeps the sharded gradient in the fp32 parameter's dtype
+    # full (FSDP2, runtime/parallel/fsdp.py): the sharded parameter is the fp32 master weight (no bf16 copy is kept;
+    # the all-gather casts to the compute dtype), its gradient shard is fp32 too, and Adam adds m and v
+    return FP32_BYTES / d, FP32_BYTES / d, 2 * FP32_BYTES / d
 
 
 def zero2_holds_full_grads(lay: Layout, num_micro: int) -> bool:

@@ -3,8 +3,9 @@ training steps, and set what it held and sent beside the planner's prediction.
 
 Call `simulate_rank` in a fresh process (`python -m runtime.simulate`, one process per rank): the fake process
 group is the process's default group, and runtime/simulate/fake_world.py patches module attributes for the run.
-One step is traced by default: every state tensor exists once the optimizer is built, and what the first step
-builds lazily (the optimizer's segment views and scalars) is bytes; with more steps the last one is traced.
+One step is traced by default: every state tensor of the distributed optimizer exists once it is built, and what
+the first step builds lazily (its segment views and scalars) is bytes. Under 'full' (FSDP2) torch's AdamW creates
+its m and v in the first step, so the second step is traced (traced_steps). With more steps the last one is traced.
 
 Where the simulated step differs from a GPU step (CPU_SIDE_BRANCHES): branches on `tensor.is_cuda` take their
 CPU side, which changes no tensor the planner counts except where listed there.
@@ -111,8 +112,16 @@ def _build(plan: Plan, groups, device):
     return stages, opt
 
 
+def traced_steps(plan: Plan, steps: int) -> int:
+    """Steps to run so that the last holds every state tensor: at least two under 'full', whose AdamW state
+    (torch.optim.AdamW on FSDP2's sharded parameters) exists only from the first step's end."""
+    return max(steps, 2) if plan.layout.sharding == "full" else steps
+
+
 def trace_rank(plan: Plan, rank: int, steps: int = 1):
-    """(tracker, groups, seconds to build) of `steps` fake training steps of `rank`, the last one traced."""
+    """(tracker, groups, seconds to build) of `steps` fake training steps of `rank` (traced_steps: at least two
+    under 'full'), the last one traced."""
+    steps = traced_steps(plan, steps)
     from runtime.mesh import build_groups
     from runtime.simulate.fake_world import fake_device, fake_world
     from runtime.simulate.tracker import StepTracker

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 PARTS = ("weights", "gradients", "optimizer", "other_state", "activations", "temporaries")
@@ -57,6 +57,16 @@ class Peak:
 
 def _tensors(obj) -> list[torch.Tensor]:
     return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+
+
+def _storages(t: torch.Tensor) -> list:
+    """The storages that hold `t`'s data: a wrapper subclass (a DTensor, FSDP2's sharded parameters, gradients and
+    Adam states) holds none of its own (its nominal storage has the global shape's bytes), only its inner tensors'."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        inner = [getattr(t, name) for name in names]
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]
+    return [t.untyped_storage()]
 
 
 def _process_group(args):
@@ -156,7 +166,8 @@ class StepTracker(TorchDispatchMode):
         if name.startswith("c10d::"):
             self._record_collective(name[len("c10d::"):], args, kwargs, out)
         for t in _tensors(out):
-            self._add(t.untyped_storage(), "temporaries")
+            for storage in _storages(t):
+                self._add(storage, "temporaries")
         return out
 
     def _record_collective(self, op: str, args, kwargs, out) -> None:
@@ -174,9 +185,10 @@ class StepTracker(TorchDispatchMode):
 
     # -- steps ---------------------------------------------------------------------------------------
     def _pack(self, t: torch.Tensor):
-        key = id(t.untyped_storage())
-        if key in self.live and self.live[key][1] == "temporaries":
-            self._move(t.untyped_storage(), "activations")
+        for storage in _storages(t):
+            key = id(storage)
+            if key in self.live and self.live[key][1] == "temporaries":
+                self._move(storage, "activations")
         return t
 
     def keep_outputs(self, module) -> None:

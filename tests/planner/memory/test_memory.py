@@ -19,8 +19,9 @@ from planner.plan import Layout, StagePlan, TrainingShape
     ("optimizer", 1, 18.0),
     ("optimizer", 4, 2 + 4 + 12 / 4),
     ("optimizer+grads", 4, 2 + (4 + 12) / 4),
-    ("full", 4, 18 / 4),
-    ("full", 1, 18.0),
+    # FSDP2: the fp32 sharded parameter is the master (no bf16 copy), fp32 gradient shard, m and v: 16 bytes
+    ("full", 4, 16 / 4),
+    ("full", 1, 16.0),
 ])
 def test_bytes_per_param(sharding, d, expected):
     assert mem.bytes_per_param(sharding, d) == expected
@@ -32,7 +33,7 @@ def test_bytes_per_param(sharding, d, expected):
     ("none", 4, 2 + 2 + 12),
     ("optimizer", 4, 2 + 2 + 12 / 4),
     ("optimizer+grads", 4, 2 + (4 + 12) / 4),
-    ("full", 4, 18 / 4),
+    ("full", 4, 16 / 4),
 ])
 def test_bytes_per_param_with_bf16_gradients(sharding, d, expected):
     assert mem.bytes_per_param(sharding, d, mem.grad_bytes(Layout(grad_dtype="bf16"))) == expected
