@@ -12,10 +12,14 @@ class DataParallelTerms:
 
     # -- per step -----------------------------------------------------------------------------------------
     def dp_comm_s(self, dense: float, expert: float, window_fwd_s: float, window_bwd_s: float, num_micro: int) -> float:
-        """Exposed data-parallel traffic of one rank per step."""
+        """Exposed data-parallel traffic of one rank per step. `window_fwd_s` and `window_bwd_s`: one micro-batch's
+        forward and backward of the rank's layers, which dp_window_micro_batches widens in an interleaved pipeline."""
         lay, frac = self.lay, self.prof.overlap_hidden_fraction.get("dp", 0.0)
         d = lay.dp * lay.cp
         total = 0.0
+        mb_fwd_s, mb_bwd_s = window_fwd_s, window_bwd_s  # 'full' gathers and reduces every micro-batch beside it
+        rounds = self.dp_window_micro_batches(num_micro)
+        window_fwd_s, window_bwd_s = rounds * window_fwd_s, rounds * window_bwd_s
 
         def exposed_s(comm_s, beside_s, frac, overlap):  # the target's rule (its buckets), ours: terms.exposed_s
             return self.target.dp_exposed_s(comm_s, params, beside_s, frac, overlap, d, lay.vpp)
@@ -37,9 +41,21 @@ class DataParallelTerms:
                 total += self.zero2_reductions * exposed_s(rs, window_bwd_s, frac, lay.overlap_dp) \
                     + exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
             else:  # full: gather for forward and again for backward, reduce-scatter, every micro-batch
-                total += num_micro * (exposed_s(ag, window_fwd_s, frac, lay.overlap_dp)
-                                      + exposed_s(ag + rs, window_bwd_s, frac, lay.overlap_dp))
+                total += num_micro * (exposed_s(ag, mb_fwd_s, frac, lay.overlap_dp)
+                                      + exposed_s(ag + rs, mb_bwd_s, frac, lay.overlap_dp))
         return total
+
+    def dp_window_micro_batches(self, num_micro: int) -> int:
+        """Micro-batches of the rank's compute that its gradient reduction runs beside (and, the mirror, the next
+        step's parameter gather). The reduction of a model chunk starts on the chunk's last micro-batch (Megatron-
+        Core's interleaved schedule enables a chunk's grad sync there; runtime/parallel/pipeline.py likewise). Without
+        interleaving that is the step's last backward: one micro-batch. Interleaved, the schedule runs each chunk's
+        backward for min(pp, micro-batches) micro-batches in turn, so the chunks' last backwards, and their
+        reductions, are that many micro-batches of one chunk apart: the rank's buckets become ready over
+        min(pp, micro-batches) micro-batches of all its layers' backward. The forward's gathers mirror it (the
+        warm-up runs each chunk's forward for that many micro-batches before the next chunk's first)."""
+        lay = self.lay
+        return min(lay.pp, num_micro) if lay.vpp > 1 and lay.sharding != "full" else 1
 
     @property
     def zero2_reductions(self) -> int:

@@ -99,6 +99,26 @@ def test_megatron_dp_share_falls_as_micro_batches_per_step_rise(profile):
     assert shares[0] > 0.05 and all(a > b for a, b in zip(shares, shares[1:])), shares
 
 
+def test_interleaved_reductions_overlap_the_later_chunks_backward(profile):
+    """Interleaved, a chunk's gradients are reduced after its last micro-batch while the rank's other chunks still
+    run pp micro-batches of backward each (CostModel.dp_window_micro_batches): the exposed DP time is below that of
+    the same layout without interleaving, whose window is the last micro-batch's backward, and does not change with
+    more micro-batches than pp."""
+    def model(pp, vpp, global_batch):
+        lay = Layout(tp=8, pp=pp, vpp=vpp, dp=8, micro_batch=1, sharding="optimizer", cuda_graph=False)
+        return CostModel(resolve_model("llama3-70b"), TrainingShape(4096, global_batch), lay,
+                         ClusterSpec(gpu="h200-sxm", num_gpus=8 * 8 * pp, gpus_per_node=8), profile,
+                         target=replace(load_target("megatron"), dp_overlap_contention=0.0))  # the mechanism alone
+
+    def exposed_dp_s(pp, vpp, global_batch):
+        return model(pp, vpp, global_batch).predict(even_stages(80, pp * vpp, "full")).breakdown_s["dp_comm"]
+
+    assert [model(4, 5, 32).dp_window_micro_batches(m) for m in (1, 2, 4, 8)] == [1, 2, 4, 4]
+    assert model(4, 1, 64).dp_window_micro_batches(8) == 1
+    assert exposed_dp_s(4, 5, 32) < 0.5 * exposed_dp_s(4, 1, 32)
+    assert exposed_dp_s(4, 5, 64) == pytest.approx(exposed_dp_s(4, 5, 32))
+
+
 def test_megatron_host_floor_by_hand(profile):
     t = RuntimeTarget("t", host_layer_s=1e-3, host_factor=2.0, cuda_graph=False)
     cm = _cost(profile, "gpt-1.3b", 1, dict(micro_batch=1, cuda_graph=False), (2048, 8), t)
