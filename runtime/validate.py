@@ -29,31 +29,29 @@ header when the file is new and refusing a file with other columns; existing row
 Beside it, `<FILE stem>.plans.jsonl` gets the plan itself (row number -> plan), which `plan calibrate`
 needs to re-predict the row exactly (the CSV's columns do not carry the sharding level), and the traced step's
 per-rank components where there are some.
+
+This module runs the plans and holds the command line; runtime/validation/ measures (`measure`), compares and
+reports (`compare`) and writes the results row (`results`).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import csv
-import datetime
-import json
 import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from planner.calibrate import RESULT_COLUMNS, recompute_text, sidecar_path
 from planner.errors import PlanError
-from planner.report import host_paced, host_paced_note
 from planner.plan import Plan
-from planner.provenance import commit_label
 from runtime import gpu_monitor
-from runtime.trace_analysis import RankComponents
+from runtime.validation.compare import COMPONENTS, components_report, predicted_components_s, report  # noqa: F401 (re-exported)
+from runtime.validation.measure import TracedStep, _steady, read_components
+from runtime.validation.results import append_row, check_results_file, gpu_name, profile_label, result_row
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,32 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip the extra step traced after the measured ones (GPU compute, exposed communication "
                          "and idle time per rank; CUDA only)")
     return ap
-
-
-def _gpu_name(device: str) -> str:
-    if device != "cuda":
-        return "cpu"
-    import torch
-    return torch.cuda.get_device_name(0)
-
-
-def _check_results_file(path: Path) -> int:
-    """Data rows already in the results CSV (0 when it does not exist); refuses a file with other columns, a
-    folder, or a place it could not be written (checked before the run, not after it)."""
-    from planner.outputs import check_output_file
-
-    check_output_file(path, "--append", overwrite=True)  # an existing file is appended to, never rewritten
-    if not path.exists():
-        return 0
-    with open(path, newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise PlanError(f"results file '{path}' exists but is empty; remove it or pick another --append file")
-        if header != RESULT_COLUMNS:
-            raise PlanError(f"results file '{path}' has other columns than a validation results CSV; "
-                            "pick another --append file")
-        return sum(1 for row in reader if row)
 
 
 def _run(cmd: list[str], env: dict, timeout: float, ranks: range = range(0)) -> int | None:
@@ -148,243 +120,6 @@ def _run(cmd: list[str], env: dict, timeout: float, ranks: range = range(0)) -> 
         print(f"plan: {sentence}", file=sys.stderr)
         return 1
     return proc.returncode
-
-
-def _steady(rows: list[dict], warmup: int) -> dict:
-    steady = rows[warmup:]
-
-    def col(name):
-        vals = []
-        for r in steady:
-            try:
-                vals.append(float(r.get(name) or "nan"))
-            except ValueError:
-                pass
-        return [v for v in vals if v == v]
-
-    mem = col("peak_mem_max_gib") or col("peak_mem_gib")
-    opt, bubble = col("optimizer_s"), col("bubble_frac")
-    ends = col("end_unix_s")
-    # the measured steps' wall-clock span: from the end of the last warm-up step (or the first measured step's
-    # start, its end less its time) to the end of the last
-    window = None
-    if ends and len(ends) == len(steady):
-        first_start = ends[0] - col("step_s")[0]
-        try:
-            first_start = float(rows[warmup - 1]["end_unix_s"]) if warmup > 0 else first_start
-        except (KeyError, TypeError, ValueError):
-            pass
-        window = (first_start, ends[-1])
-    return {"steps": len(steady), "step_s": statistics.median(col("step_s")), "window_unix_s": window,
-            "step_s_min": min(col("step_s")), "step_s_max": max(col("step_s")),
-            "mem_gib": max(mem) if mem else None,
-            "mem_by_rank": steady[-1].get("peak_mem_by_rank", ""),
-            "optimizer_s": statistics.median(opt) if opt else None,
-            "bubble_frac": statistics.median(bubble) if bubble else None}
-
-
-def _err(pred: float | None, meas: float | None) -> str:
-    if pred is None or meas is None or meas <= 0:
-        return ""
-    return f"{(pred - meas) / meas:+.1%}"
-
-
-def _num(v: float | None, unit: str = "") -> str:
-    return "-" if v is None else f"{v:.4g}{unit}"
-
-
-@dataclass(frozen=True)
-class Component:
-    """A part of the traced step that is measured and predicted alike."""
-    label: str
-    predicted_keys: tuple[str, ...]
-    """The cost model's breakdown_s keys it holds (planner/cost/step.py, predict)."""
-    measured: str
-    """The RankComponents attribute that measures it."""
-    measured_text: str
-
-
-COMPONENTS = (
-    Component("GPU compute", ("compute", "recompute", "optimizer"), "compute_s", "non-NCCL kernels"),
-    Component("exposed communication", ("tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_comm"),
-              "exposed_communication_s", "NCCL kernels with no compute kernel beside them"),
-    Component("GPU idle", ("bubble", "host"), "idle_s", "span - busy (pipeline bubble, host gaps, waits)"),
-)
-
-
-@dataclass(frozen=True)
-class TracedStep:
-    """The workers' --components-out record: one traced step, every rank's components."""
-    step: int
-    ranks: list[RankComponents]
-
-    def compared_rank(self) -> RankComponents:
-        """The rank with the largest span (then the most busy time): the one that sets the step's length."""
-        return max(self.ranks, key=lambda r: (r.span_s, r.busy_s))
-
-    def to_dict(self) -> dict:
-        return {"step": self.step, "ranks": [r.to_dict() for r in self.ranks]}
-
-
-def read_components(path: Path) -> TracedStep | str:
-    """The traced step the workers wrote to `path`, or the sentence saying why there is none."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return "the run wrote no traced step"
-    except (OSError, ValueError):
-        return f"the traced step's file '{path.name}' could not be read"
-    if not isinstance(data, dict):
-        return f"the traced step's file '{path.name}' holds no record"
-    if not data.get("traced"):
-        return str(data.get("reason") or "not traced")
-    try:
-        ranks = [RankComponents.from_dict(d) for d in data["ranks"]]
-        step = int(data["step"])
-    except (KeyError, TypeError, ValueError):
-        return f"the traced step's file '{path.name}' is malformed"
-    return TracedStep(step, ranks) if ranks else "the traced step has no ranks"
-
-
-def predicted_components_s(breakdown: dict) -> dict[str, float]:
-    return {c.label: sum(breakdown.get(k, 0.0) for k in c.predicted_keys) for c in COMPONENTS}
-
-
-def measured_components_s(rank: RankComponents) -> dict[str, float]:
-    return {c.label: getattr(rank, c.measured) for c in COMPONENTS}
-
-
-def _share(part: float, whole: float) -> str:
-    return f"{part / whole:.1%}" if whole > 0 else "-"
-
-
-def components_report(pred, traced: TracedStep | str | None, steady_step_s: float) -> list[str]:
-    """The traced step's block of the report: measured components on the compared rank against the prediction's,
-    in seconds and as fractions of the traced span / the predicted step. `traced`: a reason string when the
-    step was not traced, None when it was not asked for (no lines)."""
-    if traced is None:
-        return []
-    head = "components of one extra step, traced after the measured ones (torch.profiler, GPU kernels)"
-    if isinstance(traced, str):
-        return [f"{head}: {traced}"]
-    rank = traced.compared_rank()
-    if rank.span_s <= 0:
-        return [f"{head}: the trace holds no GPU kernels"]
-    lines = [f"{head}:",
-             f"  traced step {traced.step}: span {rank.span_s:.4g} s on rank {rank.rank} (the largest of "
-             f"{len(traced.ranks)} rank(s)); steady median step {steady_step_s:.4g} s "
-             f"({_err(rank.span_s, steady_step_s) or '-'} traced against steady)",
-             f"{'':<34}{'predicted':>12}{'measured':>12}{'error':>9}{'pred/step':>11}{'meas/span':>11}"]
-    predicted, measured = predicted_components_s(pred.breakdown_s), measured_components_s(rank)
-    for c in COMPONENTS:
-        p, m = predicted[c.label], measured[c.label]
-        lines.append(f"{'  ' + c.label:<34}{p:>12.4g}{m:>12.4g}{_err(p, m):>9}"
-                     f"{_share(p, pred.step_s):>11}{_share(m, rank.span_s):>11}")
-    for c in COMPONENTS:
-        lines.append(f"    {c.label}: predicted {' + '.join(c.predicted_keys)}; measured {c.measured_text}")
-    mapped = {k for c in COMPONENTS for k in c.predicted_keys}
-    other = [f"{k} {v:.4g}" for k, v in pred.breakdown_s.items() if k not in mapped and v]
-    if other:
-        lines.append("    predicted but in no component: " + ", ".join(other))
-    by_rank = sorted(traced.ranks, key=lambda r: r.rank)
-    lines.append("  exposed communication per rank (s): "
-                 + ", ".join(f"{r.rank}: {r.exposed_communication_s:.4g}" for r in by_rank))
-    return lines
-
-
-def report(plan: Plan, pred, meas: dict) -> str:
-    b = pred.breakdown_s
-    lines = [f"{plan.model.name} {plan.layout.short()} mb{plan.layout.micro_batch} sharding {plan.layout.sharding} "
-             f"seq {plan.training.seq_len} global batch {plan.training.global_batch} recompute {recompute_text(plan.stages)}",
-             f"steady state: median of {meas['steps']} steps (range {meas['step_s_min']:.4g}-{meas['step_s_max']:.4g} s)",
-             f"{'':<34}{'predicted':>12}{'measured':>12}{'error':>9}",
-             f"{'step time (s)':<34}{pred.step_s:>12.4g}{meas['step_s']:>12.4g}{_err(pred.step_s, meas['step_s']):>9}"]
-    pmem = max(pred.memory_gib_per_rank)
-    lines.append(f"{'peak memory, max over ranks (GiB)':<34}{pmem:>12.4g}{_num(meas['mem_gib']):>12}"
-                 f"{_err(pmem, meas['mem_gib']):>9}")
-    if meas["mem_by_rank"]:
-        lines.append(f"  per rank measured: {meas['mem_by_rank'].replace(';', ', ')}; predicted per pipeline rank: "
-                     + ", ".join(f"{m:.4g}" for m in pred.memory_gib_per_rank))
-    lines.append("components (s, along the slowest pipeline rank):")
-    timed = 0.0
-    m_timed = 0.0
-    if meas["optimizer_s"] is not None:
-        lines.append(f"{'  optimizer (clip + AdamW)':<34}{b.get('optimizer', 0):>12.4g}{meas['optimizer_s']:>12.4g}"
-                     f"{_err(b.get('optimizer', 0), meas['optimizer_s']):>9}")
-        timed += b.get("optimizer", 0.0)
-        m_timed += meas["optimizer_s"]
-    if plan.layout.pp > 1 and meas["bubble_frac"] is not None:
-        mb = meas["bubble_frac"] * meas["step_s"]
-        lines.append(f"{'  pipeline bubble':<34}{b.get('bubble', 0):>12.4g}{mb:>12.4g}{_err(b.get('bubble', 0), mb):>9}")
-        timed += b.get("bubble", 0.0)
-        m_timed += mb
-    rest_p, rest_m = pred.step_s - timed, meas["step_s"] - m_timed
-    lines.append(f"{'  rest (compute + exposed comm)':<34}{rest_p:>12.4g}{rest_m:>12.4g}{_err(rest_p, rest_m):>9}")
-    untimed = [k for k in b if k not in ("optimizer", "bubble") and b[k] > 0]
-    if untimed:
-        traced = isinstance(meas.get("components"), TracedStep)
-        where = "timed apart in the traced step below" if traced else "not timed apart by the runtime"
-        lines.append(f"    predicted split of the rest ({where}): " + ", ".join(f"{k} {b[k]:.4g}" for k in untimed))
-    lines.extend(components_report(pred, meas.get("components"), meas["step_s"]))
-    if host_paced(pred):
-        lines.append(host_paced_note(pred))
-    gpu_line = gpu_monitor.describe(meas.get("gpu_state"))
-    if gpu_line:
-        lines.append(gpu_line)
-    return "\n".join(lines)
-
-
-def result_row(plan: Plan, pred, meas: dict, gpu: str, profile_label: str) -> dict:
-    lay = plan.layout
-    return {"model": plan.model.name, "gpus": lay.world_size, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp,
-            "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "micro_batch": lay.micro_batch,
-            "global_batch": plan.training.global_batch, "seq_len": plan.training.seq_len,
-            "recompute": recompute_text(plan.stages),
-            "predicted_step_s": f"{pred.step_s:.6g}", "measured_step_s": f"{meas['step_s']:.6g}",
-            "predicted_mem_gib": f"{max(pred.memory_gib_per_rank):.6g}",
-            "measured_mem_gib": f"{meas['mem_gib']:.6g}" if meas["mem_gib"] is not None else "",
-            "gpu": gpu, "profile": profile_label, "commit": commit_label(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
-def profile_label(profile_arg: str | None, gpu: str) -> str:
-    """The results CSV's `profile` column: the --profile given, or 'shipped:<stem>' of the shipped file actually
-    read (the calibrated one where it ships, e.g. shipped:h200-sxm-calibrated; planner.profile.load_profile)."""
-    from planner.profile import default_profile_path, resolve_profile_path
-
-    if profile_arg is None:
-        return f"shipped:{default_profile_path(gpu).stem}"
-    used = resolve_profile_path(profile_arg)
-    return f"shipped:{used.stem}" if used != Path(profile_arg) else profile_arg
-
-
-def append_row(path: Path, row: dict, plan: Plan, gpu_state: dict | None = None,
-               components: TracedStep | None = None) -> int:
-    """Append the row (header first when the file is new) and its plan to the sidecar, with the GPUs' clock and
-    power during the measured steps where they were sampled (runtime/gpu_monitor.py) and the traced step's
-    per-rank components where it was traced; returns the row number."""
-    n = _check_results_file(path) + 1
-    new = not path.exists()
-    if new:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    else:
-        with open(path, "rb+") as fh:  # a last line without its newline: the row goes on a line of its own
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) not in (b"\n", b"\r"):
-                fh.write(b"\n")
-    with open(path, "a", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS)
-        if new:
-            w.writeheader()
-        w.writerow(row)
-    with open(sidecar_path(path), "a") as fh:
-        rec = {"row": n, "plan": plan.to_dict()}
-        if gpu_state:
-            rec["gpu_state"] = gpu_state
-        if components is not None:
-            rec["components"] = components.to_dict()
-        fh.write(json.dumps(rec) + "\n")
-    return n
 
 
 def _run_plans(args, files: list[Path], out: Path) -> dict[str, str]:
@@ -441,7 +176,7 @@ def validate(args) -> int:
         preds.append(evaluate(plan, cluster, profiles[cluster.gpu], "ours"))  # what runs is our runtime, whatever the plan was predicted for
     append = Path(args.append) if args.append else None
     if append:
-        _check_results_file(append)  # refuse a foreign file before spending the run
+        check_results_file(append)  # refuse a foreign file before spending the run
     if args.keep_steps and (len(plans) > 1 or Path(args.keep_steps).exists()):
         raise PlanError(f"'{args.keep_steps}' already exists; pick another --keep-steps path" if len(plans) == 1
                         else "--keep-steps takes a single plan")
@@ -499,7 +234,7 @@ def validate(args) -> int:
                 print(report(plan, pred, meas), flush=True)
                 if append:
                     label = profile_label(args.profile, ClusterSpec.from_dict(plan.cluster).gpu)
-                    row = result_row(plan, pred, meas, _gpu_name(args.device), label)
+                    row = result_row(plan, pred, meas, gpu_name(args.device), label)
                     traced = meas["components"] if isinstance(meas["components"], TracedStep) else None
                     n = append_row(append, row, plan, meas.get("gpu_state"), traced)
                     print(f"appended row {n} to {append}")

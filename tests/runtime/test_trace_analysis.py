@@ -39,12 +39,12 @@ def test_rank_components_add_up_to_the_span():
 
 def _gather_components(rank, world, path):
     """write_step_components as on CUDA, with the profiler replaced by a per-rank synthetic timeline."""
-    import runtime.train as T
+    import runtime.trainer.components as C
 
     shift = 0.5 * rank   # rank r's kernels end r/2 later: a different span per rank
-    T._traced_components = lambda run_step: RankComponents.from_kernels(
+    C._traced_components = lambda run_step: RankComponents.from_kernels(
         rank, [(n, a, b + shift if b == 21.0 else b) for n, a, b in TIMELINE])
-    T.write_step_components(path, True, 5, lambda: None)
+    C.write_step_components(path, True, 5, lambda: None)
     return json.loads(open(path).read()) if rank == 0 else None
 
 

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent('''
     import gc, sys, weakref
     import runtime.train as T
+    import runtime.trainer.build as B
     from planner.cluster import ClusterSpec
     from planner.model import tiny_model
     from planner.plan import TrainingShape
@@ -31,12 +32,12 @@ SCRIPT = textwrap.dedent('''
     plan.save(out + "/a.json")
     plan.save(out + "/b.json")
     refs = []
-    build = T.build_optimizer
+    build = B.build_optimizer
     def spy(stages, *a, **k):
         opt = build(stages, *a, **k)
         refs.extend([weakref.ref(stages[0]), weakref.ref(opt)])
         return opt
-    T.build_optimizer = spy
+    B.build_optimizer = spy
     assert T.main(["--plan", out + "/a.json", out + "/b.json", "--steps", "2", "--device", "cpu", "--results", out,
                    "--components-out", out]) == 0
     gc.collect()
@@ -63,6 +64,7 @@ def test_plans_in_one_worker_free_their_memory(tmp_path):
 EXTRA_STEP_SCRIPT = textwrap.dedent('''
     import json, os, socket, sys
     import runtime.train as T
+    import runtime.trainer.loop as L
     from planner.cluster import ClusterSpec
     from planner.model import tiny_model
     from planner.plan import TrainingShape
@@ -72,13 +74,13 @@ EXTRA_STEP_SCRIPT = textwrap.dedent('''
     plan = search(tiny_model("gpt"), TrainingShape(32, 4), ClusterSpec(gpu="h200-sxm", num_gpus=1, gpus_per_node=1),
                   load_profile("h200-sxm", "h200-sxm"), Pins(micro_batch=2), top_k=1).plans[0]
     plan.save(out + "/p.json")
-    write = T.write_step_components
+    write = L.write_step_components
     seen = []
     def run_it_on_cpu(path, cuda, step, run_step):
         loss, _ = run_step()  # on CPU the worker runs no extra step; here it does, as on CUDA
         seen.append([step, float(loss)])
         write(path, cuda, step, run_step)
-    T.write_step_components = run_it_on_cpu
+    L.write_step_components = run_it_on_cpu
     def run(*extra):
         with socket.socket() as s:  # a fresh rendezvous port per run of the worker in this process
             s.bind(("127.0.0.1", 0))
