@@ -14,18 +14,15 @@ from planner.hf_checks import PLAIN_MLP_TYPES
 from planner.model import ModelSpec, from_hf_config
 from runtime.hf.names import SUPPORTED_TYPES
 
-APPROXIMATED_TYPES = PLAIN_MLP_TYPES + ("gemma",)
+APPROXIMATED_TYPES = PLAIN_MLP_TYPES
 """Model types the planner reads but the runtime would train as another architecture: phi, gpt_neox, falcon,
 starcoder2 and opt are built as GPT-style models (learned positions, sequential residual; theirs have rotary or ALiBi
-positions, parallel residuals, other norms); gemma as Llama-style without its (1 + weight) RMSNorm scale and its
-embedding scaled by sqrt(hidden)."""
+positions, parallel residuals, other norms)."""
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 SPEC_FIELDS_NOT_COMPARED = ("name", "default_seq_len", "default_global_batch")
 """ModelSpec fields that are planning choices, not the model's architecture."""
-TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-"""Hugging Face activation names of GELU's tanh form, the one runtime/model.py builds for GPT and BERT."""
 UNUSED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias", "embeddings.position_ids",
                           "cls.predictions.decoder.bias")
 """Checkpoint tensors that are buffers or copies, not weights the runtime lacks: rotary tables, GPT-2's causal masks,
@@ -122,16 +119,6 @@ def _config(root: Path) -> dict:
     return cfg
 
 
-def _check_activation(cfg: dict, model_type: str, root: Path) -> None:
-    """GPT-2 and BERT: refuse a GELU that is not the tanh form the runtime computes (BERT's default is the erf form)."""
-    if model_type not in ("gpt2", "bert"):
-        return
-    act = str(cfg.get("activation_function") or cfg.get("hidden_act") or "").lower()
-    if act not in TANH_GELU:
-        raise PlanError(f"'{root / 'config.json'}' uses the activation '{act}', but parallel-plan's runtime computes "
-                        "GELU in its tanh form (gelu_new), so the loaded model would not be the checkpoint's")
-
-
 def refuse_unused_tensors(folder: "CheckedFolder", used: set) -> None:
     """Refuse a checkpoint holding weights the runtime's model has no place for (a bias or a layer it does not
     build, such as Llama's mlp_bias), which loading would otherwise drop unseen."""
@@ -143,12 +130,13 @@ def refuse_unused_tensors(folder: "CheckedFolder", used: set) -> None:
 
 
 def compare_spec(spec: ModelSpec, config_path: Path) -> None:
-    """Refuse, naming the first differing field, a config whose model is not `spec`."""
+    """Refuse, naming the first differing field, a config whose model is not `spec` (its GELU form and its model_type
+    included; a plan's spec not read from a config, hf_model_type '', takes a config of any type)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = from_hf_config(config_path)
     for f in fields(ModelSpec):
-        if f.name in SPEC_FIELDS_NOT_COMPARED:
+        if f.name in SPEC_FIELDS_NOT_COMPARED or (f.name == "hf_model_type" and not spec.hf_model_type):
             continue
         a, b = getattr(spec, f.name), getattr(theirs, f.name)
         if a != b:
@@ -169,7 +157,6 @@ def check_folder(hf_dir, spec: ModelSpec) -> CheckedFolder:
         raise PlanError(f"'{root / 'config.json'}' has model_type '{model_type}', whose weights parallel-plan does not "
                         f"map; it loads {', '.join(SUPPORTED_TYPES)}")
     compare_spec(spec, root / "config.json")
-    _check_activation(cfg, model_type, root)
     files = _weight_files(root)
     shapes = {}
     for path in sorted(set(files.values())):
