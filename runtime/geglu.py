@@ -2,14 +2,18 @@
 up), as runtime/swiglu.py keeps SwiGLU's, so that the planner's memory model of a gated MLP (its 2f input and the f
 output that the down projection keeps) holds for both.
 
-PyTorch's ops compute it on every device (there is no Triton kernel for it): the forward as Hugging Face's GemmaMLP
-does, F.gelu of the gate in the activation's dtype times up; the backward recomputes the GELU in fp32, in row chunks
-so that its fp32 temporaries stay bounded, and writes the gradient in x's dtype.
+On CUDA (and under Triton's interpreter) forward and backward are one Triton kernel each, as SwiGLU's: every element
+read once and written once, in fp32 registers, GELU in either form (tanh approximation or exact erf). Elsewhere
+PyTorch's ops compute it: the forward as Hugging Face's GemmaMLP does, F.gelu of the gate in the activation's dtype
+times up; the backward recomputes the GELU in fp32, in row chunks so that its fp32 temporaries stay bounded, and
+writes the gradient in x's dtype.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from runtime.triton_support import tl, triton, use_triton
 
 _CHUNK_ELEMS = 1 << 24
 """Backward: rows per chunk so that one fp32 temporary stays within this many elements (64 MiB)."""
@@ -39,17 +43,78 @@ def geglu_backward(x: torch.Tensor, g: torch.Tensor, approximate: str) -> torch.
     return dx.view_as(x)
 
 
+if triton is not None:
+    @triton.jit
+    def _gelu_and_slope(z, EXACT: tl.constexpr):
+        """(gelu(z), gelu'(z)) in fp32: the exact erf form, or the tanh approximation (tanh through the exp of a
+        non-positive number: no overflow)."""
+        if EXACT:
+            cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
+            return z * cdf, cdf + z * 0.3989422804014327 * tl.exp(-0.5 * z * z)
+        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+        e = tl.exp(-2.0 * tl.abs(inner))
+        t = (1.0 - e) / (1.0 + e)
+        t = tl.where(inner >= 0, t, -t)
+        slope = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * z * z)
+        return 0.5 * z * (1.0 + t), slope
+
+    @triton.jit
+    def _geglu_fwd_kernel(x_ptr, y_ptr, f, EXACT: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < f
+        gate = tl.load(x_ptr + row * 2 * f + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * 2 * f + f + cols, mask=mask, other=0.0).to(tl.float32)
+        act, _ = _gelu_and_slope(gate, EXACT)
+        tl.store(y_ptr + row * f + cols, (act * up).to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _geglu_bwd_kernel(x_ptr, g_ptr, dx_ptr, f, EXACT: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < f
+        gate = tl.load(x_ptr + row * 2 * f + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * 2 * f + f + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + row * f + cols, mask=mask, other=0.0).to(tl.float32)
+        act, slope = _gelu_and_slope(gate, EXACT)
+        tl.store(dx_ptr + row * 2 * f + cols, (g * up * slope).to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + row * 2 * f + f + cols, (g * act).to(dx_ptr.dtype.element_ty), mask=mask)
+
+_BLOCK = 1024
+
+
+def _grid(x: torch.Tensor):
+    f = x.shape[-1] // 2
+    return (x.numel() // (2 * f), triton.cdiv(f, _BLOCK)), f
+
+
+def _fused(x: torch.Tensor) -> bool:
+    return (use_triton(x.device) and not torch.compiler.is_compiling() and x.is_contiguous() and x.numel() > 0
+            and x.shape[-1] % 2 == 0)
+
+
 class GeGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, approximate):
         ctx.save_for_backward(x)
         ctx.approximate = approximate
-        return geglu_eager(x, approximate)
+        if not _fused(x):
+            return geglu_eager(x, approximate)
+        grid, f = _grid(x)
+        y = x.new_empty(*x.shape[:-1], f)
+        _geglu_fwd_kernel[grid](x, y, f, EXACT=approximate == "none", BLOCK=_BLOCK)
+        return y
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        return geglu_backward(x, g.contiguous(), ctx.approximate), None
+        g = g.contiguous()
+        if not _fused(x):
+            return geglu_backward(x, g, ctx.approximate), None
+        grid, f = _grid(x)
+        dx = torch.empty_like(x)
+        _geglu_bwd_kernel[grid](x, g, dx, f, EXACT=ctx.approximate == "none", BLOCK=_BLOCK)
+        return dx, None
 
 
 def geglu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:

@@ -133,9 +133,9 @@ def test_toy_family_counts_match_the_runtime(registered, name):
     assert sum(p.numel() for s in (first, last) for p in s.parameters()) == spec.total_params() + tied_copy
 
 
-def test_toy_family_plans_and_trains_on_cpu(registered):
-    """A toy family registered here alone: the planner searches it on one CPU 'GPU', its plan file reloads, and the
-    runtime trains the plan in this process (single rank): the loss is finite and falls on a repeated batch."""
+def _plan_and_train(spec):
+    """The planner searches spec on one CPU 'GPU', its plan file reloads, and the runtime trains the plan in this
+    process (single rank) 6 steps on a repeated batch: (the stages, the first micro-batch, the losses)."""
     import torch
 
     from planner.profile import load_profile
@@ -145,8 +145,6 @@ def test_toy_family_plans_and_trains_on_cpu(registered):
     from runtime.step import select_train_step
     from runtime.train import build_rank_stages
 
-    spec = tiny_model("toy")
-    assert spec.model_family is TOY
     shape = TrainingShape(seq_len=32, global_batch=4)
     cluster = ClusterSpec(gpu="cpu", num_gpus=1, gpus_per_node=1)
     res = search(spec, shape, cluster, load_profile("h200-sxm", "h200-sxm"), top_k=1)
@@ -160,16 +158,33 @@ def test_toy_family_plans_and_trains_on_cpu(registered):
     torch.manual_seed(0)
     stages = build_rank_stages(plan, groups, torch.device("cpu"), lay.overlap_tp, 1234)
     assert sum(p.numel() for s in stages for p in s.parameters()) == spec.total_params()
-    assert stages[0].embedding.norm is not None and stages[0].embedding.token_type is None
     opt = build_optimizer(stages, groups, lay.sharding, AdamConfig(lr=3e-3), torch.float32, lay.overlap_dp)
     step = select_train_step(lay)
     source = open_source("synthetic", spec.vocab_size, shape.seq_len, None, seed=1)
     mbs = step_micro_batches(source, spec.family, spec.vocab_size, shape.seq_len, shape.global_batch,
                              lay.micro_batch, lay.dp, 0, 0)
-    assert "token_types" not in mbs[0] and mbs[0]["labels"].shape == (lay.micro_batch, shape.seq_len)
     try:
         losses = [float(step(stages, mbs, opt, groups, 3e-3)[0]) for _ in range(6)]
     finally:
         opt.close()
     assert all(math.isfinite(x) for x in losses), losses
     assert losses[-1] < losses[0] - 0.5, losses
+    return stages, mbs[0], losses
+
+
+def test_toy_family_plans_and_trains_on_cpu(registered):
+    """A toy family registered here alone: the planner searches it on one CPU 'GPU', its plan file reloads, and the
+    runtime trains the plan in this process (single rank): the loss is finite and falls on a repeated batch."""
+    spec = tiny_model("toy")
+    assert spec.model_family is TOY
+    stages, mb, _ = _plan_and_train(spec)
+    assert stages[0].embedding.norm is not None and stages[0].embedding.token_type is None
+    assert "token_types" not in mb and mb["labels"].shape[1] == 32
+
+
+def test_gemma_plans_and_trains_on_cpu():
+    """Gemma's parts (GeGLU, (1 + weight) norms starting at zero, the scaled embedding) plan and train: the loss is
+    finite and falls on a repeated batch."""
+    stages, _, _ = _plan_and_train(tiny_model("gemma"))
+    norm = stages[0].layers["0"].attn_norm
+    assert norm.unit_offset and stages[0].embedding.scale == 8.0  # sqrt(64)
