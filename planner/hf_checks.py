@@ -35,6 +35,22 @@ PLAIN_MLP_TYPES = ("phi", "gpt_neox", "falcon", "starcoder2", "opt")
 as GPT-style models, with a warning. As Llama-style ones their MLPs would count a third matrix (phi-2: 3.6B
 parameters against its 2.7B). Their rotary / ALiBi positions and parallel residuals are not modelled."""
 
+APPROXIMATED_TYPES = PLAIN_MLP_TYPES
+"""Model types that are planned but that the runtime would train as another architecture: phi, gpt_neox, falcon,
+starcoder2 and opt are built as GPT-style models (learned positions, sequential residual; theirs have rotary or ALiBi
+positions, parallel residuals, other norms). `plan launch` refuses them (refuse_approximated_model_type), reading the
+type a plan records (ModelSpec.hf_model_type), and so does loading or saving their weights (runtime/hf)."""
+
+
+def refuse_approximated_model_type(model_type: str) -> None:
+    """Refuse, in one sentence, to train a model type whose architecture the runtime only approximates (planning it
+    with the planner's warning stays allowed)."""
+    model_type = str(model_type or "").lower()
+    if model_type in APPROXIMATED_TYPES:
+        raise PlanError(f"model_type '{model_type}' is planned with an approximated architecture that parallel-plan's "
+                        "runtime does not build exactly (its positions, residual wiring or norms differ), so "
+                        "`plan launch` refuses to train it")
+
 LLAMA_STYLE_TYPES = ("mistral", "mixtral", "gemma2", "phi3", "olmo", "internlm2", "yi", "")
 LLAMA_STYLE_PREFIXES = ("llama", "qwen", "deepseek")
 """Model types (and prefixes) read as Llama-style (gated MLP, rotary, RMSNorm) without a warning; another unknown

@@ -130,7 +130,8 @@ def _plain_mlp_spec(cfg: dict, name: str, model_type: str, path, family: str) ->
                      norm_eps=_norm_eps(cfg, family))
     warnings.warn(f"model config '{path}': model_type '{model_type}' has a plain GELU MLP and is read as a "
                   "GPT-style model (layers, widths, heads and vocabulary as given; its positions and residual "
-                  "wiring priced as GPT's learned positions and sequential residual)", stacklevel=3)
+                  "wiring priced as GPT's learned positions and sequential residual); `plan launch` refuses to train it",
+                  stacklevel=3)
     return spec
 
 

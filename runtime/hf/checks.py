@@ -10,14 +10,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from planner.errors import PlanError, read_json
-from planner.hf_checks import PLAIN_MLP_TYPES
+from planner.hf_checks import APPROXIMATED_TYPES, refuse_approximated_model_type  # noqa: F401 (re-exported)
 from planner.model import ModelSpec, from_hf_config
 from runtime.hf.names import SUPPORTED_TYPES
 
-APPROXIMATED_TYPES = PLAIN_MLP_TYPES
-"""Model types the planner reads but the runtime would train as another architecture: phi, gpt_neox, falcon,
-starcoder2 and opt are built as GPT-style models (learned positions, sequential residual; theirs have rotary or ALiBi
-positions, parallel residuals, other norms)."""
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -32,16 +28,6 @@ UNUSED_TENSOR_PREFIXES = ("bert.pooler.", "cls.seq_relationship.")
 BertForMaskedLM leaves them out too)."""
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-
-
-def refuse_approximated_model_type(model_type: str) -> None:
-    """Refuse, in one sentence, to train a model type whose architecture the runtime only approximates (planning it
-    with the planner's warning stays allowed)."""
-    model_type = str(model_type or "").lower()
-    if model_type in APPROXIMATED_TYPES:
-        raise PlanError(f"model_type '{model_type}' is planned with an approximated architecture that parallel-plan's "
-                        "runtime does not build exactly (its positions, residual wiring or norms differ), so "
-                        "`plan launch` refuses to train it")
 
 
 @dataclass(frozen=True)
