@@ -149,6 +149,16 @@ def test_mismatched_config_is_refused_naming_the_field(llama_folder):
     assert "num_kv_heads" in _refused(spec, llama_folder)
 
 
+def test_a_folder_of_another_model_type_is_refused(llama_folder):
+    """A plan read from a mistral config does not take a llama folder (naming hf_model_type); a plan whose model was
+    not read from a config (hf_model_type '', the catalogue's) takes it."""
+    spec = hf_models.spec_of(llama_folder)
+    assert "hf_model_type" in _refused(dataclasses.replace(spec, hf_model_type="mistral"), llama_folder)
+    plain = dataclasses.replace(spec, hf_model_type="")
+    model = build_model(plain, single_process_groups())
+    load_hf_weights([model], SimpleNamespace(model=plain), single_process_groups(), llama_folder)
+
+
 def test_truncated_safetensors_is_refused(llama_folder):
     path = llama_folder / "model.safetensors"
     data = path.read_bytes()
