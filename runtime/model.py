@@ -89,7 +89,7 @@ class Norm(nn.Module):
         return self.residual(x)[1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rounded_to(value: float, dtype: torch.dtype) -> float:
     """value rounded to dtype, as a Python number: x * it is x * torch.tensor(value, dtype=x.dtype) without a host
     to device copy (none may run inside a CUDA-graph capture)."""

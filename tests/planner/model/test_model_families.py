@@ -87,7 +87,7 @@ def test_gemma_is_llamas_layer_with_its_own_parts():
     """Gemma: Llama's shapes (RMSNorm, a gated MLP of three matrices, rotary, no biases) with GeGLU, (1 + weight)
     norms, a scaled embedding and a tied output layer; the same parameter and FLOP counts as a Llama of its shape;
     priced with Llama's host figures. GeGLU experts and a GELU form on a family without GELU are refused."""
-    gemma, llama = family_of("gemma"), family_of("llama")
+    gemma = family_of("gemma")
     assert (gemma.norm, gemma.gated_mlp, gemma.mlp, gemma.learned_positions, gemma.linear_bias, gemma.causal) == \
         ("rmsnorm", True, "geglu", False, False, True)
     assert gemma.norm_unit_offset and gemma.embedding_scale and gemma.uses_gelu and not gemma.allows_qk_norm
