@@ -188,3 +188,15 @@ def test_gemma_plans_and_trains_on_cpu():
     stages, _, _ = _plan_and_train(tiny_model("gemma"))
     norm = stages[0].layers["0"].attn_norm
     assert norm.unit_offset and stages[0].embedding.scale == 8.0  # sqrt(64)
+
+
+def test_a_spec_written_before_the_gelu_form_and_model_type_loads_as_it_trained():
+    """A plan's model from before gelu_approximate and hf_model_type: the tanh GELU the runtime computed then, no
+    recorded type; a bad value of either is one sentence."""
+    d = tiny_model("bert").to_dict()
+    for k in ("gelu_approximate", "hf_model_type"):
+        del d[k]
+    m = ModelSpec.from_dict(d)
+    assert (m.gelu_approximate, m.hf_model_type) == ("tanh", "")
+    with pytest.raises(PlanError, match="hf_model_type must be a string, got 3"):
+        ModelSpec.from_dict(dict(d, hf_model_type=3))
