@@ -3,10 +3,10 @@ feature that changes cost or numerics and that the runtime does not build, numbe
 
 Refused by name, in one sentence each: encoder-decoder models (T5, BART, ...), state-space and recurrent models
 (Mamba, RWKV: their layers are not attention), a model type parallel-plan does not know, attention or final logit
-soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's and OLMo 2's blocks, Granite's multipliers, a Llama-style gated MLP whose activation is
-not SiLU, a Gemma MLP whose activation is not GELU, a GPT-2 or BERT activation that is not GELU (gelu_activation
-reads the GELU's form: tanh or exact erf). Nothing is left out without a word; what is read is what the runtime
-trains and the cost model prices."""
+soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's and OLMo 2's blocks, Granite's multipliers, a
+Llama-style gated MLP whose activation is not SiLU, a Gemma, GPT-2 or BERT MLP whose activation is not GELU
+(gelu_approximate reads the GELU's form: tanh or exact erf), a decoder made bidirectional. Nothing is left out
+without a word; what is read is what the runtime trains and the cost model prices."""
 from __future__ import annotations
 
 from pathlib import Path

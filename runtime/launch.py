@@ -2,9 +2,9 @@
 
 Checks (each failure is one sentence and a non-zero exit, before any GPU work): --steps is at least 1; the
 plan loads and is legal; its model is not a Hugging Face type the runtime only approximates (phi, gpt_neox, falcon,
-starcoder2, opt: planner/hf_checks.py APPROXIMATED_TYPES); its world size equals nproc-per-node x nnodes, and on several nodes every
-tensor-parallel group lies inside one node; CUDA and enough GPUs are present for --device cuda; the data
-source opens and is long enough; the results CSV's folder exists and the CSV does not (unless resuming);
+starcoder2, opt: planner/hf_checks.py APPROXIMATED_TYPES); its world size equals nproc-per-node x nnodes, and on
+several nodes every tensor-parallel group lies inside one node; CUDA and enough GPUs are present for --device
+cuda; the data source opens and is long enough; the results CSV's folder exists and the CSV does not (unless resuming);
 --ckpt-dir is a folder, holding no checkpoint for a fresh run and a complete one for --resume.
 Then runs `python -m torch.distributed.run ... -m runtime.train ...` (single node by default; several
 nodes with --nnodes, --node-rank and --rdzv-endpoint) and returns its exit code. A worker that stops on bad

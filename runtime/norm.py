@@ -239,7 +239,8 @@ class _ResidualNorm(torch.autograd.Function):
         part = torch.empty(arrays, progs, n, dtype=torch.float32, device=s.device)
         _bwd_kernel[(progs,)](s, dy, ds_res if ds_res is not None else dy, weight, mean, rstd, ds, part[0],
                               part[-1], rows, n, HAS_RES=ds_res is not None, HAS_BIAS=ctx.has_bias, RMS=ctx.rms,
-                              UNIT_OFFSET=ctx.unit_offset, ROWS_PER_PROG=triton.cdiv(rows, progs), BLOCK=block, num_warps=_warps(block))
+                              UNIT_OFFSET=ctx.unit_offset, ROWS_PER_PROG=triton.cdiv(rows, progs), BLOCK=block,
+                              num_warps=_warps(block))
         # weight and bias gradients: straight into their fp32 main_grad where they have one (no bf16 gradient,
         # no separate add by the optimizer's hook), else into new tensors
         targets = _main_grads(ctx.weight_param, ctx.bias_param)

@@ -112,7 +112,8 @@ def _bert_spec(cfg: dict, name: str, model_type: str, path, family: str) -> Mode
                      num_heads=int(cfg["num_attention_heads"]), num_kv_heads=int(cfg["num_attention_heads"]),
                      ffn_hidden=int(cfg.get("intermediate_size", 4 * hidden)), vocab_size=int(cfg["vocab_size"]),
                      max_seq_len=seq, default_seq_len=seq, default_global_batch=256, tie_embeddings=True,
-                     norm_eps=_norm_eps(cfg, family), gelu_approximate=gelu_approximate(cfg, "bert", f"model config '{path}'"))
+                     norm_eps=_norm_eps(cfg, family),
+                     gelu_approximate=gelu_approximate(cfg, "bert", f"model config '{path}'"))
 
 
 def _plain_mlp_spec(cfg: dict, name: str, model_type: str, path, family: str) -> ModelSpec:
@@ -130,7 +131,8 @@ def _plain_mlp_spec(cfg: dict, name: str, model_type: str, path, family: str) ->
                      norm_eps=_norm_eps(cfg, family))
     warnings.warn(f"model config '{path}': model_type '{model_type}' has a plain GELU MLP and is read as a "
                   "GPT-style model (layers, widths, heads and vocabulary as given; its positions and residual "
-                  "wiring priced as GPT's learned positions and sequential residual); `plan launch` refuses to train it",
+                  "wiring priced as GPT's learned positions and sequential residual); `plan launch` refuses to train "
+                  "it",
                   stacklevel=3)
     return spec
 
@@ -144,7 +146,8 @@ def _gpt2_spec(cfg: dict, name: str, model_type: str, path, family: str) -> Mode
                      ffn_hidden=int(_first(cfg, "n_inner", default=4 * hidden)),
                      vocab_size=int(cfg["vocab_size"]), max_seq_len=seq, default_seq_len=seq,
                      default_global_batch=1024, tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                     norm_eps=_norm_eps(cfg, family), gelu_approximate=gelu_approximate(cfg, "gpt2", f"model config '{path}'"))
+                     norm_eps=_norm_eps(cfg, family),
+                     gelu_approximate=gelu_approximate(cfg, "gpt2", f"model config '{path}'"))
 
 
 def _refuse_unmodelled_layers(cfg: dict, path, experts: int) -> None:
