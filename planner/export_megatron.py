@@ -272,6 +272,11 @@ def _model_shape(plan: Plan, add, notes: list[str]) -> None:
         add("--kv-channels", m.head_dim)
     add("--seq-length", plan.training.seq_len)
     add("--max-position-embeddings", m.max_seq_len)
+    fam = m.model_family
+    if fam.mlp == "geglu" or fam.norm_unit_offset or fam.embedding_scale:
+        # --swiglu and plain RMSNorm would train another model than the plan's
+        raise PlanError(f"Megatron-LM's arguments have no GeGLU MLP, (1 + weight) RMSNorm or scaled embedding, which "
+                        f"the model '{m.name}' (family '{m.family}') has, so it is not exported to Megatron-LM")
     if m.gated_mlp:
         add("--swiglu")
     add("--normalization", "LayerNorm" if m.layernorm else "RMSNorm")

@@ -3,8 +3,9 @@ feature that changes cost or numerics and that the runtime does not build, numbe
 
 Refused by name, in one sentence each: encoder-decoder models (T5, BART, ...), state-space and recurrent models
 (Mamba, RWKV: their layers are not attention), a model type parallel-plan does not know, attention or final logit
-soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's and OLMo 2's blocks, Granite's multipliers, a gated MLP whose activation is
-not SiLU (Gemma's GeGLU, which an export would otherwise give Megatron-LM as --swiglu). Nothing is left out
+soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's and OLMo 2's blocks, Granite's multipliers, a
+Llama-style gated MLP whose activation is not SiLU, a Gemma, GPT-2 or BERT MLP whose activation is not GELU
+(gelu_approximate reads the GELU's form: tanh or exact erf), a decoder made bidirectional. Nothing is left out
 without a word; what is read is what the runtime trains and the cost model prices."""
 from __future__ import annotations
 
@@ -24,16 +25,39 @@ EXTRA_NORM_TYPES = ("gemma2", "gemma3", "gemma3_text", "olmo2")
 the runtime builds two), besides their soft-capping and sliding windows; OLMo 2: norms after attention and after the
 feed-forward block instead of before, and q/k norms over the whole projection."""
 SILU = ("silu", "swish")
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+"""Hugging Face activation names of GELU's tanh approximation (ModelSpec.gelu_approximate 'tanh')."""
+ERF_GELU = ("gelu", "gelu_python")
+"""Hugging Face activation names of the exact (erf) GELU (ModelSpec.gelu_approximate 'none')."""
 
 PLAIN_MLP_TYPES = ("phi", "gpt_neox", "falcon", "starcoder2", "opt")
 """Hugging Face model types with hidden_size keys whose MLP is plain (up, GELU, down: two matrices), not gated: read
 as GPT-style models, with a warning. As Llama-style ones their MLPs would count a third matrix (phi-2: 3.6B
 parameters against its 2.7B). Their rotary / ALiBi positions and parallel residuals are not modelled."""
 
-LLAMA_STYLE_TYPES = ("mistral", "mixtral", "gemma", "gemma2", "phi3", "olmo", "internlm2", "yi", "")
+APPROXIMATED_TYPES = PLAIN_MLP_TYPES
+"""Model types that are planned but that the runtime would train as another architecture: phi, gpt_neox, falcon,
+starcoder2 and opt are built as GPT-style models (learned positions, sequential residual; theirs have rotary or ALiBi
+positions, parallel residuals, other norms). `plan launch` refuses them (refuse_approximated_model_type), reading the
+type a plan records (ModelSpec.hf_model_type), and so does loading or saving their weights (runtime/hf)."""
+
+
+def refuse_approximated_model_type(model_type: str) -> None:
+    """Refuse, in one sentence, to train a model type whose architecture the runtime only approximates (planning it
+    with the planner's warning stays allowed)."""
+    model_type = str(model_type or "").lower()
+    if model_type in APPROXIMATED_TYPES:
+        raise PlanError(f"model_type '{model_type}' is planned with an approximated architecture that parallel-plan's "
+                        "runtime does not build exactly (its positions, residual wiring or norms differ), so "
+                        "`plan launch` refuses to train it")
+
+LLAMA_STYLE_TYPES = ("mistral", "mixtral", "gemma2", "phi3", "olmo", "internlm2", "yi", "")
 LLAMA_STYLE_PREFIXES = ("llama", "qwen", "deepseek")
 """Model types (and prefixes) read as Llama-style (gated MLP, rotary, RMSNorm) without a warning; another unknown
-type with hidden_size keys is read so too, with a warning. (Gemma's gated GELU costs what SwiGLU does.)"""
+type with hidden_size keys is read so too, with a warning."""
+GEMMA_TYPES = ("gemma",)
+"""Gemma (v1): the gemma family (GeGLU, (1 + weight) RMSNorm, sqrt(hidden)-scaled embedding, tied output layer);
+Gemma 2 / 3 are refused (EXTRA_NORM_TYPES, soft-capping)."""
 
 MULTIPLIER_KEYS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
 """Granite's scalings of the embedding, residual branches, attention scores and logits: numerics the runtime does not
@@ -59,19 +83,21 @@ def hf_model_name(path) -> str:
     return safe_model_name(Path(path).parent.name or Path(path).stem)
 
 
-HF_READING_FAMILY = {"bert": "bert", "plain_mlp": "gpt", "gpt2": "gpt", "llama_style": "llama"}
+HF_READING_FAMILY = {"bert": "bert", "plain_mlp": "gpt", "gpt2": "gpt", "gemma": "gemma", "llama_style": "llama"}
 """The model family (planner/model/families.py) each way of reading a config (hf_reading) gives its ModelSpec."""
 
 
 def hf_reading(cfg: dict, model_type: str) -> str:
     """Which keys planner/model/hf_config.py reads a config by, the one rule it and check_hf_config share: 'bert'
     (BERT's keys: model_type bert or a type_vocab_size key), 'plain_mlp' (PLAIN_MLP_TYPES: hidden_size keys, a
-    plain GELU MLP), 'gpt2' (GPT-2's n_embd keys) or 'llama_style' (hidden_size keys, a gated MLP: every other
-    type). HF_READING_FAMILY gives each its family."""
+    plain GELU MLP), 'gpt2' (GPT-2's n_embd keys), 'gemma' (GEMMA_TYPES: Llama-style keys, Gemma's layer) or
+    'llama_style' (hidden_size keys, a gated MLP: every other type). HF_READING_FAMILY gives each its family."""
     if model_type == "bert" or "type_vocab_size" in cfg:
         return "bert"
     if model_type in PLAIN_MLP_TYPES:
         return "plain_mlp"
+    if model_type in GEMMA_TYPES:
+        return "gemma"
     if "n_embd" in cfg or model_type == "gpt2":
         return "gpt2"
     return "llama_style"
@@ -79,7 +105,7 @@ def hf_reading(cfg: dict, model_type: str) -> str:
 
 def known_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(exact model types, prefixes) that planner/model/hf_config.py reads."""
-    return ("bert", "gpt2") + PLAIN_MLP_TYPES + LLAMA_STYLE_TYPES, LLAMA_STYLE_PREFIXES
+    return ("bert", "gpt2") + PLAIN_MLP_TYPES + GEMMA_TYPES + LLAMA_STYLE_TYPES, LLAMA_STYLE_PREFIXES
 
 
 def check_hf_config(cfg: dict, model_type: str, path) -> None:
@@ -107,14 +133,40 @@ def check_hf_config(cfg: dict, model_type: str, path) -> None:
     if reading == "llama_style" and model_type not in exact and not model_type.startswith(prefixes):
         raise PlanError(f"{where}: model_type '{model_type}' is not one parallel-plan builds; it reads "
                         f"{', '.join(t for t in exact if t and t not in EXTRA_NORM_TYPES)} and {', '.join(p + '*' for p in prefixes)}")
-    # a late import: planner.model's package imports planner/model/hf_config.py, which imports this module
-    from planner.model.families import family_of
-    if family_of(HF_READING_FAMILY[reading]).gated_mlp:
+    if reading == "llama_style":
         act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu").lower()
         if act not in SILU:
             raise PlanError(f"{where}: its gated MLP uses the activation '{act}' (GeGLU and the like); the runtime's "
-                            "gated MLP is SwiGLU (SiLU), so it is refused rather than planned or exported as --swiglu")
+                            "Llama-style gated MLP is SwiGLU (SiLU), so it is refused rather than planned or exported "
+                            "as --swiglu")
+    if cfg.get("use_bidirectional_attention"):
+        raise PlanError(f"{where}: use_bidirectional_attention makes its decoder attend both ways, which "
+                        "parallel-plan's runtime does not build")
+    if reading in ("gemma", "gpt2", "bert"):
+        gelu_approximate(cfg, reading, where)
     check_hf_numbers(cfg, where)
+
+
+def gelu_approximate(cfg: dict, reading: str, where: str) -> str:
+    """The GELU form of a config read as 'gemma', 'gpt2' or 'bert' (hf_reading), as ModelSpec.gelu_approximate
+    names it: 'tanh' or 'none' (exact erf); another activation is refused in one sentence. The keys and defaults are
+    transformers': GPT-2's activation_function (gelu_new), BERT's hidden_act (gelu, the erf form), Gemma's
+    hidden_activation else hidden_act (gelu_pytorch_tanh; its legacy "gelu" means the tanh form, as
+    transformers' GemmaConfig reads it)."""
+    if reading == "gpt2":
+        act = cfg.get("activation_function") or "gelu_new"
+    elif reading == "gemma":
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+        act = "gelu_pytorch_tanh" if str(act).lower() == "gelu" else act
+    else:
+        act = cfg.get("hidden_act") or "gelu"
+    act = str(act).lower()
+    if act in TANH_GELU:
+        return "tanh"
+    if act in ERF_GELU:
+        return "none"
+    raise PlanError(f"{where}: its MLP uses the activation '{act}'; parallel-plan's runtime computes GELU (the tanh "
+                    f"form: {', '.join(TANH_GELU)}; the exact form: {', '.join(ERF_GELU)}) there")
 
 
 def check_hf_numbers(cfg: dict, where: str) -> None:

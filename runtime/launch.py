@@ -1,9 +1,10 @@
 """`plan launch plan.json ...`: check everything that can be checked on this machine, then start torchrun.
 
 Checks (each failure is one sentence and a non-zero exit, before any GPU work): --steps is at least 1; the
-plan loads and is legal; its world size equals nproc-per-node x nnodes, and on several nodes every
-tensor-parallel group lies inside one node; CUDA and enough GPUs are present for --device cuda; the data
-source opens and is long enough; the results CSV's folder exists and the CSV does not (unless resuming);
+plan loads and is legal; its model is not a Hugging Face type the runtime only approximates (phi, gpt_neox, falcon,
+starcoder2, opt: planner/hf_checks.py APPROXIMATED_TYPES); its world size equals nproc-per-node x nnodes, and on
+several nodes every tensor-parallel group lies inside one node; CUDA and enough GPUs are present for --device
+cuda; the data source opens and is long enough; the results CSV's folder exists and the CSV does not (unless resuming);
 --ckpt-dir is a folder, holding no checkpoint for a fresh run and a complete one for --resume.
 Then runs `python -m torch.distributed.run ... -m runtime.train ...` (single node by default; several
 nodes with --nnodes, --node-rank and --rdzv-endpoint) and returns its exit code. A worker that stops on bad
@@ -29,6 +30,7 @@ from collections import deque
 from pathlib import Path
 
 from planner.errors import PlanError
+from planner.hf_checks import refuse_approximated_model_type
 from planner.launch_command import WORKER_ERROR_FILE_ENV, build_parser, torchrun_command  # noqa: F401 (re-exported)
 from planner.lr_schedule import from_args as optimizer_settings
 from planner.plan import Plan
@@ -132,6 +134,7 @@ def check_memory_trace(args, nproc: int) -> None:
 def check_plan_on_machine(args) -> tuple[Plan, int]:
     """The checks that do not concern output files: plan, world size, GPUs, data source."""
     plan = Plan.load(Path(args.plan))
+    refuse_approximated_model_type(plan.model.hf_model_type)  # planned as GPT-style: trained so, another model
     world = plan.layout.world_size
     if args.nnodes < 1:
         raise PlanError(f"--nnodes must be at least 1, got {args.nnodes}")

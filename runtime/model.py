@@ -1,6 +1,7 @@
-"""GPT, Llama-style and BERT models (any registered family) from a planner ModelSpec, built from the tensor-parallel
-layers as the family's traits say (planner/model/families.py: norm kind, pre- or post-norm, MLP kind, biases,
-positions, token types, embedding norm, head transform).
+"""GPT, Llama-style, Gemma and BERT models (any registered family) from a planner ModelSpec, built from the
+tensor-parallel layers as the family's traits say (planner/model/families.py: norm kind and its (1 + weight) offset,
+pre- or post-norm, MLP kind, biases, positions, token types, embedding norm and scale, head transform) and in the
+GELU form the spec names (ModelSpec.gelu_approximate).
 
 A model is a sequence of pieces so that a pipeline stage is simply (optional embedding, a contiguous
 range of layers, optional head):  `build_stage(spec, groups, start, end, has_embedding, has_head, modes)`.
@@ -33,6 +34,7 @@ logits over the full sequence, V/t floats per token (vocab-parallel cross-entrop
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -44,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.model import ModelSpec
 from runtime.attention import attention, rotary_tables
 from runtime.bias_gelu import bias_gelu
+from runtime.geglu import geglu
 from runtime.norm import norm_forward, residual_norm
 from runtime.qk_norm import fused as qk_norm_fused
 from runtime.qk_norm import qk_norm
@@ -57,15 +60,18 @@ IGNORE_INDEX = -100
 
 
 class Norm(nn.Module):
-    """LayerNorm with bias (GPT, BERT) or RMSNorm (Llama), as the family's norm trait says. Replicated over TP, applied
-    to sequence shards.
-    `residual(x, delta)` fuses the residual add before it (runtime/norm.py: one Triton kernel each way on CUDA)."""
+    """LayerNorm with bias (GPT, BERT) or RMSNorm (Llama), as the family's norm trait says; with norm_unit_offset
+    (Gemma) the RMSNorm scales by (1 + weight) and its weight starts at zero. Replicated over TP, applied to sequence
+    shards. `residual(x, delta)` fuses the residual add before it (runtime/norm.py: one Triton kernel each way on
+    CUDA)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.rms = not spec.layernorm
+        self.unit_offset = spec.model_family.norm_unit_offset
         self.eps = spec.norm_eps
-        self.weight = _tp_param((spec.hidden,), None, init=("ones",), sequence_parallel=True)
+        self.weight = _tp_param((spec.hidden,), None, init=("zeros",) if self.unit_offset else ("ones",),
+                                sequence_parallel=True)
         self.bias = None if self.rms else _tp_param((spec.hidden,), None, init=("zeros",), sequence_parallel=True)
         for p in (self.weight, self.bias):  # runtime/norm.py writes their gradients straight into main_grad
             if p is not None:
@@ -73,19 +79,27 @@ class Norm(nn.Module):
 
     def residual(self, x, delta=None):
         """(s, y): the residual stream s = x + delta (x when delta is None) and y = norm(s)."""
-        return residual_norm(x, delta, self.weight, self.bias, self.eps, self.rms)
+        return residual_norm(x, delta, self.weight, self.bias, self.eps, self.rms, self.unit_offset)
 
     def normalize(self, s):
         """norm(s) without autograd: what selective recompute rebuilds in a GEMM's backward."""
-        return norm_forward(s, self.weight, self.bias, self.eps, self.rms)
+        return norm_forward(s, self.weight, self.bias, self.eps, self.rms, self.unit_offset)
 
     def forward(self, x):
         return self.residual(x)[1]
 
 
+@functools.cache
+def rounded_to(value: float, dtype: torch.dtype) -> float:
+    """value rounded to dtype, as a Python number: x * it is x * torch.tensor(value, dtype=x.dtype) without a host
+    to device copy (none may run inside a CUDA-graph capture)."""
+    return float(torch.tensor(value, dtype=torch.float64).to(dtype))
+
+
 class Embedding(nn.Module):
     """Token embedding (vocab-parallel), and as the family has them learned positions (GPT, BERT), token types and an
-    embedding norm (BERT)."""
+    embedding norm (BERT), and the sqrt(hidden) scale (Gemma: the factor rounded to the embedding's dtype, as
+    transformers' GemmaTextScaledWordEmbedding rounds it)."""
 
     def __init__(self, spec: ModelSpec, groups):
         super().__init__()
@@ -96,10 +110,13 @@ class Embedding(nn.Module):
             if spec.learned_positions else None
         self.token_type = _tp_param((2, spec.hidden), None, sequence_parallel=True) if fam.token_types else None
         self.norm = Norm(spec) if fam.embedding_norm else None
+        self.scale = math.sqrt(spec.hidden) if fam.embedding_scale else None
 
     def forward(self, tokens, positions, token_types=None):
         """tokens, token_types [s, b]; positions [s] -> [s/t, b, h]."""
         x = self.word(tokens)
+        if self.scale is not None:
+            x = x * rounded_to(self.scale, x.dtype)
         t, r = group_size(self.tp), group_rank(self.tp)
         if self.position is not None:
             x = x + self.position[positions.chunk(t)[r]].unsqueeze(1)
@@ -169,23 +186,21 @@ class Attention(nn.Module):
         return self.proj(o)
 
 
-def gelu(x):
-    return F.gelu(x, approximate="tanh")
-
-
 class MLP(nn.Module):
-    """GELU (tanh) MLP or SwiGLU. Interface shared with MoE: forward(x, selective, recompute) -> [s/t, b, h]."""
+    """GELU MLP, SwiGLU or GeGLU (the family's mlp trait; GELU in the spec's gelu_approximate form). Interface shared
+    with MoE: forward(x, selective, recompute) -> [s/t, b, h]."""
 
     def __init__(self, spec: ModelSpec, groups, overlap: bool):
         super().__init__()
         f = spec.ffn_hidden
-        self.gated = spec.gated_mlp
+        self.kind, self.approximate = spec.model_family.mlp, spec.gelu_approximate
         self.fc1 = ColumnParallelLinear(spec.hidden, [f, f] if spec.gated_mlp else [f], spec.has_bias, groups.tp,
                                         overlap)
         self.fc2 = RowParallelLinear(f, spec.hidden, spec.has_bias, groups.tp, std=0.02 / math.sqrt(2 * spec.num_layers))
-        # GELU with a bias: fc1's bias is added with the activation, and its gradient comes with GELU's
-        # (runtime/bias_gelu.py), not from a separate sum over fc1's output gradient
-        self.bias_act = not spec.gated_mlp and spec.has_bias
+        # tanh GELU with a bias: fc1's bias is added with the activation, and its gradient comes with GELU's
+        # (runtime/bias_gelu.py), not from a separate sum over fc1's output gradient; the exact (erf) GELU keeps the
+        # bias in fc1 and runs torch's GELU
+        self.bias_act = spec.fused_bias_gelu
         self.fc1.skip_bias_add = self.bias_act
 
     def act(self, a):
@@ -193,7 +208,11 @@ class MLP(nn.Module):
         reruns, under no_grad."""
         if self.bias_act:
             return bias_gelu(a, self.fc1.bias)
-        return swiglu(a) if self.gated else gelu(a)
+        if self.kind == "swiglu":
+            return swiglu(a)
+        if self.kind == "geglu":
+            return geglu(a, self.approximate)
+        return F.gelu(a, approximate=self.approximate)
 
     def forward(self, x, selective: bool = False, recompute=None):
         """x: the fc1 GEMM input; recompute as for Attention.forward."""
@@ -265,7 +284,7 @@ class Head(nn.Module):
     def forward(self, x, labels, tied_weight=None):
         """x [s/t, b, h], labels [s, b] -> (sum of per-token losses (fp32), number of labelled tokens)."""
         if self.transform:
-            x = self.norm(gelu(F.linear(x, self.dense, self.dense_bias)))
+            x = self.norm(F.gelu(F.linear(x, self.dense, self.dense_bias), approximate=self.spec.gelu_approximate))
         else:
             x = self.norm(x)
         w = self.output.weight

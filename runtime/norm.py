@@ -32,8 +32,10 @@ _MAX_HIDDEN = 32768
 """Rows wider than this stay on PyTorch's kernels (a row is held in registers)."""
 
 
-def residual_norm_eager(x, delta, weight, bias, eps: float, rms: bool):
+def residual_norm_eager(x, delta, weight, bias, eps: float, rms: bool, unit_offset: bool = False):
     s = x if delta is None else x + delta
+    if rms and unit_offset:  # Gemma: normalised and scaled by (1 + weight) in fp32, then cast back
+        return s, (F.rms_norm(s.float(), (s.shape[-1],), None, eps) * (1.0 + weight.float())).to(s.dtype)
     if rms:
         return s, F.rms_norm(s, (s.shape[-1],), weight, eps)
     return s, F.layer_norm(s, (s.shape[-1],), weight, bias, eps)
@@ -42,7 +44,8 @@ def residual_norm_eager(x, delta, weight, bias, eps: float, rms: bool):
 if triton is not None:
     @triton.jit
     def _fwd_kernel(x_ptr, d_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
-                    HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                    BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < n
@@ -60,7 +63,10 @@ if triton is not None:
             mean = tl.sum(s, axis=0) / n
             xc = tl.where(mask, s - mean, 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n + eps)
-        y = xc * rstd * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if UNIT_OFFSET:  # Gemma: the scale is (1 + weight)
+            w += 1.0
+        y = xc * rstd * w
         if HAS_BIAS:
             y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -71,11 +77,13 @@ if triton is not None:
     @triton.jit
     def _bwd_kernel(s_ptr, dy_ptr, ds_res_ptr, w_ptr, mean_ptr, rstd_ptr, ds_ptr, dw_part_ptr, db_part_ptr,
                     rows, n, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
-                    ROWS_PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
+                    UNIT_OFFSET: tl.constexpr, ROWS_PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < n
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if UNIT_OFFSET:  # the scale is (1 + weight); its gradient is the weight's
+            w += 1.0
         dw = tl.zeros([BLOCK], dtype=tl.float32)
         db = tl.zeros([BLOCK], dtype=tl.float32)
         for i in range(ROWS_PER_PROG):
@@ -197,7 +205,7 @@ def _main_grads(weight: torch.Tensor, bias: torch.Tensor | None):
 
 class _ResidualNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, delta, weight, bias, eps, rms):
+    def forward(ctx, x, delta, weight, bias, eps, rms, unit_offset):
         n = x.shape[-1]
         rows = x.numel() // n
         s = torch.empty_like(x) if delta is not None else x
@@ -207,10 +215,10 @@ class _ResidualNorm(torch.autograd.Function):
         block = triton.next_power_of_2(n)
         _fwd_kernel[(rows,)](x, delta if delta is not None else x, weight, bias if bias is not None else weight,
                              s, y, mean, rstd, n, eps, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None,
-                             RMS=rms, BLOCK=block, num_warps=_warps(block))
+                             RMS=rms, UNIT_OFFSET=unit_offset, BLOCK=block, num_warps=_warps(block))
         ctx.save_for_backward(s, weight, mean, rstd)
         ctx.weight_param, ctx.bias_param = weight, bias  # the Parameters themselves (their main_grad views)
-        ctx.has_delta, ctx.has_bias, ctx.rms = delta is not None, bias is not None, rms
+        ctx.has_delta, ctx.has_bias, ctx.rms, ctx.unit_offset = delta is not None, bias is not None, rms, unit_offset
         # s is x itself without delta: autograd hands back a view of x as the first output
         return s, y
 
@@ -231,7 +239,8 @@ class _ResidualNorm(torch.autograd.Function):
         part = torch.empty(arrays, progs, n, dtype=torch.float32, device=s.device)
         _bwd_kernel[(progs,)](s, dy, ds_res if ds_res is not None else dy, weight, mean, rstd, ds, part[0],
                               part[-1], rows, n, HAS_RES=ds_res is not None, HAS_BIAS=ctx.has_bias, RMS=ctx.rms,
-                              ROWS_PER_PROG=triton.cdiv(rows, progs), BLOCK=block, num_warps=_warps(block))
+                              UNIT_OFFSET=ctx.unit_offset, ROWS_PER_PROG=triton.cdiv(rows, progs), BLOCK=block,
+                              num_warps=_warps(block))
         # weight and bias gradients: straight into their fp32 main_grad where they have one (no bf16 gradient,
         # no separate add by the optimizer's hook), else into new tensors
         targets = _main_grads(ctx.weight_param, ctx.bias_param)
@@ -242,8 +251,8 @@ class _ResidualNorm(torch.autograd.Function):
         sum_partials(part, outs, accumulate)
         if targets is not None:  # placeholders: the optimizer's hooks find the gradients in main_grad
             return ds, (ds if ctx.has_delta else None), torch.empty_like(weight), \
-                (torch.empty_like(ctx.bias_param) if ctx.has_bias else None), None, None
-        return ds, (ds if ctx.has_delta else None), outs[0], (outs[1] if ctx.has_bias else None), None, None
+                (torch.empty_like(ctx.bias_param) if ctx.has_bias else None), None, None, None
+        return ds, (ds if ctx.has_delta else None), outs[0], (outs[1] if ctx.has_bias else None), None, None, None
 
 
 def _fused(x: torch.Tensor, delta, weight) -> bool:
@@ -255,16 +264,17 @@ def _fused(x: torch.Tensor, delta, weight) -> bool:
 
 
 def residual_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
-                  eps: float, rms: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  eps: float, rms: bool, unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, y): s = x + delta (x when delta is None), y = LayerNorm(s) (RMSNorm when rms, no bias) over the
-    last dimension. Backward merges the gradient arriving at s with the norm's input gradient in one pass."""
+    last dimension; unit_offset (RMSNorm only): scaled by (1 + weight) in fp32 (Gemma). Backward merges the
+    gradient arriving at s with the norm's input gradient in one pass."""
     if not _fused(x, delta, weight):
-        return residual_norm_eager(x, delta, weight, bias, eps, rms)
-    return _ResidualNorm.apply(x, delta, weight, bias, eps, rms)
+        return residual_norm_eager(x, delta, weight, bias, eps, rms, unit_offset)
+    return _ResidualNorm.apply(x, delta, weight, bias, eps, rms, unit_offset)
 
 
 @torch.no_grad()
 def norm_forward(s: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-                 rms: bool) -> torch.Tensor:
+                 rms: bool, unit_offset: bool = False) -> torch.Tensor:
     """y = norm(s) without autograd (selective recompute rebuilds the norm output from its input)."""
-    return residual_norm(s, None, weight, bias, eps, rms)[1]
+    return residual_norm(s, None, weight, bias, eps, rms, unit_offset)[1]

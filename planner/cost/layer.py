@@ -316,10 +316,11 @@ class LayerTerms:
         act_rows = T / t * f * (m.top_k if m.is_moe else 1)
         k = prof.kernel_s
         ew_f, ew_b = self._norm_kernels_s(norm, BF16 * tok_t * h)
-        # GELU with a bias (dense GPT, BERT): the bias add and its gradient inside the activation's kernels
-        # (runtime/bias_gelu.py); priced at plain GELU's rate by a profile without those kernels
-        bias_act = not m.gated_mlp and m.has_bias and not m.is_moe
-        act_k = "bias_gelu" if bias_act else act
+        # tanh GELU with a bias (dense GPT, BERT): the bias add and its gradient inside the activation's kernels
+        # (runtime/bias_gelu.py); priced at plain GELU's rate by a profile without those kernels. GeGLU (Gemma):
+        # one kernel each way over SwiGLU's bytes (runtime/geglu.py), priced at SwiGLU's rate unless measured
+        bias_act = m.fused_bias_gelu
+        act_k = "bias_gelu" if bias_act else ("geglu" if m.model_family.mlp == "geglu" else act)
         ew_f += k(f"{act_k}_fwd", BF16 * (3 if m.gated_mlp else 2) * act_rows, fallback=f"{act}_fwd")
         ew_b += k(f"{act_k}_bwd", BF16 * (5 if m.gated_mlp else 3) * act_rows, fallback=f"{act}_bwd")
         if not m.learned_positions:

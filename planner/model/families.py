@@ -12,7 +12,9 @@ The traits and what reads them:
                     and Megatron-LM's --normalization.
   post_norm         True: each sub-block's norm comes after its residual add (BERT, x = LN(x + f(x))); False:
                     pre-norm, each sub-block normalises its input and the residual stream runs past it.
-  mlp               'gelu' (fc1, tanh GELU, fc2: two matrices) or 'swiglu' (gate and up, SiLU product, down: three).
+  mlp               'gelu' (fc1, GELU, fc2: two matrices), 'swiglu' (gate and up, SiLU(gate) x up, down: three) or
+                    'geglu' (gate and up, GELU(gate) x up, down: three, the shapes and costs of SwiGLU; Gemma). The
+                    GELU's form (tanh approximation or exact erf) is the model's: ModelSpec.gelu_approximate.
   linear_bias       biases on the q/k/v, output, fc1 and fc2 projections (and on GELU experts' matrices).
   positions         'learned' (a [max_seq_len, hidden] table added to the embedding) or 'rotary' (q and k rotated
                     in every layer's attention; ModelSpec.rope_theta and its scaling apply).
@@ -22,6 +24,11 @@ The traits and what reads them:
   embedding_norm    a norm after the input embedding (before the first layer).
   head_transform    the head runs dense [hidden, hidden] + bias, GELU and a norm before the output layer, which
                     takes a bias of its own (BERT's masked-LM head); otherwise the head is the final norm alone.
+  norm_unit_offset  every RMSNorm scales by (1 + weight), its weight stored as the offset from one and initialised to
+                    zeros, the product taken in fp32 before the cast back (Gemma's GemmaRMSNorm); the norms' shapes,
+                    memory and cost are RMSNorm's (runtime/norm.py).
+  embedding_scale   the input embedding's output is multiplied by sqrt(hidden), the factor rounded to the compute
+                    dtype (Gemma); the output layer (tied or not) reads the unscaled weight. No parameter, no memory.
 """
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ from dataclasses import dataclass
 from planner.errors import PlanError
 
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "swiglu", "geglu")
 POSITIONS = ("learned", "rotary")
 OBJECTIVES = ("causal_lm", "masked_lm")
 
@@ -60,6 +67,8 @@ class ModelFamily:
     token_types: bool = False
     embedding_norm: bool = False
     head_transform: bool = False
+    norm_unit_offset: bool = False
+    embedding_scale: bool = False
     default_norm_eps: float = 1e-5
     default_tie_embeddings: bool = True
     tiny_kv_heads: int = 4
@@ -77,7 +86,13 @@ class ModelFamily:
 
     @property
     def gated_mlp(self) -> bool:
-        return self.mlp == "swiglu"
+        """A gated MLP (gate and up projections, three matrices): SwiGLU or GeGLU."""
+        return self.mlp in ("swiglu", "geglu")
+
+    @property
+    def uses_gelu(self) -> bool:
+        """Whether a GELU runs anywhere in the layer or the head (ModelSpec.gelu_approximate has a meaning)."""
+        return self.mlp in ("gelu", "geglu") or self.head_transform
 
     @property
     def learned_positions(self) -> bool:
@@ -90,8 +105,9 @@ class ModelFamily:
     @property
     def allows_qk_norm(self) -> bool:
         """Whether ModelSpec.qk_norm (Qwen3's per-head q/k RMSNorm, applied before rotary) is modelled: RMSNorm
-        families with rotary positions (Llama-style), as Megatron-LM's --qk-layernorm follows --normalization."""
-        return self.norm == "rmsnorm" and self.positions == "rotary"
+        families with rotary positions (Llama-style), as Megatron-LM's --qk-layernorm follows --normalization; not
+        with (1 + weight) norms (Gemma 3's q/k norms are not built)."""
+        return self.norm == "rmsnorm" and self.positions == "rotary" and not self.norm_unit_offset
 
     @property
     def host_key(self) -> str:
@@ -121,12 +137,15 @@ def validate_family(fam: ModelFamily) -> None:
     for trait, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS), ("objective", OBJECTIVES)):
         _choice(fam, trait, allowed)
     for trait in ("post_norm", "linear_bias", "token_types", "embedding_norm", "head_transform",
-                  "default_tie_embeddings"):
+                  "norm_unit_offset", "embedding_scale", "default_tie_embeddings"):
         if not isinstance(getattr(fam, trait), bool):
             raise PlanError(f"model family '{fam.name}': {trait} must be true or false, got {getattr(fam, trait)!r}")
     if fam.gated_mlp and fam.linear_bias:
         # the counts, memory and runtime give a SwiGLU MLP no biases (Llama-style: none anywhere)
-        raise PlanError(f"model family '{fam.name}': biases on a SwiGLU MLP are not modelled")
+        raise PlanError(f"model family '{fam.name}': biases on a gated (SwiGLU / GeGLU) MLP are not modelled")
+    if fam.norm_unit_offset and fam.norm != "rmsnorm":
+        raise PlanError(f"model family '{fam.name}': norm_unit_offset ((1 + weight) scaling) is modelled for RMSNorm "
+                        "only")
     if isinstance(fam.default_norm_eps, bool) or not isinstance(fam.default_norm_eps, (int, float)) \
             or not fam.default_norm_eps > 0:
         raise PlanError(f"model family '{fam.name}': default_norm_eps must be a positive number, "
@@ -180,3 +199,9 @@ BERT = register_family(ModelFamily(
     objective="masked_lm", token_types=True, embedding_norm=True, head_transform=True,
     default_norm_eps=BERT_NORM_EPS,
     summary="encoder: post-norm LayerNorm, GELU MLP, learned positions, token types, masked-LM head"))
+
+GEMMA = register_family(ModelFamily(
+    name="gemma", norm="rmsnorm", post_norm=False, mlp="geglu", linear_bias=False, positions="rotary",
+    objective="causal_lm", norm_unit_offset=True, embedding_scale=True, default_norm_eps=1e-6,
+    tiny_kv_heads=1, host_figures_of="llama",
+    summary="decoder: RMSNorm scaled by (1 + weight), GeGLU MLP, rotary, sqrt(hidden)-scaled embedding, tied (Gemma)"))

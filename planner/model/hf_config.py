@@ -2,12 +2,13 @@
 a config it cannot model."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
 from planner.errors import PlanError, read_json
-from planner.hf_checks import (HF_READING_FAMILY, LLAMA_STYLE_PREFIXES, LLAMA_STYLE_TYPES, check_hf_config,
-                               hf_model_name, hf_reading)
+from planner.hf_checks import (HF_READING_FAMILY, check_hf_config, gelu_approximate, hf_model_name, hf_reading,
+                               known_types)
 from planner.model.families import family_of
 from planner.model.spec import ModelSpec, validate_model
 
@@ -111,7 +112,8 @@ def _bert_spec(cfg: dict, name: str, model_type: str, path, family: str) -> Mode
                      num_heads=int(cfg["num_attention_heads"]), num_kv_heads=int(cfg["num_attention_heads"]),
                      ffn_hidden=int(cfg.get("intermediate_size", 4 * hidden)), vocab_size=int(cfg["vocab_size"]),
                      max_seq_len=seq, default_seq_len=seq, default_global_batch=256, tie_embeddings=True,
-                     norm_eps=_norm_eps(cfg, family))
+                     norm_eps=_norm_eps(cfg, family),
+                     gelu_approximate=gelu_approximate(cfg, "bert", f"model config '{path}'"))
 
 
 def _plain_mlp_spec(cfg: dict, name: str, model_type: str, path, family: str) -> ModelSpec:
@@ -129,7 +131,9 @@ def _plain_mlp_spec(cfg: dict, name: str, model_type: str, path, family: str) ->
                      norm_eps=_norm_eps(cfg, family))
     warnings.warn(f"model config '{path}': model_type '{model_type}' has a plain GELU MLP and is read as a "
                   "GPT-style model (layers, widths, heads and vocabulary as given; its positions and residual "
-                  "wiring priced as GPT's learned positions and sequential residual)", stacklevel=3)
+                  "wiring priced as GPT's learned positions and sequential residual); `plan launch` refuses to train "
+                  "it",
+                  stacklevel=3)
     return spec
 
 
@@ -142,7 +146,8 @@ def _gpt2_spec(cfg: dict, name: str, model_type: str, path, family: str) -> Mode
                      ffn_hidden=int(_first(cfg, "n_inner", default=4 * hidden)),
                      vocab_size=int(cfg["vocab_size"]), max_seq_len=seq, default_seq_len=seq,
                      default_global_batch=1024, tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                     norm_eps=_norm_eps(cfg, family))
+                     norm_eps=_norm_eps(cfg, family),
+                     gelu_approximate=gelu_approximate(cfg, "gpt2", f"model config '{path}'"))
 
 
 def _refuse_unmodelled_layers(cfg: dict, path, experts: int) -> None:
@@ -191,7 +196,8 @@ def _llama_style_spec(cfg: dict, name: str, model_type: str, path, family: str) 
     """hidden_size keys of a gated-MLP model (Llama, Mistral, Mixtral, Qwen, ...): grouped-query attention, MoE,
     attention biases, Qwen3's q/k norms and the rotary fields as the config gives them."""
     heads = int(cfg["num_attention_heads"])
-    if model_type not in LLAMA_STYLE_TYPES and not model_type.startswith(LLAMA_STYLE_PREFIXES):
+    exact, prefixes = known_types()
+    if model_type not in exact and not model_type.startswith(prefixes):
         warnings.warn(f"model config '{path}': model_type '{model_type}' is not one parallel-plan knows; read "
                       "as a Llama-style model (gated MLP, rotary, RMSNorm)", stacklevel=3)
     experts = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=1))
@@ -214,13 +220,23 @@ def _llama_style_spec(cfg: dict, name: str, model_type: str, path, family: str) 
                      **_rotary(cfg, path))
 
 
-_READERS = {"bert": _bert_spec, "plain_mlp": _plain_mlp_spec, "gpt2": _gpt2_spec, "llama_style": _llama_style_spec}
+def _gemma_spec(cfg: dict, name: str, model_type: str, path, family: str) -> ModelSpec:
+    """Gemma (v1): Llama-style keys (head_dim as given: Gemma 7B's 256 x 16 heads exceed its hidden 3072), tied
+    output layer unless said (transformers' GemmaConfig default), its GeGLU's GELU form."""
+    cfg = dict(cfg, tie_word_embeddings=cfg.get("tie_word_embeddings", True))
+    spec = _llama_style_spec(cfg, name, model_type, path, family)
+    return dataclasses.replace(spec, gelu_approximate=gelu_approximate(cfg, "gemma", f"model config '{path}'"))
+
+
+_READERS = {"bert": _bert_spec, "plain_mlp": _plain_mlp_spec, "gpt2": _gpt2_spec, "gemma": _gemma_spec,
+            "llama_style": _llama_style_spec}
 """The ModelSpec of a config by its reading (planner/hf_checks.py hf_reading), of the family HF_READING_FAMILY gives."""
 
 
 def from_hf_config(path: Path) -> ModelSpec:
-    """Read a Hugging Face config.json: llama/mistral/mixtral/qwen keys, gpt2 keys or BERT keys; the plain-MLP
-    types of PLAIN_MLP_TYPES as GPT-style models (warned)."""
+    """Read a Hugging Face config.json: llama/mistral/mixtral/qwen keys, gemma's, gpt2 keys or BERT keys; the plain-MLP
+    types of PLAIN_MLP_TYPES as GPT-style models (warned). The spec records the config's model_type
+    (ModelSpec.hf_model_type)."""
     cfg = read_json(path, "model config")
     if not isinstance(cfg, dict):
         raise PlanError(f"model config '{path}' is not a JSON object")
@@ -228,7 +244,8 @@ def from_hf_config(path: Path) -> ModelSpec:
     check_hf_config(cfg, model_type, path)  # model types and features the runtime builds
     reading = hf_reading(cfg, model_type)
     try:
-        spec = _READERS[reading](cfg, name, model_type, path, HF_READING_FAMILY[reading])
+        spec = dataclasses.replace(_READERS[reading](cfg, name, model_type, path, HF_READING_FAMILY[reading]),
+                                   hf_model_type=model_type)
     except KeyError as exc:
         raise PlanError(f"model config '{path}' lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:

@@ -8,6 +8,9 @@ from planner.errors import PlanError
 from planner.model.families import FAMILIES, ModelFamily, family_of
 from planner.model.families import BERT_NORM_EPS  # noqa: F401  (re-exported: planner.model's public name)
 
+GELU_FORMS = ("tanh", "none")
+"""ModelSpec.gelu_approximate's values: torch's F.gelu approximate= argument (tanh approximation, exact erf)."""
+
 VOCAB_PAD_MULTIPLE = 128
 """The embedding and output layer's rows are the vocabulary padded to a multiple of this (ModelSpec.padded_vocab)."""
 
@@ -16,8 +19,9 @@ class ModelSpec:
     name: str
     family: str
     """The name of a registered ModelFamily (planner/model/families.py), whose traits say the layer's parts: 'gpt'
-    (decoder, LayerNorm, GELU, learned positions), 'llama' (decoder, RMSNorm, SwiGLU, rotary) or 'bert' (encoder:
-    bidirectional attention, token types, masked-LM head)."""
+    (decoder, LayerNorm, GELU, learned positions), 'llama' (decoder, RMSNorm, SwiGLU, rotary), 'gemma' (Llama's layer
+    with GeGLU, (1 + weight) norms and a scaled embedding) or 'bert' (encoder: bidirectional attention, token types,
+    masked-LM head)."""
     num_layers: int
     hidden: int
     num_heads: int
@@ -91,6 +95,15 @@ class ModelSpec:
     """The type of a rope_scaling the source config asked for that the spec leaves out (linear, dynamic, yarn,
     longrope, ...): the runtime trains with plain rotary at rope_theta instead, and the Megatron export says so.
     '' when there is none (Llama 3.1's llama3 type is applied: rope_scaling_factor above)."""
+    gelu_approximate: str = "tanh"
+    """The form of every GELU the model runs (its GELU MLP's, GeGLU's gate, BERT's head transform), as torch's
+    F.gelu(approximate=...) names it: 'tanh' (GELU's tanh approximation: Hugging Face gelu_new / gelu_pytorch_tanh,
+    GPT-2's and Gemma's) or 'none' (the exact erf form: Hugging Face "gelu", BERT's). Only a family that runs a GELU
+    (ModelFamily.uses_gelu) takes 'none'. The fused bias-GELU kernel computes the tanh form (fused_bias_gelu)."""
+    hf_model_type: str = ""
+    """The Hugging Face model_type of the config.json the spec was read from (llama, gemma, bert, phi, ...); '' for
+    the catalogue's and hand-written specs. `plan launch` refuses to train a type the runtime only approximates
+    (runtime/hf/checks.py APPROXIMATED_TYPES), and a checkpoint folder of another type does not load."""
 
     # -- derived structure -------------------------------------------------
     @property
@@ -124,8 +137,15 @@ class ModelSpec:
 
     @property
     def gated_mlp(self) -> bool:
-        """SwiGLU (gate and up projections) rather than a plain GELU MLP."""
+        """A gated MLP (gate and up projections: SwiGLU, or Gemma's GeGLU) rather than a plain GELU MLP."""
         return self.model_family.gated_mlp
+
+    @property
+    def fused_bias_gelu(self) -> bool:
+        """The dense MLP's fc1 bias is added inside the activation's kernel (runtime/bias_gelu.py, tanh GELU): a
+        plain GELU MLP with biases, not MoE, in GELU's tanh form. The exact (erf) form adds the bias in the GEMM and
+        runs torch's GELU."""
+        return not self.gated_mlp and self.has_bias and not self.is_moe and self.gelu_approximate == "tanh"
 
     @property
     def has_bias(self) -> bool:
@@ -335,6 +355,16 @@ def validate_model(m: ModelSpec) -> None:
     if m.qk_norm and not fam.allows_qk_norm:
         raise PlanError(f"model '{m.name}': qk_norm (per-head q/k RMSNorm before rotary) is modelled for Llama-style "
                         f"models only, not for family '{m.family}'")
+    if m.gelu_approximate not in GELU_FORMS:
+        raise PlanError(f"model '{m.name}': gelu_approximate must be one of {', '.join(GELU_FORMS)}, "
+                        f"got {m.gelu_approximate!r}")
+    if m.gelu_approximate != "tanh" and not fam.uses_gelu:
+        raise PlanError(f"model '{m.name}': gelu_approximate '{m.gelu_approximate}' is set but family '{m.family}' "
+                        "runs no GELU")
+    if m.is_moe and fam.mlp == "geglu":
+        raise PlanError(f"model '{m.name}': GeGLU experts are not modelled (the runtime's gated experts are SwiGLU)")
+    if not isinstance(m.hf_model_type, str):
+        raise PlanError(f"model '{m.name}': hf_model_type must be a string, got {m.hf_model_type!r}")
     if not isinstance(m.unapplied_rope_scaling, str):
         raise PlanError(f"model '{m.name}': unapplied_rope_scaling must be a string, got {m.unapplied_rope_scaling!r}")
     for name in ("rope_theta", "norm_eps"):

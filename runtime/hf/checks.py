@@ -10,22 +10,15 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from planner.errors import PlanError, read_json
-from planner.hf_checks import PLAIN_MLP_TYPES
+from planner.hf_checks import APPROXIMATED_TYPES, refuse_approximated_model_type  # noqa: F401 (re-exported)
 from planner.model import ModelSpec, from_hf_config
 from runtime.hf.names import SUPPORTED_TYPES
 
-APPROXIMATED_TYPES = PLAIN_MLP_TYPES + ("gemma",)
-"""Model types the planner reads but the runtime would train as another architecture: phi, gpt_neox, falcon,
-starcoder2 and opt are built as GPT-style models (learned positions, sequential residual; theirs have rotary or ALiBi
-positions, parallel residuals, other norms); gemma as Llama-style without its (1 + weight) RMSNorm scale and its
-embedding scaled by sqrt(hidden)."""
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 SPEC_FIELDS_NOT_COMPARED = ("name", "default_seq_len", "default_global_batch")
 """ModelSpec fields that are planning choices, not the model's architecture."""
-TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-"""Hugging Face activation names of GELU's tanh form, the one runtime/model.py builds for GPT and BERT."""
 UNUSED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias", "embeddings.position_ids",
                           "cls.predictions.decoder.bias")
 """Checkpoint tensors that are buffers or copies, not weights the runtime lacks: rotary tables, GPT-2's causal masks,
@@ -35,16 +28,6 @@ UNUSED_TENSOR_PREFIXES = ("bert.pooler.", "cls.seq_relationship.")
 BertForMaskedLM leaves them out too)."""
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-
-
-def refuse_approximated_model_type(model_type: str) -> None:
-    """Refuse, in one sentence, to train a model type whose architecture the runtime only approximates (planning it
-    with the planner's warning stays allowed)."""
-    model_type = str(model_type or "").lower()
-    if model_type in APPROXIMATED_TYPES:
-        raise PlanError(f"model_type '{model_type}' is planned with an approximated architecture that parallel-plan's "
-                        "runtime does not build exactly (its positions, residual wiring or norms differ), so "
-                        "`plan launch` refuses to train it")
 
 
 @dataclass(frozen=True)
@@ -122,16 +105,6 @@ def _config(root: Path) -> dict:
     return cfg
 
 
-def _check_activation(cfg: dict, model_type: str, root: Path) -> None:
-    """GPT-2 and BERT: refuse a GELU that is not the tanh form the runtime computes (BERT's default is the erf form)."""
-    if model_type not in ("gpt2", "bert"):
-        return
-    act = str(cfg.get("activation_function") or cfg.get("hidden_act") or "").lower()
-    if act not in TANH_GELU:
-        raise PlanError(f"'{root / 'config.json'}' uses the activation '{act}', but parallel-plan's runtime computes "
-                        "GELU in its tanh form (gelu_new), so the loaded model would not be the checkpoint's")
-
-
 def refuse_unused_tensors(folder: "CheckedFolder", used: set) -> None:
     """Refuse a checkpoint holding weights the runtime's model has no place for (a bias or a layer it does not
     build, such as Llama's mlp_bias), which loading would otherwise drop unseen."""
@@ -143,12 +116,13 @@ def refuse_unused_tensors(folder: "CheckedFolder", used: set) -> None:
 
 
 def compare_spec(spec: ModelSpec, config_path: Path) -> None:
-    """Refuse, naming the first differing field, a config whose model is not `spec`."""
+    """Refuse, naming the first differing field, a config whose model is not `spec` (its GELU form and its model_type
+    included; a plan's spec not read from a config, hf_model_type '', takes a config of any type)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = from_hf_config(config_path)
     for f in fields(ModelSpec):
-        if f.name in SPEC_FIELDS_NOT_COMPARED:
+        if f.name in SPEC_FIELDS_NOT_COMPARED or (f.name == "hf_model_type" and not spec.hf_model_type):
             continue
         a, b = getattr(spec, f.name), getattr(theirs, f.name)
         if a != b:
@@ -169,7 +143,6 @@ def check_folder(hf_dir, spec: ModelSpec) -> CheckedFolder:
         raise PlanError(f"'{root / 'config.json'}' has model_type '{model_type}', whose weights parallel-plan does not "
                         f"map; it loads {', '.join(SUPPORTED_TYPES)}")
     compare_spec(spec, root / "config.json")
-    _check_activation(cfg, model_type, root)
     files = _weight_files(root)
     shapes = {}
     for path in sorted(set(files.values())):

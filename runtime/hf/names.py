@@ -27,9 +27,10 @@ class Piece:
     """Rows of the part after zero padding (the padded vocabulary); 0: as many as read."""
 
 
-LLAMA_LIKE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe", "phi3")
+LLAMA_LIKE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe", "phi3", "gemma")
 """Model types whose Hugging Face tensors map onto the runtime's Llama-style layers exactly (tested against
-`transformers` in tests/runtime/hf/test_hf_weights.py)."""
+`transformers` in tests/runtime/hf/test_hf_weights.py). Gemma's norm weights are stored as the offset from one, as
+the runtime's (1 + weight) norms keep them (ModelFamily.norm_unit_offset)."""
 SUPPORTED_TYPES = LLAMA_LIKE_TYPES + ("gpt2", "bert")
 
 

@@ -20,13 +20,14 @@ from runtime.swiglu import swiglu
 
 class Expert(nn.Module):
     """One expert: SwiGLU (w_gate, w_up: [ffn, hidden], w_down: [hidden, ffn], no bias) for gated specs,
-    else GELU (tanh) with biases when the spec has them. Weights in nn.Linear's [out, in] layout."""
+    else GELU (in the spec's gelu_approximate form) with biases when the spec has them. Weights in nn.Linear's
+    [out, in] layout."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
         H, Fh = spec.hidden, spec.ffn_hidden
         out_std = 0.02 / math.sqrt(2 * spec.num_layers)  # as the dense MLP's output projection
-        self.gated = spec.gated_mlp
+        self.gated, self.approximate = spec.gated_mlp, spec.gelu_approximate
         self.w_gate = expert_param((Fh, H), ("normal", 0.02)) if self.gated else None
         self.w_up = expert_param((Fh, H), ("normal", 0.02))
         self.w_down = expert_param((H, Fh), ("normal", out_std))
@@ -37,7 +38,8 @@ class Expert(nn.Module):
     def forward(self, x):
         if self.gated:  # one [gate | up] tensor through runtime/swiglu.py, as the grouped path keeps it
             return F.linear(swiglu(torch.cat([F.linear(x, self.w_gate), F.linear(x, self.w_up)], -1)), self.w_down)
-        return F.linear(F.gelu(F.linear(x, self.w_up, self.b_up), approximate="tanh"), self.w_down, self.b_down)
+        return F.linear(F.gelu(F.linear(x, self.w_up, self.b_up), approximate=self.approximate), self.w_down,
+                        self.b_down)
 
 
 def grouped_mm_supported(x: torch.Tensor, *dims: int) -> bool:
@@ -209,5 +211,5 @@ def grouped_experts(experts: list, x: torch.Tensor, counts: torch.Tensor, gated:
     if ex[0].b_up is not None:
         ids = torch.repeat_interleave(torch.arange(len(ex), device=x.device), counts, output_size=x.size(0))
         h = _GroupedBias.apply(h, offs, ids, *(m.b_up for m in ex))
-    y = _GroupedLinear.apply(F.gelu(h, approximate="tanh"), offs, 1, placeholders, *(m.w_down for m in ex))
+    y = _GroupedLinear.apply(F.gelu(h, approximate=ex[0].approximate), offs, 1, placeholders, *(m.w_down for m in ex))
     return y if ids is None else _GroupedBias.apply(y, offs, ids, *(m.b_down for m in ex))

@@ -301,3 +301,12 @@ def test_qk_norm_exports_qk_layernorm():
     assert not any("q/k" in n or "qk" in n for n in ex.notes)
     for spec in (base, CATALOGUE["gpt-1.3b"]):
         assert megatron_args(make_plan(spec, gb=512, tp=2, micro_batch=1)).value("--qk-layernorm") is None
+
+
+def test_gemma_is_not_exported_to_megatron():
+    """Megatron-LM has no GeGLU MLP, (1 + weight) norm or scaled embedding: a Gemma plan is refused in one sentence
+    rather than exported as --swiglu (another model)."""
+    from planner.errors import PlanError
+    with pytest.raises(PlanError, match="no GeGLU MLP.*family 'gemma'") as exc:
+        megatron_args(make_plan(tiny_model("gemma"), gb=8, micro_batch=1, sharding="none"))
+    assert "\n" not in str(exc.value)

@@ -20,14 +20,15 @@ SEQ = 64
     tiny_model("llama", hidden=64, ffn_hidden=96, num_layers=1, num_experts=4, top_k=2, shared_expert_ffn=160,
                shared_expert_gate=True),
     tiny_model("llama", hidden=64, ffn_hidden=96, num_layers=1, qk_norm=True, head_dim_override=24),
-], ids=["gpt", "llama", "moe", "moe-shared", "qk-norm"])
+    tiny_model("gemma", hidden=64, ffn_hidden=96, num_layers=1, head_dim_override=24),
+], ids=["gpt", "llama", "moe", "moe-shared", "qk-norm", "gemma"])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_planner_counts_what_the_runtime_keeps(spec, mode, monkeypatch):
     monkeypatch.setattr(mem, "BF16_BYTES", 4)
     acts = mem.layer_activations(spec, TrainingShape(SEQ, 1), Layout(micro_batch=1, sharding="none"))
     planned = {"none": acts.none_bytes, "selective": acts.selective_bytes, "full": acts.full_bytes}[mode] / SEQ
     measured = saved_bytes_per_token(spec, mode, seq_len=SEQ)
-    if spec.family == "llama" and mode != "full":
+    if not spec.layernorm and mode != "full":  # Llama-style RMSNorm and rotary (llama, gemma)
         # shared rotary tables: the planner counts them once per stage (mem.rotary_table_bytes)
         measured -= mem.rotary_table_bytes(spec, TrainingShape(SEQ, 1), Layout(micro_batch=1)) / SEQ
         measured -= 2 * 4 * spec.hidden  # CPU-only RMSNorm extra (see module docstring)
@@ -38,6 +39,18 @@ def test_planner_counts_what_the_runtime_keeps(spec, mode, monkeypatch):
     # never below what the runtime keeps (an underestimate is an OOM), and not far above it
     assert planned >= measured * 0.99, (planned, measured)
     assert planned <= measured * 1.10, (planned, measured)
+
+
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_the_erf_gelu_keeps_what_the_fused_tanh_bias_gelu_keeps(mode):
+    """BERT's exact GELU (fc1's bias in the GEMM, torch's GELU keeping its input) keeps the bytes the fused tanh
+    bias-GELU keeps (its input, the GEMM output), which is what the planner counts for both forms."""
+    from dataclasses import replace
+    tanh = tiny_model("bert", hidden=64, ffn_hidden=96, num_layers=1)
+    erf = replace(tanh, gelu_approximate="none")
+    assert saved_bytes_per_token(erf, mode, seq_len=SEQ) == saved_bytes_per_token(tanh, mode, seq_len=SEQ)
+    shape, lay = TrainingShape(SEQ, 1), Layout(micro_batch=1, sharding="none")
+    assert mem.layer_activations(erf, shape, lay) == mem.layer_activations(tanh, shape, lay)
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])

@@ -16,7 +16,7 @@ def test_catalogue_parameter_count_matches_spec(name):
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama", "bert", "llama+qkv_bias+attn_out_bias",
-                                    "llama+qk_norm+head_dim_override=24"])
+                                    "llama+qk_norm+head_dim_override=24", "gemma"])
 def test_tiny_counts_and_stage_split(family):
     spec = tiny_spec(family)
     g = single_process_groups()
@@ -34,7 +34,7 @@ def test_tiny_counts_and_stage_split(family):
         assert torch.equal(p, ref), name
 
 
-@pytest.mark.parametrize("family", ["gpt", "llama", "bert", "llama+qk_norm+head_dim_override=24"])
+@pytest.mark.parametrize("family", ["gpt", "llama", "bert", "llama+qk_norm+head_dim_override=24", "gemma"])
 def test_recompute_modes_same_loss_and_grads(family):
     spec = tiny_spec(family)
     g = single_process_groups()

@@ -1,6 +1,6 @@
-"""runtime/norm.py: the fused residual add + LayerNorm / RMSNorm against autograd through PyTorch's own ops
-(outputs and every gradient: x, delta, weight, bias, with and without a gradient arriving at the residual),
-on the eager path, under Triton's interpreter (a worker process with TRITON_INTERPRET=1) and on CUDA."""
+"""runtime/norm.py: the fused residual add + LayerNorm / RMSNorm (and Gemma's (1 + weight) RMSNorm) against autograd
+through PyTorch's own ops (outputs and every gradient: x, delta, weight, bias, with and without a gradient arriving at
+the residual), on the eager path, under Triton's interpreter (a worker process with TRITON_INTERPRET=1) and on CUDA."""
 
 import pytest
 import torch
@@ -9,16 +9,21 @@ from runtime import norm as nm
 from tests.runtime.dist_util import run_interpreted
 
 
-def _reference(x, delta, w, b, eps, rms, gs, gy):
+def _reference(x, delta, w, b, eps, rms, gs, gy, unit_offset=False):
     leaves = [t.detach().double().requires_grad_(True) if t is not None else None for t in (x, delta, w, b)]
     xr, dr, wr, br = leaves
-    s, y = nm.residual_norm_eager(xr, dr, wr, br, eps, rms)
+    if unit_offset:  # Gemma's RMSNorm as transformers writes it: x * rsqrt(mean(x^2) + eps) * (1 + w)
+        s = xr if dr is None else xr + dr
+        y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + wr)
+    else:
+        s, y = nm.residual_norm_eager(xr, dr, wr, br, eps, rms)
     loss = (y * gy.double()).sum() + ((s * gs.double()).sum() if gs is not None else 0.0)
     loss.backward()
     return s, y, [t.grad if t is not None else None for t in leaves]
 
 
-def _check(device: str, dtype, rows=37, n=80, rms=False, with_delta=True, residual_grad=True) -> list[str]:
+def _check(device: str, dtype, rows=37, n=80, rms=False, with_delta=True, residual_grad=True,
+           unit_offset=False) -> list[str]:
     torch.manual_seed(0)
     mk = lambda *shape: torch.randn(*shape).to(dtype).to(device)  # noqa: E731
     x, delta = mk(rows, n), (mk(rows, n) if with_delta else None)
@@ -26,9 +31,10 @@ def _check(device: str, dtype, rows=37, n=80, rms=False, with_delta=True, residu
     b = None if rms else (0.1 * torch.randn(n)).to(dtype).to(device)
     gy, gs = mk(rows, n), (mk(rows, n) if residual_grad else None)
     cpu = lambda t: t.cpu() if t is not None else None  # noqa: E731
-    want_s, want_y, want_grads = _reference(*(cpu(t) for t in (x, delta, w, b)), 1e-5, rms, cpu(gs), cpu(gy))
+    want_s, want_y, want_grads = _reference(*(cpu(t) for t in (x, delta, w, b)), 1e-5, rms, cpu(gs), cpu(gy),
+                                            unit_offset)
     leaves = [t.detach().requires_grad_(True) if t is not None else None for t in (x, delta, w, b)]
-    s, y = nm.residual_norm(*leaves, 1e-5, rms)
+    s, y = nm.residual_norm(*leaves, 1e-5, rms, unit_offset)
     loss = (y.float() * gy.float()).sum() + ((s.float() * gs.float()).sum() if gs is not None else 0.0)
     loss.backward()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
@@ -42,17 +48,19 @@ def _check(device: str, dtype, rows=37, n=80, rms=False, with_delta=True, residu
         scale = max(1.0, want.abs().max().item())
         err = (got.detach().cpu().double() - want).abs().max().item() / scale
         if err > tol:
-            bad.append(f"{name} ({dtype}, rms={rms}, delta={with_delta}, residual grad={residual_grad}): "
+            bad.append(f"{name} ({dtype}, rms={rms}, unit offset={unit_offset}, delta={with_delta}, "
+                       f"residual grad={residual_grad}): "
                        f"relative error {err:.3g}")
     return bad
 
 
 def _all_cases(device, dtype):
     bad = []
-    for rms in (False, True):
+    for rms, unit_offset in ((False, False), (True, False), (True, True)):  # LayerNorm, RMSNorm, Gemma's RMSNorm
         for with_delta in (True, False):
             for residual_grad in (True, False):
-                bad += _check(device, dtype, rms=rms, with_delta=with_delta, residual_grad=residual_grad)
+                bad += _check(device, dtype, rms=rms, with_delta=with_delta, residual_grad=residual_grad,
+                              unit_offset=unit_offset)
     return bad
 
 
@@ -143,7 +151,7 @@ def _model_step(family: str, modes: list[str], fused: bool, monkeypatch, device:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("family", ["gpt", "llama", "bert"])
+@pytest.mark.parametrize("family", ["gpt", "llama", "bert", "gemma"])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_models_train_the_same_with_fused_and_plain_norms_on_cuda(family, mode, monkeypatch):
     """The whole model (pre-norm GPT with biases and tied embeddings, Llama's RMSNorm, BERT's post-norm), each

@@ -40,10 +40,12 @@ def hf_config(model_type: str):
     if model_type == "gpt2":
         return T.GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1,
                             eos_token_id=2)
-    if model_type == "bert":  # the runtime's GELU is the tanh form (runtime/model.py gelu)
+    if model_type == "bert":  # BERT's own exact (erf) GELU, hidden_act "gelu"
         return T.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=64, max_position_embeddings=64, hidden_act="gelu_pytorch_tanh",
+                            intermediate_size=64, max_position_embeddings=64, hidden_act="gelu",
                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    if model_type == "gemma":  # head_dim 16 x 4 heads exceeds hidden 32, as Gemma 7B's 256 x 16 exceeds 3072
+        return T.GemmaConfig(**COMMON, head_dim=16, hidden_act="gelu_pytorch_tanh")
     raise ValueError(model_type)
 
 

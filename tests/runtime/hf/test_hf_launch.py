@@ -93,3 +93,31 @@ def test_weights_under_more_tp_ranks_than_kv_heads_are_refused(tmp_path, llama, 
     assert _launch(plan, "--init-from", llama, "--results", tmp_path / "r.csv") == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "with 2 KV head(s)" in err and "use TP <= 2" in err, err
+
+
+def test_a_plan_records_its_model_type_and_an_approximated_type_is_not_launched(tmp_path, llama, capsys):
+    """`plan --model config.json` records the config's model_type in the plan's model; a phi plan (planned as a
+    GPT-style model, with the planner's warning) is refused by `plan launch` in one sentence, with or without
+    --init-from, and nothing is started or written."""
+    import json
+    assert json.loads(_plan(tmp_path, llama, "llama", tp=2, dp=2).read_text())["model"]["hf_model_type"] == "llama"
+    phi = tmp_path / "phi"
+    phi.mkdir()
+    (phi / "config.json").write_text(json.dumps({
+        "model_type": "phi", "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 300, "max_position_embeddings": 64, "hidden_act": "gelu_new"}))
+    cmd = [sys.executable, "-m", "planner.cli", "--model", str(phi / "config.json"), "--gpus", "4", "--gpus-per-node",
+           "4", "--pp", "1", "--seq-len", "16", "--global-batch", "4", "--micro-batch", "1", "--tp", "2", "--dp", "2",
+           "-o", str(tmp_path / "phi.json")]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0 and "model_type 'phi' has a plain GELU MLP" in p.stderr, p.stderr
+    plan = tmp_path / "phi.json"
+    assert json.loads(plan.read_text())["model"]["hf_model_type"] == "phi"
+    for flags in ([], ["--init-from", phi]):
+        assert _launch(plan, *flags, "--results", tmp_path / "r.csv", "--ckpt-dir", tmp_path / "ck") == 1
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "Traceback" not in err, err
+        assert err == ("plan: model_type 'phi' is planned with an approximated architecture that parallel-plan's "
+                       "runtime does not build exactly (its positions, residual wiring or norms differ), so "
+                       "`plan launch` refuses to train it"), err
+        assert not (tmp_path / "r.csv").exists() and not (tmp_path / "ck").exists()
