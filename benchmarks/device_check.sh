@@ -40,7 +40,7 @@ PY
         timeout 400 python3 -m pytest -p no:cacheprovider -o addopts= -q -rfE -k "not interpreted" \
             --junitxml="$OUT/cuda-tests.xml" \
             tests/runtime/test_graph.py tests/runtime/test_rotary.py tests/runtime/test_norm.py \
-            tests/runtime/test_bias_gelu.py tests/runtime/test_swiglu.py tests/runtime/parallel/test_optimizer.py \
+            tests/runtime/test_bias_gelu.py tests/runtime/test_swiglu.py tests/runtime/test_geglu.py tests/runtime/parallel/test_optimizer.py \
             tests/runtime/test_model.py tests/runtime/test_qk_norm.py tests/runtime/test_moe_rows.py \
             tests/runtime/test_grouped_wgrad.py tests/runtime/parallel/test_fp8.py \
             tests/runtime/profiler/test_power_cap.py tests/runtime/profiler/test_host_probe.py > "$OUT/cuda-tests.log" 2>&1
