@@ -40,9 +40,19 @@ def fake_world(rank: int, world_size: int) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
+def gpu_layout(q: torch.Tensor) -> torch.Tensor:
+    """q [b, heads, s, d] laid out as [b, s, heads, d] (transposed back), the layout the CUDA flash kernel writes its
+    output in. The operator's fake implementation allocates the output like q, so handing q over in that layout
+    gives the output the GPU's strides: its permute to [s, b, heads * d] for the output projection is then a view,
+    as on the GPU, not a second copy of the attention output. The copy of q replaces q (nothing else keeps q)."""
+    return q.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _flash_sdpa(q, k, v, is_causal, scale):
-    """The flash-attention operator, with k and v at their own head count under GQA as the GPU's kernel takes them."""
-    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[0]
+    """The flash-attention operator, with k and v at their own head count under GQA as the GPU's kernel takes them,
+    its output in the GPU's layout (gpu_layout)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention(gpu_layout(q), k, v, 0.0, is_causal, False,
+                                                              scale=scale)[0]
 
 
 @contextlib.contextmanager
