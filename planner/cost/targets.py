@@ -1,7 +1,9 @@
 """Prediction targets: which training runtime the cost model predicts for (`plan --runtime ours|megatron`).
 
-`ours` is this project's runtime (runtime/): every term as the profile and the rest of planner/cost/ price it; its
-RuntimeTarget is the identity and changes nothing.
+`ours` is this project's runtime (runtime/): every term as the profile and the rest of planner/cost/ price it. Its
+data-parallel overlap runs the same bucket mechanism as Megatron's below (40M-parameter buckets reduced as backward
+fills them, a chunk's after its last micro-batch, the gathers waited for per module in the next forward), with the
+profile's calibrated DP fraction as its one factor: the contention is one less that fraction.
 
 `megatron` is Megatron-Core with Transformer Engine as users run it (Megatron-LM's pretrain_gpt with TE layers):
 - its kernels (TE's fused GEMMs, attention and elementwise kernels) at `compute_factor` times our kernels' GPU time
@@ -75,10 +77,14 @@ class RuntimeTarget:
     """Share of the MoE all-to-alls hidden behind the expert compute beside them (Megatron-Core's EP overlap,
     --overlap-moe-expert-parallel-comm, and its permute fusion); None: the profile's."""
     dp_bucket_params: float = 0.0
-    """Parameters per DP bucket (at least; Megatron takes max(this, 1M x DP)); 0: no bucket mechanism (ours: the
-    profile's overlap fraction)."""
-    dp_overlap_contention: float = 0.0
-    """Share of a DP collective's overlapped time that the compute beside it loses (bucketed_exposed_s)."""
+    """Parameters per DP bucket (at least, see dp_bucket_params_per_dp_rank); 0: no bucket mechanism, the plain
+    overlap rule at dp_hidden_fraction or the profile's fraction."""
+    dp_bucket_params_per_dp_rank: float = 1e6
+    """A bucket holds at least this many parameters per DP rank (Megatron-Core: max(40M, 1M x DP)); 0: buckets of
+    dp_bucket_params whatever the DP size (ours, runtime/parallel/flat_buffer.py)."""
+    dp_overlap_contention: float | None = 0.0
+    """Share of a DP collective's overlapped time that the compute beside it loses (bucketed_exposed_s); None: one
+    less the profile's DP overlap fraction, which `plan calibrate` fits on measured runs of our runtime."""
     host_layer_s: float = 0.0
     """Host time per layer and micro-batch (forward + backward); 0: the profile's host model (ours)."""
     host_factor: float = 1.0
@@ -257,9 +263,15 @@ class RuntimeTarget:
 
         if not overlap or self.dp_bucket_params <= 0 or params <= 0:
             return exposed_s(comm_s, beside_s, self.dp_fraction(profile_fraction), overlap)
-        bucket = max(self.dp_bucket_params, 1e6 * dp)
+        bucket = max(self.dp_bucket_params, self.dp_bucket_params_per_dp_rank * dp)
         buckets = max(chunks, math.ceil(params / bucket))
-        return bucketed_exposed_s(comm_s, beside_s, buckets, self.dp_overlap_contention)
+        return bucketed_exposed_s(comm_s, beside_s, buckets, self.dp_contention(profile_fraction))
+
+    def dp_contention(self, profile_fraction: float) -> float:
+        """The bucket mechanism's one factor (dp_overlap_contention, or one less the profile's DP fraction)."""
+        if self.dp_overlap_contention is not None:
+            return self.dp_overlap_contention
+        return 1.0 - self.dp_fraction(profile_fraction)
 
     def stage_host_s(self, layers: float, recompute_layers: float) -> float:
         """Host time to issue one micro-batch of a stage of `layers` layers, `recompute_layers` of them rerunning
@@ -281,7 +293,12 @@ class RuntimeTarget:
                 f" ms per layer and micro-batch" + (f"; fitted on {fitted}" if fitted else "") + ")")
 
 
-OURS = RuntimeTarget("ours", cp_dkv_fp32=True)
+OURS_DP_BUCKET_PARAMS = 40e6
+"""Our distributed optimizer's gradient bucket (runtime/parallel/distributed_optimizer.py bucket_elems): each
+bucket's reduction is launched as soon as backward has filled it."""
+
+OURS = RuntimeTarget("ours", cp_dkv_fp32=True, dp_bucket_params=OURS_DP_BUCKET_PARAMS, dp_bucket_params_per_dp_rank=0.0,
+                     dp_overlap_contention=None)
 
 TARGETS_DIR = "targets"
 

@@ -36,9 +36,9 @@ BEFORE = [
      1.0329064759822946, 13.085319519042969),  # the interleaved schedule's simultaneous peak (issue 31);
     # re-recorded: the tied embedding's gradient all-reduce between the first and last stage
     ("gpt-6.7b", 2, dict(dp=2, micro_batch=2, sharding="optimizer", overlap_dp=True), "selective", (2048, 32),
-     2.4947421870863407, 85.32577514648438),
+     2.4950019659018112, 85.32577514648438),  # re-recorded: DP overlap by the bucket mechanism (40M buckets)
     ("mixtral-8x7b", 2, dict(dp=2, ep=2, micro_batch=1, sharding="optimizer", overlap_ep=True), "full", (4096, 8),
-     4.783535918937081, 399.6468048095703),  # experts from the measured grouped GEMMs (planner/profile/grouped.py);
+     4.783791269918534, 399.6468048095703),  # DP by the bucket mechanism; experts from the measured grouped GEMMs (planner/profile/grouped.py);
     # memory re-recorded: under EP a routed copy's expert input is the received one only
 ]
 
@@ -80,8 +80,13 @@ def test_dp_bucket_mechanism_by_hand():
     assert t.dp_exposed_s(1.0, 20e6, 10.0, 0.0, True, chunks=4) == pytest.approx(0.25)  # a bucket per model chunk
     assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, True, dp=200) == pytest.approx(0.5)  # buckets of 1M x DP: two
     assert t.dp_exposed_s(1.0, 400e6, 10.0, 0.0, False) == 1.0
-    for comm, beside, frac in ((1.0, 10.0, 0.5), (2.0, 0.3, 0.9)):  # ours: the plain overlap rule, profile's fraction
-        assert OURS.dp_exposed_s(comm, 400e6, beside, frac, True) == exposed_s(comm, beside, frac, True)
+    # ours: the same mechanism over fixed 40M buckets (no 1M x DP rule), contention one less the profile's fraction
+    assert OURS.dp_exposed_s(1.0, 400e6, 10.0, 0.75, True, dp=200) == pytest.approx(0.1 + 0.25 * 0.9)
+    assert OURS.dp_exposed_s(1.0, 400e6, 10.0, 0.0, True) == pytest.approx(1.0)  # a calibrated 0: nothing hidden
+    assert OURS.dp_exposed_s(1.0, 400e6, 10.0, 0.75, False) == 1.0
+    # a target without a bucket size keeps the plain overlap rule at the profile's fraction
+    for comm, beside, frac in ((1.0, 10.0, 0.5), (2.0, 0.3, 0.9)):
+        assert RuntimeTarget("plain").dp_exposed_s(comm, 400e6, beside, frac, True) == exposed_s(comm, beside, frac, True)
 
 
 def test_megatron_dp_share_falls_as_micro_batches_per_step_rise(profile):
