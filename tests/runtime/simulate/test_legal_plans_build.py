@@ -163,21 +163,62 @@ def test_an_illegal_layout_is_refused_in_one_sentence_naming_its_rule():
         Plan.from_dict(c.plan().to_dict())
 
 
-def test_every_legal_layout_builds_and_steps_in_the_fake_world(tmp_path):
+def runtime_refusals() -> list[tuple[Case, str]]:
+    """Illegal layouts built anyway (bypassing planner/legality.py), each with the phrase of the one-sentence error
+    the runtime's own check gives: the last line of defence names the rule too."""
+    odd_vocab = tiny_model("llama", name="llama-vocab250", hidden=96, num_heads=12, num_kv_heads=3, ffn_hidden=192, vocab_size=250)
+    return [
+        (Case(tiny_model("llama", name="llama-h4"), TrainingShape(32, 8), Layout(tp=8, sharding="none")),
+         "4 attention heads are not divisible by TP 8"),                          # its q width 64 divides by 8
+        (Case(tiny_model("llama", name="llama-kv3", hidden=96, num_heads=12, num_kv_heads=3, ffn_hidden=192),
+              TrainingShape(32, 8), Layout(tp=2, sharding="none")),
+         "3 KV heads are neither a multiple nor a divisor of TP 2"),              # its KV width 24 divides by 2
+        (Case(MODELS[2], TrainingShape(32, 8), Layout(tp=8, sharding="none")),           # 8 heads, MLP 100
+         "the outputs [100, 100] of a column-parallel layer are not divisible by TP 8"),
+        (Case(odd_vocab, TrainingShape(48, 8), Layout(tp=3, sharding="none")),
+         "padded vocabulary 256 is not divisible by TP 3"),
+        (Case(tiny_model("llama", name="llama-seq42"), TrainingShape(42, 8), Layout(tp=4, sharding="none")),
+         "sequence 42 is not divisible by TP 4 (sequence parallelism)"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, list[dict]]:
+    """The legal cases (a cover of the grid and the special ones) and the runtime's refusals, built and stepped in one
+    child process: case name -> its ranks' results."""
     legal, _ = _split()
-    cases = covering(legal) + special_cases()
-    for c in cases:
-        assert layout_violation(c.model, c.shape, c.layout) is None, c.name()
-    cases_file, results_file = tmp_path / "cases.json", tmp_path / "results.json"
-    cases_file.write_text(json.dumps([{"name": c.name(), "plan": c.plan().to_dict(), "ranks": c.ranks()}
-                                      for c in cases]))
+    cases = [(c, True) for c in covering(legal) + special_cases()] + [(c, False) for c, _ in runtime_refusals()]
+    assert len({c.name() for c, _ in cases}) == len(cases), "each case needs a name of its own"
+    tmp = tmp_path_factory.mktemp("legal-builds")
+    cases_file, results_file = tmp / "cases.json", tmp / "results.json"
+    cases_file.write_text(json.dumps([{"name": c.name(), "plan": c.plan().to_dict(), "ranks": c.ranks(),
+                                       "checked": checked} for c, checked in cases]))
     out = subprocess.run([sys.executable, "-m", "tests.runtime.simulate.test_legal_plans_build", str(cases_file),
                           str(results_file)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    results = json.loads(results_file.read_text())
-    assert len(results) == sum(len(c.ranks()) for c in cases)
-    failed = [f"{r['name']} rank {r['rank']}: {r['error']}" for r in results if r["error"]]
+    by_name: dict[str, list[dict]] = {}
+    for r in json.loads(results_file.read_text()):
+        by_name.setdefault(r["name"], []).append(r)
+    return by_name
+
+
+def test_every_legal_layout_builds_and_steps_in_the_fake_world(built):
+    legal, _ = _split()
+    cases = covering(legal) + special_cases()
+    failed = []
+    for c in cases:
+        assert layout_violation(c.model, c.shape, c.layout) is None, c.name()
+        assert [r["rank"] for r in built[c.name()]] == c.ranks(), c.name()
+        failed += [f"{c.name()} rank {r['rank']}: {r['error']}" for r in built[c.name()] if r["error"]]
     assert not failed, "\n".join(failed)
+
+
+def test_the_runtime_refuses_an_illegal_layout_in_one_sentence_naming_the_rule(built):
+    for c, phrase in runtime_refusals():
+        assert layout_violation(c.model, c.shape, c.layout) is not None, c.name()
+        error = built[c.name()][0]["error"]
+        assert error is not None and error.startswith("ValueError: ") and phrase in error, (c.name(), error)
+        assert "\n" not in error
 
 
 def _plan_file(tmp_path, edit=None, **plan_fields) -> Path:
@@ -254,7 +295,8 @@ def test_an_exception_becomes_one_line():
 
 def _build_each(cases_file: str, results_file: str) -> None:
     """Child process: build and step each case's ranks (one step, runtime/simulate/run.py step_rank), each in a fresh
-    fake world, and write [{name, rank, error}] (error None where it built and stepped)."""
+    fake world, and write [{name, rank, error}] (error None where it built and stepped). A case whose `checked` is
+    false is built without planner/legality.py's check."""
     from runtime.simulate.fake_world import prepare_process
 
     prepare_process()
@@ -267,13 +309,16 @@ def _build_each(cases_file: str, results_file: str) -> None:
 
     results = []
     for case in json.loads(Path(cases_file).read_text()):
-        plan = Plan.from_dict(case["plan"])
+        d = case["plan"]
+        plan = Plan.from_dict(d) if case["checked"] else \
+            Plan(ModelSpec.from_dict(d["model"]), d["cluster"], TrainingShape(**d["training"]), Layout(**d["layout"]),
+                 [StagePlan(**stage) for stage in d["stages"]])
         for rank in case["ranks"]:
             error = None
             try:
                 step_rank(plan, rank)
             except Exception as exc:  # noqa: BLE001 (reported by the parent with the case's name)
-                error = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+                error = f"{type(exc).__name__}: {str(exc).strip()[:300]}"  # the whole message: a newline fails
             finally:
                 if dist.is_initialized():
                     dist.destroy_process_group()
