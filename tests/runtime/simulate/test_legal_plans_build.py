@@ -1,14 +1,15 @@
 """Legality against the runtime: every layout planner/legality.py calls legal is built and stepped by the runtime's own
-code in the fake world (runtime/simulate), and every layout it calls illegal is refused by `plan validate
---simulate` in one sentence naming the rule, before any rank process starts.
+code in the fake world (runtime/simulate), an illegal one is refused by `plan validate --simulate` in one sentence
+naming the rule before any rank process starts, and one built anyway is refused by the runtime in a sentence naming
+the same rule.
 
 The grid crosses tiny models whose head, KV-head, vocabulary, MLP, expert and layer counts are chosen so that each
 rule of planner/legality.py is hit, with TP 1/2/3/4/8, PP 1/2/4 with and without virtual stages, CP 1/2, EP 1/2/4,
-every sharding level and a few batch shapes. The legal layouts built are a deterministic cover of the grid (every
-value of every degree, for every model) plus hand-picked ones for the runtime's special paths (KV heads shared over
-TP, tied embeddings over an interleaved pipeline, uneven stages, FP8, ...). They run in one child process
-(`python -m tests.runtime.simulate.test_legal_plans_build CASES RESULTS`), which joins a fresh fake world for each
-rank it builds and leaves it (destroy_process_group) before the next.
+every sharding level and a few batch shapes. The legal layouts built are a deterministic cover of the grid (for every
+model, every value its legal layouts give each degree) plus hand-picked ones for the runtime's special paths (KV heads
+shared over TP, TP 3 and 6, tied embeddings over an interleaved pipeline, uneven stages, FP8, ...). They run in one
+child process (`python -m tests.runtime.simulate.test_legal_plans_build CASES RESULTS`), which joins a fresh fake
+world for each rank it builds and leaves it (destroy_process_group) before the next.
 """
 from __future__ import annotations
 
