@@ -152,9 +152,9 @@ def trace_rank(plan: Plan, rank: int, steps: int = 1):
 
 
 def step_rank(plan: Plan, rank: int, steps: int = 1) -> None:
-    """Build `rank`'s program as trace_rank does and run `steps` fake training steps, untraced: whether the rank can
-    be built and stepped at all, at a third less CPU time than tracing it. Leaves the fake world joined (the caller
-    destroys the process group before the next rank)."""
+    """Build `rank`'s program as trace_rank does and run `steps` fake training steps, untraced (no tracker hooks, and
+    one step under 'full' too): whether the rank can be built and stepped at all. Leaves the fake world joined (the
+    caller destroys the process group before the next rank)."""
     from runtime.mesh import build_groups
     from runtime.simulate.fake_world import fake_device, fake_world
     from runtime.step import select_train_step
