@@ -144,9 +144,18 @@ def check_plan(plan: Plan) -> None:
     why = stages_violation(plan.model, plan.layout, plan.stages)
     if why:
         raise PlanError(f"illegal plan: {why}")
-    schedule = schedule_named(plan.layout.schedule)
-    if plan.runtime == "ours" and not schedule.runs_on_ours:
-        raise PlanError(f"illegal plan: {schedule.refusal}")
+    if plan.runtime == "ours":
+        why = ours_violation(plan.layout)
+        if why:
+            raise PlanError(f"illegal plan: {why}")
+
+
+def ours_violation(lay: Layout) -> str | None:
+    """Why our runtime (runtime/) cannot run this layout although the planner may price it for another runtime
+    target (a plan's `runtime`), or None: `check_plan` asks it of plans for our runtime, and `plan validate
+    --simulate`, which builds our runtime's program whatever the plan's target, of every plan."""
+    schedule = schedule_named(lay.schedule)
+    return None if schedule.runs_on_ours else schedule.refusal
 
 
 def check_recompute_name(mode: str) -> None:

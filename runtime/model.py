@@ -129,6 +129,12 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, groups, overlap: bool):
         super().__init__()
         t = group_size(groups.tp)
+        # a head is never split over TP ranks (planner/legality.py refuses such a layout; a q or KV width that happens
+        # to divide by TP would otherwise build a layer of the wrong head count)
+        if spec.num_heads % t:
+            raise ValueError(f"{spec.num_heads} attention heads are not divisible by TP {t}")
+        if spec.num_kv_heads % t and t % spec.num_kv_heads:
+            raise ValueError(f"{spec.num_kv_heads} KV heads are neither a multiple nor a divisor of TP {t}")
         self.spec, self.groups = spec, groups
         self.heads, self.kv_heads, self.d = spec.num_heads // t, max(spec.num_kv_heads // t, 1), spec.head_dim
         # the qkv bias (GPT, BERT, Qwen2-style) is split like the weight's rows: each rank its heads' q, k, v parts;

@@ -337,6 +337,9 @@ def validate_model(m: ModelSpec) -> None:
         raise PlanError(f"model '{m.name}': hidden {m.hidden} is not divisible by {m.num_heads} heads")
     if m.num_heads % m.num_kv_heads:
         raise PlanError(f"model '{m.name}': {m.num_heads} heads are not divisible by {m.num_kv_heads} KV heads")
+    if not m.learned_positions and m.head_dim % 2:
+        # runtime/attention.py and runtime/rotary.py rotate each head's two halves against each other
+        raise PlanError(f"model '{m.name}': rotary positions need an even head dimension, got {m.head_dim}")
     if m.top_k > m.num_experts:
         raise PlanError(f"model '{m.name}': top_k {m.top_k} exceeds its {m.num_experts} experts")
     if isinstance(m.shared_expert_ffn, bool) or not isinstance(m.shared_expert_ffn, int) or m.shared_expert_ffn < 0:

@@ -78,7 +78,8 @@ def reduce_scatter_seq(x: torch.Tensor, group, async_op: bool = False):
     t = group_size(group)
     if t == 1:
         return x, _Done()
-    assert x.shape[0] % t == 0, f"sequence {x.shape[0]} not divisible by TP {t}"
+    if x.shape[0] % t:  # planner/legality.py refuses such a layout
+        raise ValueError(f"sequence {x.shape[0]} is not divisible by TP {t} (sequence parallelism)")
     out = torch.empty((x.shape[0] // t,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     work = _rs(out, x.contiguous(), group=group, async_op=async_op)
     return out, (work if async_op else _Done())
@@ -282,7 +283,8 @@ class ColumnParallelLinear(nn.Module):
                  std: float = 0.02):
         super().__init__()
         t = group_size(group)
-        assert all(o % t == 0 for o in out_parts), f"outputs {out_parts} not divisible by TP {t}"
+        if any(o % t for o in out_parts):  # planner/legality.py refuses such a layout
+            raise ValueError(f"the outputs {out_parts} of a column-parallel layer are not divisible by TP {t}")
         self.group, self.overlap = group, overlap
         self.out_local = sum(out_parts) // t
         self.weight = _tp_param((self.out_local, in_features), 0, list(out_parts), ("normal", std))
@@ -320,7 +322,9 @@ class SharedKVQKVLinear(nn.Module):
                  overlap: bool = True):
         super().__init__()
         t, r = group_size(group), group_rank(group)
-        assert q_width % t == 0 and t % kv_heads == 0, f"TP {t}: q width {q_width}, {kv_heads} KV heads"
+        if q_width % t or t % kv_heads:  # planner/legality.py refuses such a layout
+            raise ValueError(f"TP {t} cannot share {kv_heads} KV heads over a q width of {q_width}: the q width must "
+                             f"divide by TP and TP by the KV heads")
         self.group, self.overlap, self.d = group, overlap, head_dim
         self.head = r // (t // kv_heads)  # the KV head this rank's q heads use
         kv_width = kv_heads * head_dim
@@ -355,7 +359,8 @@ class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, group, std: float = 0.02):
         super().__init__()
         t = group_size(group)
-        assert in_features % t == 0
+        if in_features % t:  # planner/legality.py refuses such a layout
+            raise ValueError(f"the inputs {in_features} of a row-parallel layer are not divisible by TP {t}")
         self.group = group
         self.weight = _tp_param((out_features, in_features // t), 1, None, ("normal", std))
         self.weight.wgrad_fusable = True
@@ -421,7 +426,8 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab: int, hidden: int, group):
         super().__init__()
         t = group_size(group)
-        assert vocab % t == 0
+        if vocab % t:  # planner/legality.py refuses such a layout
+            raise ValueError(f"padded vocabulary {vocab} is not divisible by TP {t}")
         self.group, self.vocab_local = group, vocab // t
         self.start = group_rank(group) * self.vocab_local
         self.weight = _tp_param((self.vocab_local, hidden), 0, [vocab], ("normal", 0.02))

@@ -2,7 +2,9 @@
 
 Each rank runs in a process of its own (`--one-rank R --result FILE`: a fresh fake world per rank), --jobs of
 them at once; this process gathers their results and prints the table or the JSON object (-o DIR also writes it to
-DIR/simulation.json). A rank whose build or step fails is refused in one sentence naming the rank."""
+DIR/simulation.json). A plan that breaks a rule of planner/legality.py is refused in one sentence naming the rule
+before any rank process starts (Plan.load); a rank whose build or step still fails is refused in one sentence naming
+the rank, without a traceback."""
 from __future__ import annotations
 
 import argparse
@@ -44,19 +46,26 @@ def _one_rank(args) -> int:
     from runtime.simulate.report import rank_json
     from runtime.simulate.run import simulate_rank
 
-    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     plan = Plan.load(Path(args.plan))
     try:
         out = rank_json(simulate_rank(plan, args.one_rank, args.steps))
-    except DataDependentOutputException as exc:
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
         out = {"rank": args.one_rank, "error": f"the step reads a tensor's values back to the host ({exc.func}), which "
-               "fake tensors do not hold: MoE layers read their routed token counts so (runtime/parallel/"
-               "expert_dispatch.py), and the simulation does not run them yet"}
-    except (ValueError, RuntimeError, AssertionError, PlanError) as exc:
-        out = {"rank": args.one_rank, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+               "fake tensors do not hold: MoE layers read their routed token counts so where they loop over their "
+               "experts or drop tokens by capacity (runtime/parallel/expert.py), and the simulation does not run "
+               "those paths yet"}
+    except Exception as exc:  # noqa: BLE001 (any failure of the build or step is the rank's one-sentence refusal)
+        out = {"rank": args.one_rank, "error": _sentence(exc)}
     Path(args.result).write_text(json.dumps(out) + "\n")
     return 0
+
+
+def _sentence(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message (no traceback)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _rank_command(plan_path: str, rank: int, result: Path, steps: int) -> list[str]:
@@ -67,9 +76,10 @@ def _rank_command(plan_path: str, rank: int, result: Path, steps: int) -> list[s
 def _collect(rank: int, result: Path, proc: subprocess.Popen) -> dict:
     """A finished rank's JSON entry; a rank that failed is refused in one sentence naming it."""
     out, err = proc.communicate()
-    if not result.exists():
-        tail = (err or out).strip().splitlines()[-1:] or ["no output"]
-        raise PlanError(f"the simulation of rank {rank} failed: {tail[0]}")
+    if not result.exists():  # the child died before writing its result (killed, out of memory, ...)
+        lines = [line.strip() for line in (err or out or "").splitlines() if line.strip()]
+        raise PlanError(f"the simulation of rank {rank} stopped without a result (exit code {proc.returncode}): "
+                        f"{lines[-1] if lines else 'no output'}")
     entry = json.loads(result.read_text())
     if "error" in entry:
         raise PlanError(f"rank {rank} of the plan cannot be built and stepped: {entry['error']}")
@@ -104,11 +114,15 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.one_rank is not None:
         return _one_rank(args)
+    from planner.legality import ours_violation
     from planner.plan import Plan
     from runtime.simulate.report import table
     from runtime.simulate.roles import parse_ranks
 
-    plan = Plan.load(Path(args.plan))
+    plan = Plan.load(Path(args.plan))  # a plan that breaks a rule of planner/legality.py stops here, before any rank
+    why = ours_violation(plan.layout)
+    if why:  # a plan priced for another runtime target: its program in ours cannot be built
+        raise PlanError(f"the simulation builds our runtime's program: {why}")
     ranks = parse_ranks(args.ranks, plan.layout)
     if args.jobs < 1:
         raise PlanError(f"--jobs must be at least 1, got {args.jobs}")

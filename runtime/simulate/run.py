@@ -151,6 +151,25 @@ def trace_rank(plan: Plan, rank: int, steps: int = 1):
     return tracker, groups, built
 
 
+def step_rank(plan: Plan, rank: int, steps: int = 1) -> None:
+    """Build `rank`'s program as trace_rank does and run `steps` fake training steps, untraced (no tracker hooks, and
+    one step under 'full' too): whether the rank can be built and stepped at all. Leaves the fake world joined (the
+    caller destroys the process group before the next rank)."""
+    from runtime.mesh import build_groups
+    from runtime.simulate.fake_world import fake_device, fake_world
+    from runtime.step import select_train_step
+
+    fake_world(rank, plan.layout.world_size)
+    groups = build_groups(plan.layout, "cpu")
+    device = torch.device("cpu")
+    with fake_device():
+        stages, opt = _build(plan, groups, device)
+        mbs = _micro_batches(plan, groups, device)
+        step = select_train_step(plan.layout)
+        for _ in range(steps):
+            step(stages, mbs, opt, groups, 1e-4)
+
+
 GROUP_FIELDS = ("tp", "cp", "dp_cp", "pp", "ep", "expert_dp", "cp_tp", "dp")
 """ParallelGroups fields named in the collectives' table, in order of precedence where two are one group."""
 

@@ -146,3 +146,13 @@ def test_full_sharding_with_expert_parallelism_is_refused():
     why = layout_violation(m, TrainingShape(4096, 64), Layout(dp=8, ep=2, sharding="full"))
     assert why and "expert parallelism" in why
     assert layout_violation(m, TrainingShape(4096, 64), Layout(dp=8, ep=2, sharding="optimizer")) is None
+
+
+def test_our_runtime_refuses_a_schedule_it_does_not_run():
+    """DualPipe is priced for the megatron target only: legal in a plan for it, refused for our runtime (check_plan
+    and `plan validate --simulate` both ask ours_violation)."""
+    from planner.legality import ours_violation
+
+    assert ours_violation(Layout(pp=2, dp=1)) is None
+    assert why(pp=2, schedule="dualpipe") is None
+    assert "our runtime does not run the DualPipe schedule" in ours_violation(Layout(pp=2, schedule="dualpipe"))

@@ -584,6 +584,16 @@ def test_bad_rotary_and_norm_fields_are_refused(over, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_rotary_positions_need_an_even_head_dimension():
+    """The runtime rotates a head's two halves against each other: a head of 9 dimensions cannot be built (a hidden
+    of 36 over 4 heads, or an override), while a learned-position model of the same shape can."""
+    with pytest.raises(PlanError, match="rotary positions need an even head dimension, got 9"):
+        ModelSpec.from_dict(dict(tiny_model("llama").to_dict(), hidden=36, num_heads=4, num_kv_heads=2))
+    with pytest.raises(PlanError, match="rotary positions need an even head dimension, got 15"):
+        ModelSpec.from_dict(dict(tiny_model("llama").to_dict(), head_dim_override=15))
+    assert ModelSpec.from_dict(dict(tiny_model("gpt").to_dict(), hidden=36, num_heads=4, num_kv_heads=4)).head_dim == 9
+
+
 def test_rope_scaling_needs_rotary_positions():
     scaling = dict(rope_scaling_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
                    rope_original_max_positions=8192)
