@@ -83,7 +83,8 @@ class LayerTerms:
                                                                                      cache))
         if self.target.unfused_attention:
             return self._memo("activations", lambda: mem.unfused_core_layer_activations(self.m, self.shape, self.lay))
-        return self._memo("activations", lambda: mem.layer_activations(self.m, self.shape, self.lay))
+        ring_copy = self.target.cp_output_copy and self.lay.cp > 1
+        return self._memo("activations", lambda: mem.layer_activations(self.m, self.shape, self.lay, ring_copy))
 
     # -- per layer -----------------------------------------------------------------------------------
     @cached_property

@@ -190,6 +190,10 @@ class RuntimeTarget:
     twice K and V's bf16 bytes, the last waited at once) while its K, V passes and its attention blocks stay as
     the profile measured them: ours (runtime/parallel/context.py accumulates dK, dV in fp32 and sends the
     accumulator). cp_fp32_buffers implies it (dkv_ring_fp32)."""
+    cp_output_copy: bool = False
+    """Whether the context-parallel attention's output, [b, heads, s, d] as the ring writes it and kept for its
+    backward, is copied to [s, b, heads * d] for the output projection, which keeps the copy: one more attention
+    output per layer without recompute (ours, runtime/parallel/context.py; memory.layer_activations)."""
     attention_fwd_factor: float = 1.0
     """The runtime's attention kernel's forward time over the profile's (the runtime's SDPA, cuDNN's fused attention
     on Hopper). A run that used another kernel is priced at its measured ratio: FlashAttention-2, which torch's SDPA
@@ -297,7 +301,7 @@ OURS_DP_BUCKET_PARAMS = 40e6
 """Our distributed optimizer's gradient bucket (runtime/parallel/distributed_optimizer.py bucket_elems): each
 bucket's reduction is launched as soon as backward has filled it."""
 
-OURS = RuntimeTarget("ours", cp_dkv_fp32=True, dp_bucket_params=OURS_DP_BUCKET_PARAMS, dp_bucket_params_per_dp_rank=0.0,
+OURS = RuntimeTarget("ours", cp_dkv_fp32=True, cp_output_copy=True, dp_bucket_params=OURS_DP_BUCKET_PARAMS, dp_bucket_params_per_dp_rank=0.0,
                      dp_overlap_contention=None)
 
 TARGETS_DIR = "targets"

@@ -360,7 +360,11 @@ def fp8_cached_layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout
     return LayerActivations(none, none, ours.full_bytes, ours.working_bytes)
 
 
-def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerActivations:
+def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout, ring_output_copy: bool = False) -> LayerActivations:
+    """Bytes one layer keeps per micro-batch on one rank, by recompute mode (our runtime's layers).
+    `ring_output_copy`: the context-parallel attention keeps its output for its backward and the output projection
+    keeps a reshaped copy (RuntimeTarget.cp_output_copy); selective recompute reruns the attention core, which
+    drops the first."""
     t = lay.tp
     tokens = lay.micro_batch * shape.seq_len / lay.cp  # tokens of one micro-batch on this rank
     tok_t = tokens / t  # sequence-parallel share
@@ -371,6 +375,7 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
     gemm_in = 2 * a * h * tok_t  # QKV and FC1 inputs (the norm outputs), sequence-sharded
     qkv = a * m.qkv_width_local(t) * tokens  # each rank's heads' q, k, v over the whole sequence
     attn_out = a * m.q_width * tok_t + FP32_BYTES * lay.micro_batch * (m.num_heads / t) * shape.seq_len / lay.cp
+    ring_copy = a * m.q_width * tok_t if ring_output_copy else 0.0
     # q/k norms (qk_norm): they keep the whole qkv GEMM output (v's part too: runtime/qk_norm.py saves it, PyTorch's
     # path keeps views into it) with an fp32 rstd per head and token; selective recompute reruns them inside the
     # checkpointed attention core, whose kept input is that same GEMM output
@@ -401,10 +406,10 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout) -> LayerA
         act_in = a * f / t * tokens
         act_out_total = a * f / t * tokens
         mlp = act_in + act_out_total
-    none = norms_in + gemm_in + qkv + qk_norms + attn_out + mlp
+    none = norms_in + gemm_in + qkv + qk_norms + attn_out + ring_copy + mlp
     # selective drops the norm outputs (GEMM inputs) and the activation output; the MoE layer applies its
     # norm itself and keeps the output, so there only the attention norm's output goes
-    selective = none - (gemm_in / 2 if m.is_moe else gemm_in) - act_out_total - qk_norms
+    selective = none - (gemm_in / 2 if m.is_moe else gemm_in) - act_out_total - qk_norms - ring_copy
     full = a * h * tok_t
     widest = max(h, (2 if m.gated_mlp else 1) * f * (m.top_k if m.is_moe else 1), m.qkv_width_local(t) * t)
     working = 3 * a * widest * tokens / t
@@ -442,14 +447,16 @@ def head_activation_bytes(m: ModelSpec, shape: TrainingShape, lay: Layout) -> tu
     """(kept per in-flight micro-batch, transient peak) on the stage holding the output layer and loss:
     final-norm input and output (with a head transform also its dense output and GELU output), and the
     cross-entropy's gradient of the logits, which
-    runtime/parallel/cross_entropy.py computes in forward and keeps in the compute dtype; transiently the
-    logits themselves while that gradient is written."""
+    runtime/parallel/cross_entropy.py computes in forward and keeps in the compute dtype; transiently the larger
+    of the logits themselves while that gradient is written and the output layer's weight gradient while its
+    backward runs: a weight-sized bf16 tensor, the gradient itself or, where the weight-gradient GEMM accumulates
+    into the fp32 main gradient, the placeholder autograd passes on (runtime/parallel/tensor.py weight_grad)."""
     tokens = lay.micro_batch * shape.seq_len / lay.cp
     h, v = m.hidden, m.padded_vocab
     kept = 2 * BF16_BYTES * h * tokens / lay.tp + BF16_BYTES * v / lay.tp * tokens
     if m.model_family.head_transform:
         kept += 2 * BF16_BYTES * h * tokens / lay.tp
-    transient = BF16_BYTES * v / lay.tp * tokens
+    transient = BF16_BYTES * v / lay.tp * max(tokens, h)
     return kept, transient
 
 

@@ -100,6 +100,29 @@ def test_layer_activations_by_hand(t):
         assert (none, sel, full, working) == (50176, 33792, 4096, 36864)
 
 
+def test_ring_attention_output_copy_by_hand():
+    """Under CP our ring attention keeps its [b, heads, s, d] output and the output projection a [s, b, heads * d]
+    copy: one more attention output (bf16, q_width per token of the rank's sequence share) without recompute;
+    selective recompute reruns the core and keeps only the copy."""
+    lay = Layout(cp=2, micro_batch=2)
+    plain = mem.layer_activations(tiny_model("gpt"), SHAPE, lay)
+    ring = mem.layer_activations(tiny_model("gpt"), SHAPE, lay, ring_output_copy=True)
+    copy = 2 * 64 * (2 * 32 // 2)  # bf16 x q_width 64 x (micro-batch 2 x 32 tokens / CP 2)
+    assert ring.none_bytes - plain.none_bytes == copy
+    assert (ring.selective_bytes, ring.full_bytes, ring.working_bytes) == \
+        (plain.selective_bytes, plain.full_bytes, plain.working_bytes)
+
+
+def test_head_transient_is_the_larger_of_the_logits_and_the_weight_gradient():
+    """The last stage's transient: the logits (bf16, vocab / tp per token) while their gradient is written, or the
+    output layer's bf16 weight-sized gradient (vocab / tp x hidden) during its backward, whichever is larger."""
+    m = tiny_model("gpt")  # hidden 64, padded vocabulary 256
+    short = TrainingShape(seq_len=16, global_batch=8)  # 2 x 16 = 32 tokens < hidden: the weight gradient
+    assert mem.head_activation_bytes(m, short, Layout(micro_batch=2))[1] == 2 * 256 * 64
+    assert mem.head_activation_bytes(m, SHAPE, Layout(micro_batch=4))[1] == 2 * 256 * 128  # 128 tokens: the logits
+    assert mem.head_activation_bytes(m, SHAPE, Layout(tp=2, micro_batch=1))[1] == 2 * 128 * 64
+
+
 def test_1f1b_in_flight_table():
     lay = Layout(pp=4)
     # rank r runs pp - r forwards before its first backward; never more than there are micro-batches
