@@ -93,6 +93,12 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
                            limit: float = math.inf) -> tuple[float, float]:
     """(time lower bound, memory lower bound) over every split and recompute choice of this layout; with the
     memory `limit`, the time bound counts the least recompute that fitting in it takes."""
+    return time_bound_s(cm, shape, recompute, limit), memory_bound_bytes(cm, recompute)
+
+
+def time_bound_s(cm: CostModel, shape: TrainingShape, recompute: str | None = None, limit: float = math.inf) -> float:
+    """A lower bound of the step (the schedule played, CostModel.predict) over every split and recompute choice of
+    this layout; with the memory `limit`, it counts the least recompute that fitting in it takes."""
     lay, m = cm.lay, cm.m
     L = cm.layer
     num_micro = num_micro_batches(shape, lay)
@@ -124,10 +130,16 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
     dense, expert = cm.params_of(bound_layers, lay.pp == 1, lay.pp == 1)
     layers = m.num_layers / lay.pp
     dp = cm.dp_comm_s(dense, expert, layers * L.fwd_s, layers * (L.bwd_compute_s + L.bwd_comm_s), num_micro)
-    time_lb = pipe + dp + cm.optimizer_s(dense, expert, cm.fused_wgrad_params(bound_layers, lay.pp == 1, lay.pp == 1))
-    # memory: every layer keeps at least its recompute mode's activations; the busiest rank holds at least the
-    # mean over ranks (one micro-batch in flight each), and at least what the layers spread evenly over the
-    # ranks' fixed bytes and in-flight counts leave (CostModel.memory_lower_bound_bytes)
+    return pipe + dp + cm.optimizer_s(dense, expert, cm.fused_wgrad_params(bound_layers, lay.pp == 1, lay.pp == 1))
+
+
+def memory_bound_bytes(cm: CostModel, recompute: str | None = None) -> float:
+    """A lower bound of the busiest rank's memory over every split and recompute choice of this layout (the
+    pin's, when `recompute` pins one): a layout whose bound exceeds the limit has no split that fits."""
+    lay, m = cm.lay, cm.m
+    # every layer keeps at least its recompute mode's activations; the busiest rank holds at least the mean over
+    # ranks (one micro-batch in flight each), and at least what the layers spread evenly over the ranks' fixed
+    # bytes and in-flight counts leave (CostModel.memory_lower_bound_bytes)
     acts = cm.activations
     per_layer_act = {"none": acts.none_bytes, "selective": acts.selective_bytes}.get(recompute or "",
                                                                                    acts.full_bytes)
@@ -142,5 +154,4 @@ def time_and_memory_bounds(cm: CostModel, shape: TrainingShape, recompute: str |
     else:
         spread = min(cm.memory_lower_bound_bytes(acts.selective_bytes),
                      cm.memory_lower_bound_bytes(acts.full_bytes, acts.none_bytes))
-    mem_lb = max(mean_lb, spread)
-    return time_lb, mem_lb
+    return max(mean_lb, spread)

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 
 from planner import memory as mem
-from planner.bounds import compute_bound_s, time_and_memory_bounds
+from planner.bounds import compute_bound_s, memory_bound_bytes
 from planner.cluster import ClusterSpec
 from planner.cost import CostModel
 from planner.cost.targets import OURS, RuntimeTarget
@@ -21,7 +21,7 @@ from planner.profile import Profile
 from planner.search.alternatives import _alternatives
 from planner.search.layouts import enumerate_layouts
 from planner.search.result import Pins, SearchResult, SearchStats
-from planner.search.scoring import _Candidate, _plan_of, _score
+from planner.search.scoring import _bound_fully, _Candidate, _plan_of, _score
 from planner.search.stages import (ENUMERATE_CHOICES, FIRST_SOLVE_WORK, SOLVE_WORK, _solve_concurrently,
                                     count_stage_choices, enumerate_stages, greedy_stages)
 
@@ -229,10 +229,7 @@ def _count_unevaluated_below(candidates, done: set, best_s: float, shape, pins, 
     for c in candidates:
         if id(c) in done or c.compute_bound_s > best_s * (1 + EXACT_TOLERANCE):
             continue
-        if math.isnan(c.time_bound_s):
-            c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
-            stats.layouts_bounded += 1
-            stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+        _bound_fully(c, shape, pins.recompute, limit, stats)
         if c.memory_bound_bytes <= limit and c.time_bound_s <= best_s * (1 + EXACT_TOLERANCE):
             n, lowest = n + 1, min(lowest, c.time_bound_s)
     return n, lowest
@@ -258,10 +255,7 @@ def _next_bounded(queue, candidates, below_s, shape, pins, limit, stats, min_mem
         if bounded:
             out.append(c)
             continue
-        if math.isnan(c.time_bound_s):
-            c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
-            stats.layouts_bounded += 1
-            stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+        _bound_fully(c, shape, pins.recompute, limit, stats)
         min_mem.append((c.memory_bound_bytes, layout_order(c.layout), c.layout))
         if c.memory_bound_bytes <= limit:
             heapq.heappush(queue, (c.time_bound_s, i, True))
@@ -368,8 +362,6 @@ def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target=OU
         for lay in enumerate_layouts(model, shape, c2, Pins(**{**pins.__dict__, "dp": None})):
             if layout_violation(model, shape, lay, n, c2.gpus_per_node):
                 continue
-            _, m_lb = time_and_memory_bounds(CostModel(model, shape, lay, c2, profile, target=target), shape,
-                                             pins.recompute)
-            if m_lb <= limit:
+            if memory_bound_bytes(CostModel(model, shape, lay, c2, profile, target=target), pins.recompute) <= limit:
                 return n
     return None

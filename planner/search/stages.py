@@ -100,20 +100,23 @@ def _recompute_to_fit(terms, counts: list[int], recompute_pin: str | None,
     inflight = terms.in_flight
     full = counts[:] if recompute_pin == "full" else [0] * V
     sel = counts[:] if recompute_pin == "selective" else [0] * V
+    held = terms.bytes(counts, full, sel)  # the rank's bytes, worked out again only when a count changes
     if recompute_pin is None:
         # selective recompute only where it frees memory (a runtime that already keeps no more than it would,
         # RuntimeTarget.fp8_activation_cache, gains nothing from it and pays its time)
         sel_pays = terms.sel_saving_bytes > 0
         for c in sorted(range(V), key=lambda c: -inflight[c]) if sel_pays else ():
-            while sel[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
+            while sel[c] < counts[c] and (over := held - limit_bytes) > 0:
                 sel[c] = min(counts[c], sel[c] + math.ceil(over / (inflight[c] * terms.sel_saving_bytes)))
+                held = terms.bytes(counts, full, sel)
         for c in sorted(range(V), key=lambda c: -inflight[c]):
-            while full[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
+            while full[c] < counts[c] and (over := held - limit_bytes) > 0:
                 extra = terms.full_saving_bytes - terms.sel_saving_bytes  # selective -> full
                 full[c] += min(counts[c] - full[c], math.ceil((over + (0 if any(full) else terms.none_bytes))
                                                               / (inflight[c] * max(extra, 1.0))))
                 sel[c] = min(sel[c], counts[c] - full[c])
-    if terms.bytes(counts, full, sel) > limit_bytes:
+                held = terms.bytes(counts, full, sel)
+    if held > limit_bytes:
         return None
     return full, sel
 
