@@ -273,21 +273,28 @@ def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_wo
             stats.layouts_greedy += 1
     small = [count_stage_choices(c.cost.m.num_layers, c.layout.num_virtual_stages, recompute, ENUMERATE_CHOICES)
              <= ENUMERATE_CHOICES for c in batch]
+    played: dict[int, tuple] = {}  # id(candidate) -> its (step, stages): every choice, or its greedy split
+
+    def play_while_solving():  # needs no solve: runs on this thread while CP-SAT solves on the others
+        for c, few in zip(batch, small):
+            played[id(c)] = enumerate_stages(c.cost, shape, limit, recompute) if few else \
+                _fastest_fitting(c.cost, (c.greedy,), limit)
+
     solved = _solve_concurrently([(c.cost, c.greedy) for c, few in zip(batch, small) if not few], shape, limit,
-                                 recompute, solve_work)
+                                 recompute, solve_work, meanwhile=play_while_solving)
     solved_iter = iter(solved)
     out = []
     for c, few in zip(batch, small):
         if few:  # every choice played: exact for this layout
-            out.append(enumerate_stages(c.cost, shape, limit, recompute))
+            out.append(played[id(c)])
             c.split_proven = True
             continue
         res = next(solved_iter)
         _record_solve(stats, c, res)
         # an infeasible solve proves nothing about a greedy split that fits (CP-SAT rounds memory up)
         c.split_proven = res.proven_optimal and (res.stages is not None or c.greedy is None)
-        # each split played once
-        out.append(_fastest_fitting(c.cost, (c.greedy, res.stages if res.stages != c.greedy else None), limit))
+        # each split played once: CP-SAT's where it differs from the greedy one, kept only if faster
+        out.append(_fastest_fitting(c.cost, (res.stages if res.stages != c.greedy else None,), limit, played[id(c)]))
     return out
 
 

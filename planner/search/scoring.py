@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 
 from planner import memory as mem
-from planner.bounds import memory_bound_bytes, time_bound_s
+from planner.bounds import closed_form_bound_s, memory_bound_bytes, time_bound_s
 from planner.cost import CostModel
 from planner.plan import Layout, Plan, StagePlan, TrainingShape
 from planner.profile import FP8_MODEL_NOTE, Profile, profile_argument
@@ -25,12 +25,20 @@ class _Candidate:
     memory_bound_bytes: float = math.nan
     """bounds.memory_bound_bytes and bounds.time_bound_s (_bound_fully), worked out only for layouts whose compute
     bound could still beat the k-th best plan; the time bound is inf where the memory bound exceeds the limit."""
+    score_bound_s: float = math.nan
+    """bounds.closed_form_bound_s (with the limit): below the score of any split of it that fits, worked out only
+    for layouts the score reaches (math.nan until then)."""
     greedy: list[StagePlan] | None = None
     greedy_tried: bool = False
     """greedy_stages, kept for the alternatives' searches (None: no split fits, or not tried yet)."""
     split_proven: bool = False
     """Whether its evaluated split is proven the best of its layout: every choice played (enumerate_stages), or
     CP-SAT's solve ended optimal (for its closed-form model of the schedule)."""
+
+
+SCORE_BOUND_MARGIN = 1e-9
+"""A layout is left unsplit only when its score bound exceeds the k-th best score by more than this share: the
+bound and the score sum the same terms in different orders, so they can differ by a few units in the last place."""
 
 
 def _bound_fully(c: _Candidate, shape: TrainingShape, recompute: str | None, limit: float,
@@ -78,6 +86,13 @@ def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit
             if c.memory_bound_bytes <= limit:
                 heapq.heappush(queue, (c.time_bound_s, i, True))
             continue
+        if kth < math.inf and max_splits == math.inf and not c.greedy_tried:
+            # a split of it would score above the k-th best and change nothing; with max_splits every split
+            # counts, so there every layout in line is split
+            if math.isnan(c.score_bound_s):
+                c.score_bound_s = closed_form_bound_s(c.cost, pins.recompute, limit)
+            if c.score_bound_s > kth * (1 + SCORE_BOUND_MARGIN):
+                continue
         if not c.greedy_tried:
             c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, pins.recompute), True
             stats.layouts_greedy += 1

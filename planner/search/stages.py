@@ -320,10 +320,12 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
 
 
 def _solve_concurrently(jobs: list[tuple[CostModel, list[StagePlan]]], shape: TrainingShape, limit: float,
-                        recompute: str | None, solve_work: float) -> list[SolveResult]:
+                        recompute: str | None, solve_work: float, meanwhile=None) -> list[SolveResult]:
     """solve_stages for each (cost model, hint), on as many threads as there are CPUs: CP-SAT releases the GIL
     while it solves, and each solve is single-threaded and deterministic (SOLVE_WORK), so the results do not
-    depend on the threads (gpt-70b on 64 GPUs: four solves on two threads take 0.6 of the time one by one)."""
+    depend on the threads (gpt-70b on 64 GPUs: four solves on two threads take 0.6 of the time one by one).
+    meanwhile: a callable run on the calling thread while the solves run (the search plays its greedy splits
+    there); its work must not depend on the solves."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
@@ -333,9 +335,14 @@ def _solve_concurrently(jobs: list[tuple[CostModel, list[StagePlan]]], shape: Tr
 
     threads = min(len(jobs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if threads <= 1:
+        if meanwhile is not None:
+            meanwhile()
         return [one(job) for job in jobs]
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(one, jobs))
+        solving = pool.map(one, jobs)  # every job is submitted here
+        if meanwhile is not None:
+            meanwhile()
+        return list(solving)
 
 
 ENUMERATE_CHOICES = 4000
