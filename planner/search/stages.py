@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from planner.cost import CostModel
 from planner.plan import StagePlan, TrainingShape, num_micro_batches
+from planner.search.cp_sat import cp_model as load_cp_model
 
 
 SOLVER_WORKERS = 8
@@ -263,7 +264,7 @@ def _rank_fits(mdl, cm: CostModel, r: int, js: list[int], n, f, s, num_micro: in
 def _stage_model(cm: CostModel, num_micro: int, limit_bytes: float, recompute_pin: str | None):
     """The CP-SAT model of the split: (model, (n, f, s) variables, the objective's scale). It minimises the
     schedule's closed form of the per-rank times (PipelineSchedule.objective_weights) within every rank's memory."""
-    from ortools.sat.python import cp_model
+    cp_model = load_cp_model()
 
     lay = cm.lay
     slopes = _stage_slopes(cm)
@@ -290,7 +291,7 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
     """CP-SAT: the layer split and recompute per stage that minimise the schedule's step time within
     memory; stages None when no split fits (or none was found in the limit). work_limit: one worker for that much
     deterministic time (reproducible; the search's SOLVE_WORK), else SOLVER_WORKERS for time_limit_s seconds."""
-    from ortools.sat.python import cp_model
+    cp_model = load_cp_model()
 
     S = cm.lay.pp * cm.lay.vpp
     mdl, (n, f, s), scale = _stage_model(cm, num_micro_batches(shape, cm.lay), limit_bytes, recompute_pin)

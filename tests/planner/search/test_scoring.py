@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-import planner.search.scoring as scoring
 from planner.cluster import ClusterSpec
 from planner.model import resolve_model
 from planner.plan import TrainingShape
-from planner.search import Pins, search
+from planner.search import Pins, scoring, search
 
 
 def _shown(result):
