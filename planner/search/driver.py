@@ -120,7 +120,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     rest = _runners_up(candidates, list(evaluated[1:]), done, top_k, shape, pins, limit, solve_work, stats)
     shown = [(first[0], first[3], first[1], first[2])] + rest
     stats.faster_runner_up = any(step < first[0] for step, *_ in rest)
-    plans = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
+    plans = [_plan_of(c, stages, c.play(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
     stats.phase_s["runners_up"] = time.perf_counter() - t3
     stats.gap_to_bound = max(0.0, first[0] / lowest_unevaluated_s - 1)
     result = SearchResult(plans=plans, stats=stats, pinned=pins.every_dimension(model) and stats.layouts_legal == 1)
@@ -170,7 +170,7 @@ def _runners_up(candidates, rest: list, done: set, top_k: int, shape, pins, limi
             c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, pins.recompute), True
             stats.layouts_greedy += 1
         if c.greedy is not None:
-            rest.append((c.cost.predict(c.greedy).step_s, layout_order(c.layout), c, c.greedy))
+            rest.append((c.play(c.greedy).step_s, layout_order(c.layout), c, c.greedy))
             rest.sort(key=lambda x: x[:2])
     rest = rest[:top_k - 1]
     unsolved = [(c, stages) for step, _, c, stages in rest if id(c) not in done]
@@ -180,8 +180,8 @@ def _runners_up(candidates, rest: list, done: set, top_k: int, shape, pins, limi
     refined = {}
     for (c, stages), res in zip(unsolved, better):
         if res.stages is not None:
-            step = c.cost.predict(res.stages).step_s
-            if step < c.cost.predict(stages).step_s:
+            step = c.play(res.stages).step_s
+            if step < c.play(stages).step_s:
                 refined[id(c)] = (step, res.stages)
     return sorted(((*refined.get(id(c), (step, stages)), order, c) for step, order, c, stages in rest),
                   key=lambda x: (x[0], x[2]))
@@ -278,7 +278,7 @@ def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_wo
     def play_while_solving():  # needs no solve: runs on this thread while CP-SAT solves on the others
         for c, few in zip(batch, small):
             played[id(c)] = enumerate_stages(c.cost, shape, limit, recompute) if few else \
-                _fastest_fitting(c.cost, (c.greedy,), limit)
+                _fastest_fitting(c, (c.greedy,), limit)
 
     solved = _solve_concurrently([(c.cost, c.greedy) for c, few in zip(batch, small) if not few], shape, limit,
                                  recompute, solve_work, meanwhile=play_while_solving)
@@ -294,7 +294,7 @@ def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_wo
         # an infeasible solve proves nothing about a greedy split that fits (CP-SAT rounds memory up)
         c.split_proven = res.proven_optimal and (res.stages is not None or c.greedy is None)
         # each split played once: CP-SAT's where it differs from the greedy one, kept only if faster
-        out.append(_fastest_fitting(c.cost, (res.stages if res.stages != c.greedy else None,), limit, played[id(c)]))
+        out.append(_fastest_fitting(c, (res.stages if res.stages != c.greedy else None,), limit, played[id(c)]))
     return out
 
 
@@ -305,13 +305,13 @@ def _record_solve(stats, c: _Candidate, res) -> None:
     stats.proven_optimal += int(res.proven_optimal)
 
 
-def _fastest_fitting(cost, splits, limit, best: tuple = (math.inf, None)) -> tuple:
+def _fastest_fitting(c: _Candidate, splits, limit, best: tuple = (math.inf, None)) -> tuple:
     """(step, stages) of the fastest of `splits` (None ones skipped) as played, if faster than `best`; a split whose
     played memory exceeds `limit` is passed over (the solver rounds memory up and never allows this; a guard)."""
     for stages in splits:
         if stages is None:
             continue
-        pred = cost.predict(stages)
+        pred = c.play(stages)
         if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
             continue
         if pred.step_s < best[0]:
@@ -329,7 +329,7 @@ def _first_split_refined(first: tuple, shape, limit, recompute, stats) -> tuple:
         res = _solve_concurrently([(c.cost, stages)], shape, limit, recompute, FIRST_SOLVE_WORK)[0]
         _record_solve(stats, c, res)
         c.split_proven = res.proven_optimal and res.stages is not None
-        step, stages = _fastest_fitting(c.cost, (res.stages,), limit, (step, stages))
+        step, stages = _fastest_fitting(c, (res.stages,), limit, (step, stages))
     stats.first_split_proven = c.split_proven
     return step, order, c, stages
 

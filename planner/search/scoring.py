@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from planner import memory as mem
 from planner.bounds import closed_form_bound_s, memory_bound_bytes, time_bound_s
@@ -34,6 +34,17 @@ class _Candidate:
     split_proven: bool = False
     """Whether its evaluated split is proven the best of its layout: every choice played (enumerate_stages), or
     CP-SAT's solve ended optimal (for its closed-form model of the schedule)."""
+    played: dict = field(default_factory=dict)
+    """tuple(stages) -> its Prediction with the schedule played (play): a play costs milliseconds, and the search
+    asks again for the splits it shows."""
+
+    def play(self, stages: list[StagePlan]):
+        """CostModel.predict(stages), the schedule played, worked out once per split."""
+        key = tuple(stages)
+        pred = self.played.get(key)
+        if pred is None:
+            pred = self.played[key] = self.cost.predict(stages)
+        return pred
 
 
 SCORE_BOUND_MARGIN = 1e-9
