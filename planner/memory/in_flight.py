@@ -2,6 +2,8 @@
 bytes they hold at the rank's peak: the in-flight part of the memory model (planner/memory/model.py)."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from planner.plan import Layout
 from planner.schedules import schedule_named
 
@@ -85,3 +87,18 @@ def peak_in_flight_bytes(peaks: tuple[tuple[int, ...], ...], per_micro_batch_byt
         if t > best:
             best = t
     return best
+
+
+@lru_cache(maxsize=4096)
+def ranks_at_scarcest_peak(schedule, pp: int, vpp: int, num_micro_batches: int) -> tuple:
+    """Per pipeline rank of `schedule`: (its virtual stages, the peak vector whose scarcest chunk holds the most
+    micro-batches (scarcest_chunk_peak: the rank holds at least what it holds then, every layer counted at least
+    min(h) times), whether it holds the first stage (the embedding), whether it holds the last (the head)): what the
+    memory bound asks of every layout of this pipeline shape (MemoryTermsOfRanks.rank_fixed_bytes)."""
+    S = pp * vpp
+    out = []
+    for r in range(pp):
+        chunks = tuple(schedule.rank_chunks(pp, vpp, r))
+        out.append((chunks, scarcest_chunk_peak(schedule.in_flight_peaks(pp, vpp, num_micro_batches, r)),
+                    0 in chunks, S - 1 in chunks))
+    return tuple(out)

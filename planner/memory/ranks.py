@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from planner import memory as mem
 from planner.cost.terms import MemoryTerms, cached_property
-from planner.memory.in_flight import scarcest_chunk_peak
+from planner.memory.in_flight import ranks_at_scarcest_peak
 from planner.plan import StagePlan
 
 
@@ -129,12 +129,7 @@ class MemoryTermsOfRanks:
         # (first, last) -> a rank's bytes before its chunks' (the same on every rank between the ends)
         no_layer: dict[tuple[bool, bool], float] = {}
         ranks = []
-        for r in range(lay.pp):
-            # the rank holds at least what it holds at one moment of the schedule: the one whose scarcest chunk
-            # holds the most micro-batches (every layer of the rank is then counted at least that often)
-            inflight = scarcest_chunk_peak(self.in_flight_peaks(r, num_micro))
-            chunks = self.rank_chunks(r)
-            first, last = 0 in chunks, S - 1 in chunks  # the embedding's and the head's rank
+        for chunks, inflight, first, last in ranks_at_scarcest_peak(self.schedule, lay.pp, lay.vpp, num_micro):
             f = no_layer.get((first, last))
             if f is None:
                 dense, expert = self.params_of(0, first, last)
