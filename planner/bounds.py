@@ -41,23 +41,46 @@ def whole_layers_bound_s(cm: CostModel, num_micro: int, gpu_layer_s: float, host
     def span(r, n):
         return m * (max(n * gpu_layer_s + e[r], n * host_layer_s) + n * exposed_layer_s) + fill[r]
 
-    return _least_largest(P, V, cm.m.num_layers, span)
+    # span(r, n) >= m (gpu + exposed) n + m e_r + fill_r: the ranks start at counts that stay below the least largest
+    start = _counts_below_least_largest(P, V, cm.m.num_layers, span, m * (gpu_layer_s + exposed_layer_s),
+                                        [m * e[r] + fill[r] for r in range(P)])
+    return _least_largest(P, V, cm.m.num_layers, span, start)
 
 
-def _least_largest(ranks: int, least_layers: int, num_layers: int, cost) -> float:
+def _least_largest(ranks: int, least_layers: int, num_layers: int, cost, start: list[int] | None = None) -> float:
     """The least, over every split of num_layers whole layers that gives each of `ranks` ranks at least
     least_layers, of the largest cost(r, n_r), for costs that do not decrease with n: layers go one at a time to
-    the rank whose cost then stays least, which minimises the largest."""
+    the rank whose cost then stays least, which minimises the largest. start: counts to go on from, each rank's cost
+    at most that least largest (_counts_below_least_largest); from them the same layer by layer ends at the same
+    least largest, after fewer steps."""
     import heapq
 
-    n = [least_layers] * ranks
-    heap = [(cost(r, least_layers + 1), r) for r in range(ranks)]
+    n = list(start) if start is not None else [least_layers] * ranks
+    heap = [(cost(r, n[r] + 1), r) for r in range(ranks)]
     heapq.heapify(heap)
-    for _ in range(num_layers - ranks * least_layers):
+    for _ in range(num_layers - sum(n)):
         _, r = heapq.heappop(heap)
         n[r] += 1
         heapq.heappush(heap, (cost(r, n[r] + 1), r))
     return max(cost(r, n[r]) for r in range(ranks))
+
+
+def _counts_below_least_largest(ranks: int, least_layers: int, num_layers: int, cost, slope: float,
+                                offsets: list[float]) -> list[int] | None:
+    """Per rank, the most layers (at least least_layers) whose cost stays at or below a floor of _least_largest's
+    result, for costs at least slope n + offsets[r]: every split's largest cost is at least the mean of these
+    lines, (slope num_layers + sum offsets) / ranks (taken a billionth lower, against rounding), so a rank at or
+    below it is at or below the least largest. None where the slope gives no floor."""
+    if not slope > 0:
+        return None
+    floor = (slope * num_layers + sum(offsets)) / ranks * (1 - 1e-9)
+    counts = []
+    for r in range(ranks):
+        n = min(num_layers, int((floor - offsets[r]) // slope))
+        while n > least_layers and cost(r, n) > floor:
+            n -= 1
+        counts.append(max(n, least_layers))
+    return counts if sum(counts) <= num_layers else None
 
 
 def least_recompute_s(cm: CostModel, limit: float) -> float:
