@@ -120,3 +120,29 @@ def test_no_score_bound_for_dual_pipe(profile):
             assert closed_form_bound_s(cm, None, limit) == 0.0
             dual += 1
     assert dual > 0
+
+
+@pytest.mark.parametrize("name,gpus", [("llama3-405b", 1024), ("mixtral-8x7b", 64)])
+def test_whole_layers_bound_from_its_start_is_the_bound_layer_by_layer(profile, monkeypatch, name, gpus):
+    """whole_layers_bound_s starts each rank at counts below the least largest span (_counts_below_least_largest)
+    instead of at vpp layers: the same bound to the last bit, GPU- or host-paced, with MoE's exposed host time."""
+    from planner import bounds
+
+    model = resolve_model(name)
+    shape = TrainingShape(model.default_seq_len, model.default_global_batch)
+    cluster = ClusterSpec(gpu="h200-sxm", num_gpus=gpus, gpus_per_node=8)
+    started = 0
+    for i, lay in enumerate(enumerate_layouts(model, shape, cluster, Pins(cuda_graph=False))):
+        if i % 7 or layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node):
+            continue
+        cm = CostModel(model, shape, lay, cluster, profile)
+        g = cm.layer.fwd_bwd_s
+        for gpu_s, host_s, exposed_s in ((g, 0.0, 0.0), (g, 1.3 * g, 0.01 * g), (2 * g, 0.7 * g, 0.0)):
+            start = bounds._counts_below_least_largest
+            from_start = bounds.whole_layers_bound_s(cm, cm.num_micro, gpu_s, host_s, exposed_s)
+            monkeypatch.setattr(bounds, "_counts_below_least_largest", lambda *args: None)
+            layer_by_layer = bounds.whole_layers_bound_s(cm, cm.num_micro, gpu_s, host_s, exposed_s)
+            monkeypatch.setattr(bounds, "_counts_below_least_largest", start)
+            assert from_start == layer_by_layer, (lay, gpu_s, host_s, exposed_s)
+            started += 1
+    assert started > 300
