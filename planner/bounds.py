@@ -1,7 +1,8 @@
 """Lower bounds the search prunes with (planner/search/): for one layout, over every layer split and recompute
 choice, the step time a plan of it reports (the schedule played, CostModel.predict), the search's score of a split
 (the schedule's closed form) and the busiest rank's memory. A bound above the truth would drop a layout that could
-win; tests/planner/search/test_search.py holds each below every split of hundreds of layouts."""
+win; tests/planner/search/test_search.py and tests/planner/test_bounds.py hold each below every split of hundreds of
+layouts."""
 from __future__ import annotations
 
 import math
@@ -142,6 +143,7 @@ class _LayerFloors:
 
 
 def _layer_floors(cm: CostModel, recompute: str | None, limit: float) -> _LayerFloors:
+    """The layout's _LayerFloors under the recompute pin and the memory limit."""
     lay, m, L = cm.lay, cm.m, cm.layer
     extra = {"full": L.full_recompute_s, "selective": L.selective_recompute_s}.get(recompute or "", 0.0)
     # a stage costs max(GPU, host less the MoE's exposed host time) + that exposed time (CostModel.stage_time_s);
