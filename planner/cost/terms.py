@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner import memory as mem
+from planner.memory.in_flight import chunk_maxima
 
 
 
@@ -128,7 +129,7 @@ class MemoryTerms:
     @property
     def in_flight(self) -> list:
         """The most micro-batches each chunk holds at any moment (orders chunks in the greedy split)."""
-        return [max(h[c] for h in self.peaks) for c in range(len(self.fixed_per_mb_bytes))]
+        return list(chunk_maxima(self.peaks))
 
     def peak_base_bytes(self, h) -> float:
         """base_bytes and the fixed per-micro-batch bytes held at the moment of peak vector h."""

@@ -2,6 +2,8 @@
 bytes they hold at the rank's peak: the in-flight part of the memory model (planner/memory/model.py)."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from planner.plan import Layout
 from planner.schedules import schedule_named
 
@@ -32,18 +34,39 @@ NUMPY_PEAK_TERMS = 256
 """Peak vectors x chunks above which peak_in_flight_bytes sums with numpy (deep interleaved pipelines hold
 hundreds of candidate vectors); below it plain Python is faster."""
 
-_PEAK_COLUMNS: dict[int, tuple] = {}
-"""id(peaks) -> (peaks, one float64 array per chunk): the schedules' peak tuples are cached objects, so their
-columns are built once (the tuple is kept with them, so its id cannot be reused)."""
+_OF_PEAKS: dict[tuple[int, str], tuple] = {}
+"""(id(peaks), what) -> (peaks, a figure derived from them alone): the schedules' peak tuples are cached objects
+that the search asks about for every layout and split, so each figure is worked out once (the tuple is kept with
+it, so its id cannot be reused)."""
+
+
+def _of_peaks(peaks: tuple[tuple[int, ...], ...], what: str, derive):
+    hit = _OF_PEAKS.get((id(peaks), what))
+    if hit is None or hit[0] is not peaks:
+        hit = _OF_PEAKS[(id(peaks), what)] = (peaks, derive(peaks))
+    return hit[1]
+
+
+def _columns(peaks: tuple[tuple[int, ...], ...]) -> tuple:
+    import numpy as np
+    return tuple(np.array([h[c] for h in peaks], dtype=np.float64) for c in range(len(peaks[0])))
 
 
 def _peak_columns(peaks: tuple[tuple[int, ...], ...]) -> tuple:
-    hit = _PEAK_COLUMNS.get(id(peaks))
-    if hit is None or hit[0] is not peaks:
-        import numpy as np
-        hit = (peaks, tuple(np.array([h[c] for h in peaks], dtype=np.float64) for c in range(len(peaks[0]))))
-        _PEAK_COLUMNS[id(peaks)] = hit
-    return hit[1]
+    """One float64 array per chunk: the micro-batches it holds at each peak vector."""
+    return _of_peaks(peaks, "columns", _columns)
+
+
+def chunk_maxima(peaks: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """The most micro-batches each chunk holds at any of the peak vectors."""
+    return _of_peaks(peaks, "chunk maxima", lambda ps: tuple(max(h[c] for h in ps) for c in range(len(ps[0]))))
+
+
+def scarcest_chunk_peak(peaks: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """The peak vector whose scarcest chunk holds the most micro-batches (the larger sum on a tie; the first of
+    equals): every layer of the rank is held at least min(h) times at that moment (MemoryTermsOfRanks.
+    rank_fixed_bytes)."""
+    return _of_peaks(peaks, "scarcest chunk", lambda ps: max(ps, key=lambda h: (min(h), sum(h))))
 
 
 def peak_in_flight_bytes(peaks: tuple[tuple[int, ...], ...], per_micro_batch_bytes) -> float:
@@ -64,3 +87,18 @@ def peak_in_flight_bytes(peaks: tuple[tuple[int, ...], ...], per_micro_batch_byt
         if t > best:
             best = t
     return best
+
+
+@lru_cache(maxsize=4096)
+def ranks_at_scarcest_peak(schedule, pp: int, vpp: int, num_micro_batches: int) -> tuple:
+    """Per pipeline rank of `schedule`: (its virtual stages, the peak vector whose scarcest chunk holds the most
+    micro-batches (scarcest_chunk_peak: the rank holds at least what it holds then, every layer counted at least
+    min(h) times), whether it holds the first stage (the embedding), whether it holds the last (the head)): what the
+    memory bound asks of every layout of this pipeline shape (MemoryTermsOfRanks.rank_fixed_bytes)."""
+    S = pp * vpp
+    out = []
+    for r in range(pp):
+        chunks = tuple(schedule.rank_chunks(pp, vpp, r))
+        out.append((chunks, scarcest_chunk_peak(schedule.in_flight_peaks(pp, vpp, num_micro_batches, r)),
+                    0 in chunks, S - 1 in chunks))
+    return tuple(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from planner import memory as mem
 from planner.cost.terms import MemoryTerms, cached_property
+from planner.memory.in_flight import ranks_at_scarcest_peak
 from planner.plan import StagePlan
 
 
@@ -124,20 +125,21 @@ class MemoryTermsOfRanks:
         hop_mb = mem.pipeline_output_bytes(m, shape, lay)
         head_kept, head_transient = mem.head_activation_bytes(m, shape, lay)
         workspace = mem.cublas_workspace_bytes(lay, self.cluster.gpu)
+        embedding_mb = mem.embedding_activation_bytes(m, shape, lay)
+        # (first, last) -> a rank's bytes before its chunks' (the same on every rank between the ends)
+        no_layer: dict[tuple[bool, bool], float] = {}
         ranks = []
-        for r in range(lay.pp):
-            # the rank holds at least what it holds at one moment of the schedule: the one whose scarcest chunk
-            # holds the most micro-batches (every layer of the rank is then counted at least that often)
-            inflight = max(self.in_flight_peaks(r, num_micro), key=lambda h: (min(h), sum(h)))
-            chunks = self.rank_chunks(r)
-            first, last = 0 in chunks, S - 1 in chunks  # the embedding's and the head's rank
-            dense, expert = self.params_of(0, first, last)
-            f = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp, self.zero2_full_grads) \
-                + mem.fsdp_gather_bytes(m, lay, dense) + workspace
+        for chunks, inflight, first, last in ranks_at_scarcest_peak(self.schedule, lay.pp, lay.vpp, num_micro):
+            f = no_layer.get((first, last))
+            if f is None:
+                dense, expert = self.params_of(0, first, last)
+                f = no_layer[(first, last)] = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp,
+                                                              self.zero2_full_grads) \
+                    + mem.fsdp_gather_bytes(m, lay, dense) + workspace
             for j, k in zip(chunks, inflight):
                 per_mb = every_mb + (hop_mb if j != S - 1 else head_kept)
                 if j == 0:
-                    per_mb += mem.embedding_activation_bytes(m, shape, lay)
+                    per_mb += embedding_mb
                 f += k * per_mb
             ranks.append((f, transient, head_transient if last else 0.0, min(inflight)))
         return state_l, ranks

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 
 from planner import memory as mem
-from planner.bounds import compute_bound_s, time_and_memory_bounds
+from planner.bounds import compute_bound_s, memory_bound_bytes
 from planner.cluster import ClusterSpec
 from planner.cost import CostModel
 from planner.cost.targets import OURS, RuntimeTarget
@@ -21,7 +21,7 @@ from planner.profile import Profile
 from planner.search.alternatives import _alternatives
 from planner.search.layouts import enumerate_layouts
 from planner.search.result import Pins, SearchResult, SearchStats
-from planner.search.scoring import _Candidate, _plan_of, _score
+from planner.search.scoring import _bound_fully, _Candidate, _plan_of, _score
 from planner.search.stages import (ENUMERATE_CHOICES, FIRST_SOLVE_WORK, SOLVE_WORK, _solve_concurrently,
                                     count_stage_choices, enumerate_stages, greedy_stages)
 
@@ -120,7 +120,7 @@ def search(model: ModelSpec, shape: TrainingShape, cluster: ClusterSpec, profile
     rest = _runners_up(candidates, list(evaluated[1:]), done, top_k, shape, pins, limit, solve_work, stats)
     shown = [(first[0], first[3], first[1], first[2])] + rest
     stats.faster_runner_up = any(step < first[0] for step, *_ in rest)
-    plans = [_plan_of(c, stages, c.cost.predict(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
+    plans = [_plan_of(c, stages, c.play(stages), model, shape, cluster, profile) for _, stages, _, c in shown]
     stats.phase_s["runners_up"] = time.perf_counter() - t3
     stats.gap_to_bound = max(0.0, first[0] / lowest_unevaluated_s - 1)
     result = SearchResult(plans=plans, stats=stats, pinned=pins.every_dimension(model) and stats.layouts_legal == 1)
@@ -170,7 +170,7 @@ def _runners_up(candidates, rest: list, done: set, top_k: int, shape, pins, limi
             c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, pins.recompute), True
             stats.layouts_greedy += 1
         if c.greedy is not None:
-            rest.append((c.cost.predict(c.greedy).step_s, layout_order(c.layout), c, c.greedy))
+            rest.append((c.play(c.greedy).step_s, layout_order(c.layout), c, c.greedy))
             rest.sort(key=lambda x: x[:2])
     rest = rest[:top_k - 1]
     unsolved = [(c, stages) for step, _, c, stages in rest if id(c) not in done]
@@ -180,8 +180,8 @@ def _runners_up(candidates, rest: list, done: set, top_k: int, shape, pins, limi
     refined = {}
     for (c, stages), res in zip(unsolved, better):
         if res.stages is not None:
-            step = c.cost.predict(res.stages).step_s
-            if step < c.cost.predict(stages).step_s:
+            step = c.play(res.stages).step_s
+            if step < c.play(stages).step_s:
                 refined[id(c)] = (step, res.stages)
     return sorted(((*refined.get(id(c), (step, stages)), order, c) for step, order, c, stages in rest),
                   key=lambda x: (x[0], x[2]))
@@ -229,10 +229,7 @@ def _count_unevaluated_below(candidates, done: set, best_s: float, shape, pins, 
     for c in candidates:
         if id(c) in done or c.compute_bound_s > best_s * (1 + EXACT_TOLERANCE):
             continue
-        if math.isnan(c.time_bound_s):
-            c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
-            stats.layouts_bounded += 1
-            stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+        _bound_fully(c, shape, pins.recompute, limit, stats)
         if c.memory_bound_bytes <= limit and c.time_bound_s <= best_s * (1 + EXACT_TOLERANCE):
             n, lowest = n + 1, min(lowest, c.time_bound_s)
     return n, lowest
@@ -258,10 +255,7 @@ def _next_bounded(queue, candidates, below_s, shape, pins, limit, stats, min_mem
         if bounded:
             out.append(c)
             continue
-        if math.isnan(c.time_bound_s):
-            c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
-            stats.layouts_bounded += 1
-            stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+        _bound_fully(c, shape, pins.recompute, limit, stats)
         min_mem.append((c.memory_bound_bytes, layout_order(c.layout), c.layout))
         if c.memory_bound_bytes <= limit:
             heapq.heappush(queue, (c.time_bound_s, i, True))
@@ -279,21 +273,28 @@ def _evaluate_exactly(batch: list[_Candidate], shape, limit, recompute, solve_wo
             stats.layouts_greedy += 1
     small = [count_stage_choices(c.cost.m.num_layers, c.layout.num_virtual_stages, recompute, ENUMERATE_CHOICES)
              <= ENUMERATE_CHOICES for c in batch]
+    played: dict[int, tuple] = {}  # id(candidate) -> its (step, stages): every choice, or its greedy split
+
+    def play_while_solving():  # needs no solve: runs on this thread while CP-SAT solves on the others
+        for c, few in zip(batch, small):
+            played[id(c)] = enumerate_stages(c.cost, shape, limit, recompute) if few else \
+                _fastest_fitting(c, (c.greedy,), limit)
+
     solved = _solve_concurrently([(c.cost, c.greedy) for c, few in zip(batch, small) if not few], shape, limit,
-                                 recompute, solve_work)
+                                 recompute, solve_work, meanwhile=play_while_solving)
     solved_iter = iter(solved)
     out = []
     for c, few in zip(batch, small):
         if few:  # every choice played: exact for this layout
-            out.append(enumerate_stages(c.cost, shape, limit, recompute))
+            out.append(played[id(c)])
             c.split_proven = True
             continue
         res = next(solved_iter)
         _record_solve(stats, c, res)
         # an infeasible solve proves nothing about a greedy split that fits (CP-SAT rounds memory up)
         c.split_proven = res.proven_optimal and (res.stages is not None or c.greedy is None)
-        # each split played once
-        out.append(_fastest_fitting(c.cost, (c.greedy, res.stages if res.stages != c.greedy else None), limit))
+        # each split played once: CP-SAT's where it differs from the greedy one, kept only if faster
+        out.append(_fastest_fitting(c, (res.stages if res.stages != c.greedy else None,), limit, played[id(c)]))
     return out
 
 
@@ -304,13 +305,13 @@ def _record_solve(stats, c: _Candidate, res) -> None:
     stats.proven_optimal += int(res.proven_optimal)
 
 
-def _fastest_fitting(cost, splits, limit, best: tuple = (math.inf, None)) -> tuple:
+def _fastest_fitting(c: _Candidate, splits, limit, best: tuple = (math.inf, None)) -> tuple:
     """(step, stages) of the fastest of `splits` (None ones skipped) as played, if faster than `best`; a split whose
     played memory exceeds `limit` is passed over (the solver rounds memory up and never allows this; a guard)."""
     for stages in splits:
         if stages is None:
             continue
-        pred = cost.predict(stages)
+        pred = c.play(stages)
         if max(pred.memory_gib_per_rank) * mem.GIB > limit * (1 + 1e-9):
             continue
         if pred.step_s < best[0]:
@@ -328,7 +329,7 @@ def _first_split_refined(first: tuple, shape, limit, recompute, stats) -> tuple:
         res = _solve_concurrently([(c.cost, stages)], shape, limit, recompute, FIRST_SOLVE_WORK)[0]
         _record_solve(stats, c, res)
         c.split_proven = res.proven_optimal and res.stages is not None
-        step, stages = _fastest_fitting(c.cost, (res.stages,), limit, (step, stages))
+        step, stages = _fastest_fitting(c, (res.stages,), limit, (step, stages))
     stats.first_split_proven = c.split_proven
     return step, order, c, stages
 
@@ -368,8 +369,6 @@ def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target=OU
         for lay in enumerate_layouts(model, shape, c2, Pins(**{**pins.__dict__, "dp": None})):
             if layout_violation(model, shape, lay, n, c2.gpus_per_node):
                 continue
-            _, m_lb = time_and_memory_bounds(CostModel(model, shape, lay, c2, profile, target=target), shape,
-                                             pins.recompute)
-            if m_lb <= limit:
+            if memory_bound_bytes(CostModel(model, shape, lay, c2, profile, target=target), pins.recompute) <= limit:
                 return n
     return None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from planner import memory as mem
-from planner.bounds import compute_bound_s, time_and_memory_bounds
+from planner.bounds import closed_form_bound_s, memory_bound_bytes, time_bound_s
 from planner.cost import CostModel
 from planner.plan import Layout, Plan, StagePlan, TrainingShape
 from planner.profile import FP8_MODEL_NOTE, Profile, profile_argument
@@ -23,13 +23,47 @@ class _Candidate:
     """bounds.compute_bound_s: cheap, below time_bound_s; the order the layouts are examined in."""
     time_bound_s: float = math.nan
     memory_bound_bytes: float = math.nan
-    """bounds.time_and_memory_bounds, worked out only for layouts whose compute bound could still beat the k-th best plan."""
+    """bounds.memory_bound_bytes and bounds.time_bound_s (_bound_fully), worked out only for layouts whose compute
+    bound could still beat the k-th best plan; the time bound is inf where the memory bound exceeds the limit."""
+    score_bound_s: float = math.nan
+    """bounds.closed_form_bound_s (with the limit): below the score of any split of it that fits, worked out only
+    for layouts the score reaches (math.nan until then)."""
     greedy: list[StagePlan] | None = None
     greedy_tried: bool = False
     """greedy_stages, kept for the alternatives' searches (None: no split fits, or not tried yet)."""
     split_proven: bool = False
     """Whether its evaluated split is proven the best of its layout: every choice played (enumerate_stages), or
     CP-SAT's solve ended optimal (for its closed-form model of the schedule)."""
+    played: dict = field(default_factory=dict)
+    """tuple(stages) -> its Prediction with the schedule played (play): a play costs milliseconds, and the search
+    asks again for the splits it shows."""
+
+    def play(self, stages: list[StagePlan]):
+        """CostModel.predict(stages), the schedule played, worked out once per split."""
+        key = tuple(stages)
+        pred = self.played.get(key)
+        if pred is None:
+            pred = self.played[key] = self.cost.predict(stages)
+        return pred
+
+
+SCORE_BOUND_MARGIN = 1e-9
+"""A layout is left unsplit only when its score bound exceeds the k-th best score by more than this share: the
+bound and the score sum the same terms in different orders, so they can differ by a few units in the last place."""
+
+
+def _bound_fully(c: _Candidate, shape: TrainingShape, recompute: str | None, limit: float,
+                 stats: SearchStats) -> None:
+    """Give candidate c its full bounds, once: memory first, then time only where the memory bound is within the
+    limit. A layout whose memory bound exceeds it has no split that fits, so no step: its time bound is inf (no
+    search reads the time bound of a layout that cannot fit)."""
+    if not math.isnan(c.time_bound_s):
+        return
+    c.memory_bound_bytes = memory_bound_bytes(c.cost, recompute)
+    fits = c.memory_bound_bytes <= limit
+    c.time_bound_s = time_bound_s(c.cost, shape, recompute, limit) if fits else math.inf
+    stats.layouts_bounded += 1
+    stats.layouts_fit_bound += fits
 
 
 def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit: float, top_k: int,
@@ -57,15 +91,19 @@ def _score(candidates: list[_Candidate], shape: TrainingShape, pins: Pins, limit
             break
         c = candidates[i]
         if not bounded:
-            if math.isnan(c.time_bound_s):
-                c.time_bound_s, c.memory_bound_bytes = time_and_memory_bounds(c.cost, shape, pins.recompute, limit)
-                stats.layouts_bounded += 1
-                stats.layouts_fit_bound += c.memory_bound_bytes <= limit
+            _bound_fully(c, shape, pins.recompute, limit, stats)
             if min_mem is None or c.memory_bound_bytes < min_mem[0]:
                 min_mem = (c.memory_bound_bytes, c.layout)
             if c.memory_bound_bytes <= limit:
                 heapq.heappush(queue, (c.time_bound_s, i, True))
             continue
+        if kth < math.inf and max_splits == math.inf and not c.greedy_tried:
+            # a split of it would score above the k-th best and change nothing; with max_splits every split
+            # counts, so there every layout in line is split
+            if math.isnan(c.score_bound_s):
+                c.score_bound_s = closed_form_bound_s(c.cost, pins.recompute, limit)
+            if c.score_bound_s > kth * (1 + SCORE_BOUND_MARGIN):
+                continue
         if not c.greedy_tried:
             c.greedy, c.greedy_tried = greedy_stages(c.cost, shape, limit, pins.recompute), True
             stats.layouts_greedy += 1

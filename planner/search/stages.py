@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from planner.cost import CostModel
 from planner.plan import StagePlan, TrainingShape, num_micro_batches
+from planner.search.cp_sat import cp_model as load_cp_model
 
 
 SOLVER_WORKERS = 8
@@ -100,20 +101,23 @@ def _recompute_to_fit(terms, counts: list[int], recompute_pin: str | None,
     inflight = terms.in_flight
     full = counts[:] if recompute_pin == "full" else [0] * V
     sel = counts[:] if recompute_pin == "selective" else [0] * V
+    held = terms.bytes(counts, full, sel)  # the rank's bytes, worked out again only when a count changes
     if recompute_pin is None:
         # selective recompute only where it frees memory (a runtime that already keeps no more than it would,
         # RuntimeTarget.fp8_activation_cache, gains nothing from it and pays its time)
         sel_pays = terms.sel_saving_bytes > 0
         for c in sorted(range(V), key=lambda c: -inflight[c]) if sel_pays else ():
-            while sel[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
+            while sel[c] < counts[c] and (over := held - limit_bytes) > 0:
                 sel[c] = min(counts[c], sel[c] + math.ceil(over / (inflight[c] * terms.sel_saving_bytes)))
+                held = terms.bytes(counts, full, sel)
         for c in sorted(range(V), key=lambda c: -inflight[c]):
-            while full[c] < counts[c] and (over := terms.bytes(counts, full, sel) - limit_bytes) > 0:
+            while full[c] < counts[c] and (over := held - limit_bytes) > 0:
                 extra = terms.full_saving_bytes - terms.sel_saving_bytes  # selective -> full
                 full[c] += min(counts[c] - full[c], math.ceil((over + (0 if any(full) else terms.none_bytes))
                                                               / (inflight[c] * max(extra, 1.0))))
                 sel[c] = min(sel[c], counts[c] - full[c])
-    if terms.bytes(counts, full, sel) > limit_bytes:
+                held = terms.bytes(counts, full, sel)
+    if held > limit_bytes:
         return None
     return full, sel
 
@@ -260,7 +264,7 @@ def _rank_fits(mdl, cm: CostModel, r: int, js: list[int], n, f, s, num_micro: in
 def _stage_model(cm: CostModel, num_micro: int, limit_bytes: float, recompute_pin: str | None):
     """The CP-SAT model of the split: (model, (n, f, s) variables, the objective's scale). It minimises the
     schedule's closed form of the per-rank times (PipelineSchedule.objective_weights) within every rank's memory."""
-    from ortools.sat.python import cp_model
+    cp_model = load_cp_model()
 
     lay = cm.lay
     slopes = _stage_slopes(cm)
@@ -287,7 +291,7 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
     """CP-SAT: the layer split and recompute per stage that minimise the schedule's step time within
     memory; stages None when no split fits (or none was found in the limit). work_limit: one worker for that much
     deterministic time (reproducible; the search's SOLVE_WORK), else SOLVER_WORKERS for time_limit_s seconds."""
-    from ortools.sat.python import cp_model
+    cp_model = load_cp_model()
 
     S = cm.lay.pp * cm.lay.vpp
     mdl, (n, f, s), scale = _stage_model(cm, num_micro_batches(shape, cm.lay), limit_bytes, recompute_pin)
@@ -317,10 +321,12 @@ def solve_stages(cm: CostModel, shape: TrainingShape, limit_bytes: float, recomp
 
 
 def _solve_concurrently(jobs: list[tuple[CostModel, list[StagePlan]]], shape: TrainingShape, limit: float,
-                        recompute: str | None, solve_work: float) -> list[SolveResult]:
+                        recompute: str | None, solve_work: float, meanwhile=None) -> list[SolveResult]:
     """solve_stages for each (cost model, hint), on as many threads as there are CPUs: CP-SAT releases the GIL
     while it solves, and each solve is single-threaded and deterministic (SOLVE_WORK), so the results do not
-    depend on the threads (gpt-70b on 64 GPUs: four solves on two threads take 0.6 of the time one by one)."""
+    depend on the threads (gpt-70b on 64 GPUs: four solves on two threads take 0.6 of the time one by one).
+    meanwhile: a callable run on the calling thread while the solves run (the search plays its greedy splits
+    there); its work must not depend on the solves."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
@@ -330,9 +336,14 @@ def _solve_concurrently(jobs: list[tuple[CostModel, list[StagePlan]]], shape: Tr
 
     threads = min(len(jobs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if threads <= 1:
+        if meanwhile is not None:
+            meanwhile()
         return [one(job) for job in jobs]
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(one, jobs))
+        solving = pool.map(one, jobs)  # every job is submitted here
+        if meanwhile is not None:
+            meanwhile()
+        return list(solving)
 
 
 ENUMERATE_CHOICES = 4000
