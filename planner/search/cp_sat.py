@@ -37,7 +37,13 @@ def _import():
     sys.modules["pandas"] = stand_in
     try:
         from ortools.sat.python import cp_model as module
+    except Exception:  # an ortools that reads more of pandas while it loads: import it with the real one
+        for name in [n for n in sys.modules if n == "ortools.sat.python.cp_model"]:
+            del sys.modules[name]
+        module = None
     finally:
         if sys.modules.get("pandas") is stand_in:
             del sys.modules["pandas"]
+    if module is None:
+        from ortools.sat.python import cp_model as module
     return module
