@@ -42,7 +42,8 @@ class Case:
     args: tuple
     covers: str
     ranks: str | None = None
-    """--ranks for the simulation; None: the first ranks of the first and last pipeline stage."""
+    """--ranks for the simulation; None: the first ranks of the first and last pipeline stage; "roles": the
+    command's default, one rank of each role (every pipeline stage)."""
     steps: int = 1
     """Steps per rank, the last traced (runtime.simulate --steps)."""
 
@@ -55,7 +56,7 @@ DSV3 = str(MODELS / "deepseek-v3-sized" / "config.json")
 LLAMA31_70B = str(MODELS / "llama3.1-70b" / "config.json")  # llama3-70b's layers with Llama 3.1's 128K context
 CASES: list[Case] = [
     _c("gpt-70b-64gpu", 64, "the 10-minute bar's plan, every pipeline stage", "--model", "gpt-70b",
-       ranks="0,16,32,48"),
+       ranks="roles"),
     _c("gpt-13b-64gpu-none", 64, "recompute none", "--model", "gpt-13b", "--recompute", "none", "--pp", "2",
        "--global-batch", "128"),
     _c("gpt-13b-64gpu-selective", 64, "recompute selective", "--model", "gpt-13b", "--recompute", "selective",
@@ -122,7 +123,9 @@ def default_ranks(plan_path: Path) -> str:
 
 def simulate(case: Case, plan_path: Path, ranks: str, jobs: int, nice: int) -> dict:
     """The simulation's JSON object for the case, with its wall and the command's outcome."""
-    cmd = [sys.executable, "-m", "runtime.simulate", str(plan_path), "--ranks", ranks, "--json", "--jobs", str(jobs),
+    # "roles": the command's own default, one rank of each role (every pipeline stage, an expert rank)
+    rank_args = [] if ranks == "roles" else ["--ranks", ranks]
+    cmd = [sys.executable, "-m", "runtime.simulate", str(plan_path), *rank_args, "--json", "--jobs", str(jobs),
            "--steps", str(case.steps)]
     t0 = time.perf_counter()
     out = _run(cmd, nice)
