@@ -243,19 +243,16 @@ def _cuda_graph(plan: Plan, notes: list[str]) -> None:
 
 
 def _query_groups(plan: Plan, add, notes: list[str]) -> None:
-    """Grouped-query attention. Megatron-Core's TransformerConfig accepts query groups that are a multiple or a
-    divisor of TP; with fewer groups than TP ranks its attention (num_query_groups < world_size) gives each rank
-    one KV group, shared with the ranks of its query heads. Any other count is refused here by name."""
+    """Grouped-query attention. Megatron-Core's TransformerConfig needs the query groups to be a multiple of TP
+    (RuntimeTarget.query_groups_multiple_of_tp); a plan with fewer KV heads than TP ranks, which our runtime runs by
+    replicating each KV head, is refused here by name."""
     kv, tp = plan.model.num_kv_heads, plan.layout.tp
-    if kv % tp and tp % kv:
-        raise PlanError(f"Megatron-LM needs the {kv} query groups (KV heads) to be a multiple or a divisor of "
-                        f"TP {tp}")
+    if kv % tp:
+        raise PlanError(f"Megatron-LM needs the {kv} query groups (KV heads) to be a multiple of TP {tp} "
+                        f"(Megatron-Core's TransformerConfig refuses the rest); plan with --runtime megatron, or a TP "
+                        f"that divides {kv}")
     add("--group-query-attention")
     add("--num-query-groups", kv)
-    if kv < tp:
-        notes.append(f"{kv} query group(s) under TP {tp}: each KV head is shared by {tp // kv} TP ranks, which "
-                     "needs a Megatron-Core whose attention handles num_query_groups < TP (older releases refuse "
-                     "query groups that are not a multiple of TP)")
 
 
 def _model_shape(plan: Plan, add, notes: list[str]) -> None:

@@ -190,6 +190,11 @@ class RuntimeTarget:
     twice K and V's bf16 bytes, the last waited at once) while its K, V passes and its attention blocks stay as
     the profile measured them: ours (runtime/parallel/context.py accumulates dK, dV in fp32 and sends the
     accumulator). cp_fp32_buffers implies it (dkv_ring_fp32)."""
+    query_groups_multiple_of_tp: bool = False
+    """Whether the runtime needs the KV heads (query groups) to be a multiple of TP: Megatron-Core's
+    TransformerConfig.__post_init__ raises "num_query_groups (...) must be a multiple of tensor_model_parallel_size"
+    (megatron/core/transformer/transformer_config.py). False: fewer KV heads than TP ranks are replicated over the
+    ranks that share them (ours, runtime/parallel/tensor.py SharedKVQKVLinear; planner/legality.py)."""
     cp_output_copy: bool = False
     """Whether the context-parallel attention's output, [b, heads, s, d] as the ring writes it and kept for its
     backward, is copied to [s, b, heads * d] for the output projection, which keeps the copy: one more attention
@@ -271,6 +276,13 @@ class RuntimeTarget:
         buckets = max(chunks, math.ceil(params / bucket))
         return bucketed_exposed_s(comm_s, beside_s, buckets, self.dp_contention(profile_fraction))
 
+    def layout_refusal(self, model, lay) -> str | None:
+        """Why this runtime cannot run a layout that planner/legality.py admits (one sentence), or None."""
+        if self.query_groups_multiple_of_tp and model.num_kv_heads % lay.tp:
+            return (f"{self.name} needs the {model.num_kv_heads} KV heads (query groups) to be a multiple of TP "
+                    f"{lay.tp} (Megatron-Core's TransformerConfig)")
+        return None
+
     def dp_contention(self, profile_fraction: float) -> float:
         """The bucket mechanism's one factor (dp_overlap_contention, or one less the profile's DP fraction)."""
         if self.dp_overlap_contention is not None:
@@ -321,7 +333,7 @@ def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_
     """The megatron RuntimeTarget with these free factors (MEGATRON_FACTORS) and its fixed traits: one MoE dispatch
     per layer, FP8 weight gradients and experts, eager execution, the experts' states sharded over TP x DP x CP / EP (ETP 1)."""
     return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
-                         tp_hidden_fraction=MEGATRON_TP_HIDDEN_FRACTION,
+                         tp_hidden_fraction=MEGATRON_TP_HIDDEN_FRACTION, query_groups_multiple_of_tp=True,
                          dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
                          two_chunk_dispatch=False, fp8_wgrad=True, fp8_experts=True, cuda_graph=False,
                          tp_backward_beside_gemms=True,

@@ -1,5 +1,6 @@
 """Fewer KV heads than TP ranks in the planner: per-rank widths, weights, the replicated K/V gradients' TP
-reduction, and the Megatron-LM export (query groups a multiple or a divisor of TP, the rest refused by name)."""
+reduction; Megatron-Core needs query groups a multiple of TP (its TransformerConfig), so the export refuses the rest
+by name and the megatron target's search does not plan them."""
 import pytest
 
 from planner import memory as mem
@@ -35,13 +36,23 @@ def _plan(model, tp):
                 stages=[StagePlan(model.num_layers)])
 
 
-def test_megatron_export_takes_query_groups_a_divisor_of_tp():
-    export = megatron_args(_plan(MQA, 4))
-    assert export.value("--num-query-groups") == "1" and export.value("--group-query-attention") is True
-    assert any("num_query_groups < TP" in n for n in export.notes)
+def test_megatron_export_takes_query_groups_a_multiple_of_tp():
+    gqa = tiny_model("llama", num_heads=8, num_kv_heads=4)
+    export = megatron_args(_plan(gqa, 2))
+    assert export.value("--num-query-groups") == "4" and export.value("--group-query-attention") is True
 
 
-def test_megatron_export_refuses_other_query_groups_by_name():
-    model = tiny_model("llama", num_heads=12, num_kv_heads=3, hidden=96)
-    with pytest.raises(PlanError, match="3 query groups .* multiple or a divisor of TP 4"):
-        megatron_args(_plan(model, 4))
+@pytest.mark.parametrize("model,tp", [(MQA, 4), (tiny_model("llama", num_heads=12, num_kv_heads=3, hidden=96), 4)])
+def test_megatron_export_refuses_other_query_groups_by_name(model, tp):
+    kv = model.num_kv_heads
+    with pytest.raises(PlanError, match=f"{kv} query groups \\(KV heads\\) to be a multiple of TP {tp}"):
+        megatron_args(_plan(model, tp))
+
+
+def test_megatron_target_plans_no_layout_with_fewer_query_groups_than_tp():
+    from planner.cost.targets import OURS, load_target
+
+    assert OURS.layout_refusal(MQA, Layout(tp=4)) is None
+    why = load_target("megatron").layout_refusal(MQA, Layout(tp=4))
+    assert why == "megatron needs the 1 KV heads (query groups) to be a multiple of TP 4 (Megatron-Core's TransformerConfig)"
+    assert load_target("megatron").layout_refusal(MQA, Layout(tp=1)) is None
