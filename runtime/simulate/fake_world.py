@@ -41,11 +41,16 @@ def fake_world(rank: int, world_size: int) -> None:
 
 
 def gpu_layout(q: torch.Tensor) -> torch.Tensor:
-    """q [b, heads, s, d] laid out as [b, s, heads, d] (transposed back), the layout the CUDA flash kernel writes its
-    output in. The operator's fake implementation allocates the output like q, so handing q over in that layout
-    gives the output the GPU's strides: its permute to [s, b, heads * d] for the output projection is then a view,
-    as on the GPU, not a second copy of the attention output. The copy of q replaces q (nothing else keeps q)."""
-    return q.transpose(1, 2).contiguous().transpose(1, 2)
+    """q [b, heads, s, d] with its sequence outside its heads in memory, the order of the layout the CUDA flash
+    kernel writes its output in ([b, s, heads, d], transposed). The operator's fake implementation allocates the
+    output like q (empty_like keeps q's stride order), so handing q over in that order gives the output the GPU's
+    strides: its permute to [s, b, heads * d] for the output projection is then a view, as on the GPU, not a second
+    copy of the attention output. A q already in that order (a view into the QKV GEMM's [s, b, ...] output) is
+    handed over as it is; a q laid out heads-outer (the rotary's fresh output, which nothing else keeps) is copied,
+    and the copy replaces it."""
+    if q.stride(1) > q.stride(2):
+        return q.transpose(1, 2).contiguous().transpose(1, 2)
+    return q
 
 
 def _flash_sdpa(q, k, v, is_causal, scale):
