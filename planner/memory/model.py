@@ -286,17 +286,21 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
     return grad_bytes(lay) * (3 * bucket_elems + 2 * largest_layer_param + largest_param)
 
 
-def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0) -> float:
+def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0, head_params: float = 0.0) -> float:
     """ZeRO-3 / FSDP2 as runtime/parallel/data_parallel.py applies it (each layer a unit, embedding + head the root
-    unit): the bf16 weights of the layer in use and the next one (prefetched), unsharded; the root unit's
-    weights (`root_params`: this rank's embedding and head), gathered for the whole forward and backward;
-    and the reduce-scatter working set of the largest unit, its unsharded bf16 gradient plus the fp32 copy
-    that is reduced when the reduction is in fp32 (Layout.grad_dtype; a bf16 reduction reduces the bf16 one)."""
+    unit), at the rank's peak (backward under way, its activations at their most): the bf16 weights of the layer in
+    use and the next one (prefetched), unsharded; the root unit's weights (`root_params`: this rank's embedding and
+    head), gathered for the whole forward and backward; the reduce-scatter working set of the layer in backward,
+    its unsharded bf16 gradient plus the fp32 copy that is reduced when the reduction is in fp32
+    (Layout.grad_dtype; a bf16 reduction reduces the bf16 one); and the output layer's unsharded bf16 gradient
+    (`head_params`), written at backward's start and reduced with the root unit's after the embedding's, at its
+    end (the root unit's own reduce-scatter runs once the activations are gone, below this peak)."""
     if lay.sharding != "full":
         return 0.0
     per_layer = layer_dense_params_local(m, lay.tp) + layer_expert_params_local(m, lay.ep)
     reduce_copy = FP32_BYTES if lay.grad_dtype == "fp32" else 0
-    return 2 * per_layer * BF16_BYTES + root_params * BF16_BYTES + max(per_layer, root_params) * (BF16_BYTES + reduce_copy)
+    return 2 * per_layer * BF16_BYTES + root_params * BF16_BYTES + per_layer * (BF16_BYTES + reduce_copy) \
+        + head_params * BF16_BYTES
 
 
 # -- activations per layer per micro-batch (bytes) -------------------------------------------------------

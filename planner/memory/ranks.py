@@ -59,7 +59,7 @@ class MemoryTermsOfRanks:
         root = (mem.embedding_params_local(m, lay.tp) if first else 0.0) \
             + (mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0)
         base = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp, self.zero2_full_grads) \
-            + mem.fsdp_gather_bytes(m, lay, root) \
+            + mem.fsdp_gather_bytes(m, lay, root, mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0) \
             + mem.cublas_workspace_bytes(lay, self.cluster.gpu)
         acts = self.activations
         last = lay.pp * lay.vpp - 1
@@ -135,7 +135,8 @@ class MemoryTermsOfRanks:
                 dense, expert = self.params_of(0, first, last)
                 f = no_layer[(first, last)] = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp,
                                                               self.zero2_full_grads) \
-                    + mem.fsdp_gather_bytes(m, lay, dense) + workspace
+                    + mem.fsdp_gather_bytes(m, lay, dense, mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0) \
+                    + workspace
             for j, k in zip(chunks, inflight):
                 per_mb = every_mb + (hop_mb if j != S - 1 else head_kept)
                 if j == 0:
