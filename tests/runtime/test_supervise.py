@@ -327,7 +327,9 @@ def test_a_worker_whose_launcher_is_not_its_grandparent_exits_at_once(tmp_path):
     from runtime.supervise import LAUNCHER_PID_ENV
     code = "import sys; from runtime.supervise import arm_worker; arm_worker(); print('alive'); sys.exit(0)"
     # the child's parent is this process: its grandparent is this process's parent
-    for launcher, expected in ((1, (1, "")), (os.getppid(), (0, "alive\n"))):
+    # a launcher pid that is not the grandparent: this process itself (the child's parent); not pid 1, which is
+    # the grandparent when this test process was orphaned (run in the background of a shell that exited)
+    for launcher, expected in ((os.getpid(), (1, "")), (os.getppid(), (0, "alive\n"))):
         env = {**os.environ, "PYTHONPATH": str(ROOT), LAUNCHER_PID_ENV: str(launcher)}
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
         assert (done.returncode, done.stdout) == expected, (launcher, done.stderr)
