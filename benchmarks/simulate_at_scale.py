@@ -222,7 +222,9 @@ def write_outputs(argv: list[str]) -> dict:
     (OUT / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     command = "python benchmarks/simulate_at_scale.py " + " ".join(argv)
     old = json.loads((OUT / "provenance.json").read_text()) if (OUT / "provenance.json").exists() else {}
-    runs = [r for r in old.get("runs", []) if r.get("command") != command]  # every invocation that wrote results
+    # every invocation whose results are still there: a run of every case (no --only) supersedes the earlier ones
+    full_run = not any(a.startswith("--only") or a.startswith("--summary-only") for a in argv)
+    runs = [] if full_run else [r for r in old.get("runs", []) if r.get("command") != command]
     runs.append({"command": command, "commit": commit, "date": date})
     prov = {"command": command, "commit": commit, "machine": _machine(), "date": date, "runs": runs}
     (OUT / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
