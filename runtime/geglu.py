@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runtime.swiglu import _BLOCK, _grid  # the same [..., gate | up] rows, one program per row and block
 from runtime.triton_support import tl, triton, use_triton
 
 _CHUNK_ELEMS = 1 << 24
@@ -79,14 +80,6 @@ if triton is not None:
         act, slope = _gelu_and_slope(gate, EXACT)
         tl.store(dx_ptr + row * 2 * f + cols, (g * up * slope).to(dx_ptr.dtype.element_ty), mask=mask)
         tl.store(dx_ptr + row * 2 * f + f + cols, (g * act).to(dx_ptr.dtype.element_ty), mask=mask)
-
-_BLOCK = 1024
-
-
-def _grid(x: torch.Tensor):
-    f = x.shape[-1] // 2
-    return (x.numel() // (2 * f), triton.cdiv(f, _BLOCK)), f
-
 
 def _fused(x: torch.Tensor) -> bool:
     return (use_triton(x.device) and not torch.compiler.is_compiling() and x.is_contiguous() and x.numel() > 0

@@ -56,10 +56,10 @@ class MemoryTermsOfRanks:
         dense, expert = self.rank_params(rank_stages)
         first = any(j == 0 for j, _ in rank_stages)
         last = any(j == lay.pp * lay.vpp - 1 for j, _ in rank_stages)
-        root = (mem.embedding_params_local(m, lay.tp) if first else 0.0) \
-            + (mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0)
+        head = mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0
+        root = (mem.embedding_params_local(m, lay.tp) if first else 0.0) + head
         base = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp, self.zero2_full_grads) \
-            + mem.fsdp_gather_bytes(m, lay, root, mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0) \
+            + mem.fsdp_gather_bytes(m, lay, root, head) \
             + mem.cublas_workspace_bytes(lay, self.cluster.gpu)
         acts = self.activations
         last = lay.pp * lay.vpp - 1

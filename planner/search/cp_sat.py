@@ -38,8 +38,7 @@ def _import():
     try:
         from ortools.sat.python import cp_model as module
     except Exception:  # an ortools that reads more of pandas while it loads: import it with the real one
-        for name in [n for n in sys.modules if n == "ortools.sat.python.cp_model"]:
-            del sys.modules[name]
+        sys.modules.pop("ortools.sat.python.cp_model", None)
         module = None
     finally:
         if sys.modules.get("pandas") is stand_in:

@@ -1,7 +1,6 @@
 """The simulation's report: a table per rank, or one JSON object (`ranks`: one entry per rank simulated)."""
 from __future__ import annotations
 
-from dataclasses import asdict
 
 GIB = 2**30
 PART_NAMES = ("weights", "gradients", "optimizer", "other_state", "activations", "temporaries")

@@ -71,11 +71,13 @@ def _classifier(opt):
     their gradients and torch's AdamW state (FullyShardedOptimizer)."""
     kinds: dict[int, str] = {}
 
+    from runtime.simulate.tracker import storages_of
+
     def add(tensors, part):
         for t in tensors:
             if isinstance(t, torch.Tensor):
-                local = t.to_local() if hasattr(t, "to_local") else t
-                kinds[id(local.untyped_storage())] = part
+                for storage in storages_of(t):
+                    kinds[id(storage)] = part
 
     for buf in getattr(opt, "buffers", None) or []:
         add([buf.param_data], "weights")

@@ -17,7 +17,6 @@ model prices them.
 from __future__ import annotations
 
 import weakref
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -59,13 +58,13 @@ def _tensors(obj) -> list[torch.Tensor]:
     return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
 
 
-def _storages(t: torch.Tensor) -> list:
+def storages_of(t: torch.Tensor) -> list:
     """The storages that hold `t`'s data: a wrapper subclass (a DTensor, FSDP2's sharded parameters, gradients and
     Adam states) holds none of its own (its nominal storage has the global shape's bytes), only its inner tensors'."""
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
         inner = [getattr(t, name) for name in names]
-        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages(x)]
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in storages_of(x)]
     return [t.untyped_storage()]
 
 
@@ -166,7 +165,7 @@ class StepTracker(TorchDispatchMode):
         if name.startswith("c10d::"):
             self._record_collective(name[len("c10d::"):], args, kwargs, out)
         for t in _tensors(out):
-            for storage in _storages(t):
+            for storage in storages_of(t):
                 self._add(storage, "temporaries")
         return out
 
@@ -185,7 +184,7 @@ class StepTracker(TorchDispatchMode):
 
     # -- steps ---------------------------------------------------------------------------------------
     def _pack(self, t: torch.Tensor):
-        for storage in _storages(t):
+        for storage in storages_of(t):
             key = id(storage)
             if key in self.live and self.live[key][1] == "temporaries":
                 self._move(storage, "activations")

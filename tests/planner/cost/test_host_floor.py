@@ -137,11 +137,17 @@ def test_plan_provenance_carries_the_profile_warning():
     assert plan_provenance(clean)["profile_warnings"] == []
 
 
+def _gpt_host(single_rank_layer_s: float):
+    """The host model with gpt's figures: a DP2 base of 1.0 ms (none), 1.2 ms (selective), 1.5 ms (full) per layer and
+    2 ms for the ends; a single rank's layer at `single_rank_layer_s`, its ends at 1.5 ms."""
+    return replace(HOST, family_layer_s={"gpt": {"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3}},
+                   family_ends_s={"gpt": 2e-3}, family_single_rank_layer_s={"gpt": single_rank_layer_s},
+                   family_single_rank_ends_s={"gpt": 1.5e-3})
+
+
 def test_plans_without_a_data_parallel_group_drop_the_reduction_host_time():
     # DP2 base gpt 1.0 ms none / 1.5 ms full; one rank alone 0.7 ms: the hooks cost 0.3 ms per layer
-    fam = replace(HOST, family_layer_s={"gpt": {"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3}},
-                  family_ends_s={"gpt": 2e-3}, family_single_rank_layer_s={"gpt": 7e-4},
-                  family_single_rank_ends_s={"gpt": 1.5e-3})
+    fam = _gpt_host(single_rank_layer_s=7e-4)
     st = StagePlan(layers=4, full_recompute_layers=1)
     one_gpu = _cm(Layout(micro_batch=1, sharding="none"), host=fam)
     assert one_gpu.stage_host_s(0, st) == pytest.approx(3 * 7e-4 + 1 * 1.2e-3 + 1.5e-3)
@@ -160,9 +166,7 @@ def test_plans_without_a_data_parallel_group_drop_the_reduction_host_time():
 def test_a_single_rank_figure_above_the_base_prices_single_rank_plans():
     # the single-rank probe measured 1.6 ms against a DP2 base of 1.0 ms (another machine's, or the probe's
     # noise): a plan without data parallelism is priced at 1.6 ms per layer, its recompute modes shifted alike
-    fam = replace(HOST, family_layer_s={"gpt": {"none": 1e-3, "selective": 1.2e-3, "full": 1.5e-3}},
-                  family_ends_s={"gpt": 2e-3}, family_single_rank_layer_s={"gpt": 1.6e-3},
-                  family_single_rank_ends_s={"gpt": 1.5e-3})
+    fam = _gpt_host(single_rank_layer_s=1.6e-3)
     st = StagePlan(layers=4, full_recompute_layers=1)
     one_gpu = _cm(Layout(micro_batch=1, sharding="none"), host=fam)
     assert one_gpu.stage_host_s(0, st) == pytest.approx(3 * 1.6e-3 + 1 * 2.1e-3 + 1.5e-3)
