@@ -18,7 +18,7 @@ RUNS_CSV = REPO / "benchmarks" / "published" / "runs.csv"
 from planner.cluster import GPU_KINDS, ClusterSpec  # noqa: E402
 from planner.cost.targets import attention_fa2  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
-from planner.memory import Fp8ActivationCache  # noqa: E402
+from planner.memory import Fp8ActivationCache, StateStorage  # noqa: E402
 from planner.plan import TrainingShape  # noqa: E402
 from planner.profile import Profile, load_profile  # noqa: E402
 from planner.profile.files import default_profile_path  # noqa: E402
@@ -141,6 +141,24 @@ pipeline_model_parallel_layout and the first/last stage layer counts all default
 120B recipe sets both account_for_* False and no layout, src/megatron/bridge/recipes/gpt_oss/gpt_oss.py at r0.4.0,
 3743c703d1, the 26.04.01 container's branch). Where the layers divide by PP x VPP the pinned plan keeps that split
 (megatron_split); where they do not, the run must have split them its own way, and the planner's split stands."""
+
+APEX_ADAM_FP8_SOURCES = ("nemo2407",)
+"""Sources run on NeMo 1.x with Apex's DistributedFusedAdam and FP8 parameters, whose states are counted as that
+optimizer keeps them (APEX_ADAM_FP8_STORAGE, RuntimeTarget.state_storage). The performance summary names no config.
+NeMo-Framework-Launcher's recipes at tag 24.07 (launcher_scripts/conf/training/, e.g. nemotron/nemotron_340b.yaml) set
+optim `distributed_fused_adam` with `dtype: bf16`, `grad_sync_dtype: bf16` and `contiguous_grad_buffer: True`, with
+`megatron_amp_O2: true`; NVIDIA's benchmark configuration of these models (NVIDIA/dgxc-benchmarking,
+nemotron/configure.sh and nemotron4-340b-synth.yaml) adds `+model.fp8_params=True` to its FP8 runs, and its README's
+FP8 result for Nemotron-340B on 128 GPUs, 41,478 tokens/s (about 324 a GPU, a later container), is the summary's
+row (322). That FP8 runs of the summary held FP8 parameters is taken from that configuration."""
+
+APEX_ADAM_FP8_STORAGE = StateStorage(weight_bytes=2.0, grad_bytes=2.0, sharded_bytes=8.0)
+"""Apex's DistributedFusedAdam (apex/contrib/optimizers/distributed_fused_adam.py, 2024) as NeMo 1.x builds it with
+those settings (nemo/core/optim/distributed_adam.py: dtype bf16, store_params True because of fp8_params), per
+parameter: on every rank the FP8 weight (1 B) and Transformer Engine's cached FP8 transpose of it (1 B, kept between
+steps), and the bf16 contiguous gradient buffer (2 B); over the data-parallel ranks the bf16 master copy, the bf16
+exp_avg and exp_avg_sq, and the bf16 reduce-scatter shard of the gradient kept until zero_grad (2 B each). The word
+embeddings' fp32 gradient synchronisation (2 B more a parameter on the end stages) is not counted."""
 
 RECOMPUTE_FREE_SOURCES = ("dsv3",)
 """Sources whose named recompute is a set of their own that the planner's none / selective / full cannot express."""
@@ -285,7 +303,8 @@ def row_target(row: PublishedRow, target):
     'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_route_groups, ep_group_limit); PyTorch's TP overlap at the
     profile's fraction (PYTORCH_TP_OVERLAP_SOURCES), FlashAttention-2 (FA2_SOURCES) and PyTorch's context parallel
     (PYTORCH_CP_SOURCES) for torchtitan; Llama 3's exposed all-gather context parallel (EXPOSED_ALL_GATHER_CP_SOURCES);
-    DeepSeek-V3's DualPipe (DUAL_PIPE_SOURCES) and FP8 activation cache (FP8_ACTIVATION_CACHE_SOURCES); 2021-22
+    DeepSeek-V3's DualPipe (DUAL_PIPE_SOURCES) and FP8 activation cache (FP8_ACTIVATION_CACHE_SOURCES); Apex's
+    distributed Adam with FP8 parameters (APEX_ADAM_FP8_SOURCES); 2021-22
     Megatron-LM's unfused attention core and its own kernel factor (LEGACY_MEGATRON_SOURCES). Our own runtime's target
     ('ours') is returned unchanged."""
     if getattr(target, "name", "ours") == "ours":
@@ -306,6 +325,8 @@ def row_target(row: PublishedRow, target):
         target = replace(target, dual_pipe=True, ep_a2a_beside_layer=True, ep_hidden_fraction=1.0)
     if row.row_id.startswith(LEGACY_MEGATRON_SOURCES):
         target = replace(target, unfused_attention=True, compute_factor=target.legacy_compute_factor)
+    if row.row_id.startswith(APEX_ADAM_FP8_SOURCES) and row.pins.fp8:
+        target = replace(target, state_storage=APEX_ADAM_FP8_STORAGE)
     if row.row_id.startswith(FP8_ACTIVATION_CACHE_SOURCES):
         target = replace(target, fp8_activation_cache=Fp8ActivationCache(mla_latent_width=MLA_LATENT_WIDTH))
     if row.raw.get("ep_dispatch", "") == "per_node":  # DeepEP / DeepSeek-V3's kernels: once per node over IB

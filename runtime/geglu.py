@@ -48,7 +48,8 @@ if triton is not None:
     @triton.jit
     def _gelu_and_slope(z, EXACT: tl.constexpr):
         """(gelu(z), gelu'(z)) in fp32: the exact erf form, or the tanh approximation (tanh through the exp of a
-        non-positive number: no overflow)."""
+        non-positive number: no overflow; 1 - tanh^2 as 4e / (1 + e)^2, which keeps its precision where tanh nears 1
+        and 1 - t * t would cancel)."""
         if EXACT:
             cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
             return z * cdf, cdf + z * 0.3989422804014327 * tl.exp(-0.5 * z * z)
@@ -56,7 +57,8 @@ if triton is not None:
         e = tl.exp(-2.0 * tl.abs(inner))
         t = (1.0 - e) / (1.0 + e)
         t = tl.where(inner >= 0, t, -t)
-        slope = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * z * z)
+        sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e))
+        slope = 0.5 * (1.0 + t) + 0.5 * z * sech2 * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * z * z)
         return 0.5 * z * (1.0 + t), slope
 
     @triton.jit

@@ -48,7 +48,7 @@ from importlib import resources
 from pathlib import Path
 
 from planner.errors import PlanError, read_json
-from planner.memory import Fp8ActivationCache
+from planner.memory import Fp8ActivationCache, StateStorage
 from planner.plan import RUNTIME_TARGETS
 
 MEGATRON_HOST_LAYER_S = 0.6e-3
@@ -225,6 +225,10 @@ class RuntimeTarget:
     norms, MLA up-projections and SwiGLU outputs (planner.memory.Fp8ActivationCache, fp8_cached_layer_activations).
     None: as our runtime keeps them (planner.memory.layer_activations). The recomputed norms and up-projections are
     not priced as time (the report calls their overhead minimal)."""
+    state_storage: StateStorage | None = None
+    """How the runtime's optimizer keeps weights, gradients and its states under 'optimizer' sharding when not as ours
+    (planner.memory.StateStorage): e.g. Apex's DistributedFusedAdam as NeMo 1.x ran it, with bf16 master weights and
+    moments and FP8 parameters. None: as our runtime keeps them (planner.memory.state_parts_per_param)."""
     cuda_graph: bool = True
     """Whether the runtime can capture the step as a CUDA graph (ours can where legal; Megatron is run eagerly)."""
     provenance: dict = field(default_factory=dict, compare=False, hash=False)

@@ -233,14 +233,34 @@ def expert_shard_ranks(lay: Layout, over_tp: bool = False) -> int:
     return lay.dp * lay.cp * (lay.tp if over_tp else 1) // lay.ep
 
 
+@dataclass(frozen=True)
+class StateStorage:
+    """Bytes per parameter of a runtime whose optimizer keeps its states otherwise than ours (state_parts_per_param),
+    under 'optimizer' sharding: what every data-parallel rank holds, and what is divided over the ranks that shard
+    the optimizer. A runtime target with one (RuntimeTarget.state_storage) is counted by it."""
+    weight_bytes: float
+    """The module's weights as the GEMMs read them, on every rank."""
+    grad_bytes: float
+    """The main-gradient buffer the backward accumulates into, on every rank."""
+    sharded_bytes: float
+    """Master weights, Adam's moments and any per-shard gradient copy, divided over the optimizer's shard ranks."""
+
+    def per_param(self, shard_ranks: int) -> float:
+        return self.weight_bytes + self.grad_bytes + self.sharded_bytes / max(shard_ranks, 1)
+
+
 def state_bytes(dense_params: float, expert_params: float, lay: Layout, experts_over_tp: bool = False,
-                full_grads: bool = False) -> float:
-    """Persistent bytes of the rank's parameters (bytes_per_param); `full_grads`: zero2_holds_full_grads."""
+                full_grads: bool = False, storage: StateStorage | None = None) -> float:
+    """Persistent bytes of the rank's parameters (bytes_per_param); `full_grads`: zero2_holds_full_grads; `storage`:
+    the runtime's own state storage (StateStorage), used under 'optimizer' sharding."""
     d = lay.dp * lay.cp
+    e = expert_shard_ranks(lay, experts_over_tp)
+    if storage is not None and lay.sharding == "optimizer":
+        return dense_params * storage.per_param(d) + expert_params * storage.per_param(e)
     g = grad_bytes(lay)
     piped = full_grads
     return (dense_params * bytes_per_param(lay.sharding, d, g, piped)
-            + expert_params * bytes_per_param(lay.sharding, expert_shard_ranks(lay, experts_over_tp), g, piped))
+            + expert_params * bytes_per_param(lay.sharding, e, g, piped))
 
 
 DP_BUCKET_ELEMENTS = 40_000_000

@@ -58,7 +58,8 @@ class MemoryTermsOfRanks:
         last = any(j == lay.pp * lay.vpp - 1 for j, _ in rank_stages)
         head = mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0
         root = (mem.embedding_params_local(m, lay.tp) if first else 0.0) + head
-        base = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp, self.zero2_full_grads) \
+        base = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp, self.zero2_full_grads,
+                               storage=self.target.state_storage) \
             + mem.fsdp_gather_bytes(m, lay, root, head) \
             + mem.cublas_workspace_bytes(lay, self.cluster.gpu)
         acts = self.activations
@@ -118,7 +119,7 @@ class MemoryTermsOfRanks:
         num_micro = self.num_micro
         S = lay.pp * lay.vpp
         state_l = mem.state_bytes(*self.per_layer_params, lay, self.target.expert_states_over_tp,
-                                  self.zero2_full_grads)
+                                  self.zero2_full_grads, storage=self.target.state_storage)
         transient = self.activations.working_bytes + mem.dp_reduction_transient_bytes(
             0.0, 0.0, lay, mem.largest_layer_param_local(m, lay.tp), mem.largest_param_local(m, lay.tp))
         every_mb = mem.rotary_table_bytes(m, shape, lay)
@@ -134,7 +135,7 @@ class MemoryTermsOfRanks:
             if f is None:
                 dense, expert = self.params_of(0, first, last)
                 f = no_layer[(first, last)] = mem.state_bytes(dense, expert, lay, self.target.expert_states_over_tp,
-                                                              self.zero2_full_grads) \
+                                                              self.zero2_full_grads, storage=self.target.state_storage) \
                     + mem.fsdp_gather_bytes(m, lay, dense, mem.head_params_local(m, lay.tp, lay.pp) if last else 0.0) \
                     + workspace
             for j, k in zip(chunks, inflight):
@@ -155,7 +156,8 @@ class MemoryTermsOfRanks:
         acts = self.activations
         dense_l, expert_l = self.per_layer_params
         static, fixed = self.rank_memory_parts([(j, StagePlan(0)) for j in js])
-        state_l = mem.state_bytes(dense_l, expert_l, lay, self.target.expert_states_over_tp, self.zero2_full_grads)
+        state_l = mem.state_bytes(dense_l, expert_l, lay, self.target.expert_states_over_tp, self.zero2_full_grads,
+                                  storage=self.target.state_storage)
         return MemoryTerms(
             base_bytes=static, state_per_layer_bytes=state_l, peaks=self.in_flight_peaks(rank, num_micro),
             fixed_per_mb_bytes=fixed,

@@ -196,3 +196,18 @@ def test_legacy_megatron_rows_priced_as_they_ran(rows):
     for rid in ("nemo2407-05", "mbridge-03", "titan24-01"):
         t = pr.row_target(by_id[rid], meg)
         assert not t.unfused_attention and t.compute_factor == meg.compute_factor, rid
+
+
+def test_nemo_rows_count_apex_distributed_adam_states(rows):
+    """NeMo 24.07's FP8 rows keep their states as Apex's DistributedFusedAdam with FP8 parameters does: 2 + 2 B a
+    parameter on every rank and 8 B over the data-parallel ranks, 8 B at Nemotron-340B's DP 2 where ours (bf16
+    gradients) holds 2 + 2 + 12 / 2 = 10 B; the other sources keep ours."""
+    by_id, pr = rows
+    meg = load_target("megatron")
+    nemo = pr.row_target(by_id["nemo2407-08"], meg)
+    assert nemo.state_storage == pr.APEX_ADAM_FP8_STORAGE
+    for rid in ("mbridge-01", "titan24-06", "nar21-01"):
+        assert pr.row_target(by_id[rid], meg).state_storage is None, rid
+    row = by_id["nemo2407-08"]
+    lay_dp = row.pins.dp
+    assert pr.APEX_ADAM_FP8_STORAGE.per_param(lay_dp) == 2 + 2 + 8 / 2

@@ -308,3 +308,14 @@ def test_a_target_with_the_fp8_cache_plans_with_it(profile):
     plain = CostModel(m, SHAPE, lay, cluster, profile, shared, target=RuntimeTarget("t"))
     assert with_cache.activations == mem.fp8_cached_layer_activations(m, SHAPE, lay, cache)
     assert plain.activations == mem.layer_activations(m, SHAPE, lay)
+
+
+def test_state_storage_of_another_optimizer_replaces_ours_under_optimizer_sharding():
+    """A runtime target's StateStorage counts its replicated and sharded bytes per parameter, dense over DP x CP
+    ranks and experts over their expert-data-parallel ranks; other sharding levels keep ours."""
+    storage = mem.StateStorage(weight_bytes=2, grad_bytes=2, sharded_bytes=8)
+    lay = Layout(dp=4, cp=2, ep=2, sharding="optimizer", grad_dtype="bf16")
+    # dense: 2 + 2 + 8 / 8 = 5 B; experts over 8 / 2 = 4 ranks: 2 + 2 + 8 / 4 = 6 B
+    assert mem.state_bytes(100, 10, lay, storage=storage) == 100 * 5 + 10 * 6
+    full = Layout(dp=4, sharding="full")
+    assert mem.state_bytes(100, 0, full, storage=storage) == mem.state_bytes(100, 0, full) == 100 * 16 / 4
