@@ -312,10 +312,10 @@ def fsdp_layer_params_local(m: ModelSpec, lay: Layout) -> float:
 def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0) -> float:
     """ZeRO-3 / FSDP2 as runtime/parallel/data_parallel.py applies it (each layer a unit, embedding + head the root
     unit): the unsharded bf16 weights held through forward and backward. Two layers' at once, the layer in use
-    and the next one, whose all-gather output FSDP2 allocates when it prefetches it (in backward, once the layer in
-    use has finished, its unsharded bf16 gradients take its weights' place); and the root unit's weights
+    and the next one, whose all-gather output FSDP2 allocates when it prefetches it; and the root unit's weights
     (`root_params`: this rank's embedding and head), which FSDP2 keeps gathered from the root's forward to the end
-    of its backward. What the reduction holds in backward is fsdp_reduce_bytes."""
+    of its backward. The gradients and the reduction in backward: fsdp_reduce_bytes, fsdp_layer_grad_bytes,
+    fsdp_head_grad_bytes."""
     if lay.sharding != "full":
         return 0.0
     return 2 * fsdp_layer_params_local(m, lay) * BF16_BYTES + root_params * BF16_BYTES
@@ -442,8 +442,9 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout, ring_outp
     if m.is_moe:
         # as runtime/parallel/expert.py keeps them: the router's fp32 probabilities (the softmax keeps its output;
         # the logits go, and the input _RouterLogits saves is the MoE norm's output, one of gemm_in's two) and the
-        # routing's indices and weights (ROUTING_BYTES_PER_COPY); per routed token copy the expert input (the gathered copy, or under EP the received one:
-        # the gather and the all-to-all save only indices, runtime/parallel/expert_dispatch.py),
+        # routing's indices and weights (routing_bytes_per_copy); per routed token copy the expert input (the
+        # gathered copy, or under EP the received one: the gather and the all-to-all save only indices,
+        # runtime/parallel/expert_dispatch.py),
         # the SwiGLU's input (gate and up) and its product (runtime/swiglu.py keeps only its input), or
         # GELU's input and output, and the expert output that the weighted combine keeps (once: its
         # gather-and-sum keeps no second copy, as index_add did). The MoE layer keeps all of this under
@@ -486,8 +487,8 @@ EP_ROUTING_BYTES_PER_COPY = 16
 EP_DISPATCH_COPIES = 5
 """Routed-row-sized (hidden-wide, bf16) buffers an MoE layer's forward holds under EP beyond what it keeps
 (runtime/parallel/expert_dispatch.py dispatch_compute_combine): the gathered rows it sends, the dispatch's receive
-buffer, the combine's receive buffer, and of the last dispatch chunk its experts' output and its regathered copy
-(each a whole routed set with one chunk; 3 + 2 / chunks of them in general)."""
+buffer, the combine's receive buffer, and of the last dispatch chunk its experts' output and its regathered copy:
+3 + 2 / chunks routed sets, counted at one chunk (the most)."""
 
 
 def routing_bytes_per_copy(ep: int) -> float:
@@ -499,7 +500,9 @@ def moe_working_bytes(m: ModelSpec, tok_t: float, ep: int) -> float:
     """The largest transient of an MoE layer on `tok_t` tokens of one rank: in backward, an expert's gradients on
     its routed rows, the down projection's input gradient (f per row) beside the SwiGLU's input gradient (2f;
     GELU's: f), or that beside the up projection's input gradient (h); under EP the forward's dispatch buffers
-    (EP_DISPATCH_COPIES routed rows of width h); the shared experts' backward on every token likewise."""
+    (EP_DISPATCH_COPIES routed rows of width h); the shared experts' backward on every token likewise. The
+    simulation traces the first two (benchmarks/results/simulation/: Mixtral's peak in an expert's backward, the
+    DeepSeek-V3-sized MoE's in a forward dispatch)."""
     a, h, f = BF16_BYTES, m.hidden, m.ffn_hidden
     routed = tok_t * m.top_k
     act_grad = 2 * f if m.gated_mlp else f

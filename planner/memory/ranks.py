@@ -185,8 +185,9 @@ class MemoryTermsOfRanks:
         """Rank memory as the largest of linear functions of its stages' layer and recompute counts, one per
         moment that can be the schedule's peak (what CP-SAT and the greedy split use; MemoryTerms), with a_none
         more if any layer is fully recomputed (its rematerialised activations during backward) (see
-        rank_memory_bytes)."""
-        lay = self.lay
+        rank_memory_bytes). Under 'full' the layers' activations freed before FSDP2's reduction are counted at
+        the least a layer keeps (fsdp_backward_bytes without the stages' recompute), so these terms never fall below
+        rank_memory_bytes."""
         js = self.rank_chunks(rank)
         acts = self.activations
         dense_l, expert_l = self.per_layer_params
