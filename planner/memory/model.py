@@ -3,7 +3,7 @@
 Per parameter (mixed precision as the runtime runs it): a bf16 compute copy (2 B), an fp32 gradient
 (4 B), an fp32 master copy (4 B) and Adam's two fp32 moments (8 B). Sharding over the data x context
 ranks (d of them) divides: master + Adam by d for 'optimizer'; also gradients for 'optimizer+grads';
-everything for 'full' (plus the gathered bf16 weights of the layers in use). Expert weights are sharded
+everything for 'full' (plus what FSDP2 gathers and reduces: planner/memory/fsdp.py). Expert weights are sharded
 over the expert-data-parallel group (d / ep ranks) instead.
 
 Activations per layer per micro-batch follow Korthikanti et al. 2022 with flash attention (no s^2 score
@@ -201,9 +201,9 @@ def state_parts_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BY
     reducing every micro-batch under a pipeline would need per-chunk bucket accounting in the runtime.
 
     `sharded_grads` (under 'full' only): whether the step's fp32 gradient shards exist at the rank's peak
-    (fsdp_holds_grads_at_peak); FSDP2 creates them at each layer's first reduce-scatter and frees them at the
-    step's zero_grad, so a step of one micro-batch peaks before any exists (fsdp_reduce_bytes counts the one
-    being written)."""
+    (planner/memory/fsdp.py fsdp_holds_grads_at_peak); FSDP2 creates them at each layer's first reduce-scatter
+    and frees them at the step's zero_grad, so a step of one micro-batch peaks before any exists (fsdp_reduce_bytes
+    counts the one being written)."""
     d = max(shard_ranks, 1)
     weight, optim = BF16_BYTES, 3 * FP32_BYTES
     if sharding == "none":
@@ -215,16 +215,6 @@ def state_parts_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BY
     # full (FSDP2, runtime/parallel/fsdp.py): the sharded parameter is the fp32 master weight (no bf16 copy is kept;
     # the all-gather casts to the compute dtype), its gradient shard is fp32 too, and Adam adds m and v
     return FP32_BYTES / d, (FP32_BYTES / d if sharded_grads else 0.0), 2 * FP32_BYTES / d
-
-
-def fsdp_holds_grads_at_peak(lay: Layout, num_micro: int) -> bool:
-    """Whether a rank under 'full' holds the step's sharded gradients at its peak: FSDP2 (runtime/parallel/fsdp.py)
-    reduce-scatters every micro-batch's gradients into fp32 shards that live from a layer's first reduce-scatter
-    to the next step's zero_grad. With one micro-batch per step the peak (the first layers of the step's only
-    backward, the activations at their most) comes before the shards exist, as the simulation traces
-    (benchmarks/results/simulation/); with more, every backward after the first runs beside them. True for the
-    other sharding levels, whose gradients exist throughout."""
-    return lay.sharding != "full" or num_micro > 1
 
 
 def zero2_holds_full_grads(lay: Layout, num_micro: int) -> bool:
@@ -252,7 +242,7 @@ def expert_shard_ranks(lay: Layout, over_tp: bool = False) -> int:
 def state_bytes(dense_params: float, expert_params: float, lay: Layout, experts_over_tp: bool = False,
                 full_grads: bool = False, sharded_grads: bool = True) -> float:
     """Persistent bytes of the rank's parameters (bytes_per_param); `full_grads`: zero2_holds_full_grads;
-    `sharded_grads`: fsdp_holds_grads_at_peak."""
+    `sharded_grads`: planner/memory/fsdp.py fsdp_holds_grads_at_peak."""
     d = lay.dp * lay.cp
     g = grad_bytes(lay)
     piped = full_grads
@@ -302,59 +292,6 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
         chunk = 0.0 if full_grads else params / lay.vpp
         return grad_bytes(lay) * (in_flight / d + chunk)
     return grad_bytes(lay) * (3 * bucket_elems + 2 * largest_layer_param + largest_param)
-
-
-def fsdp_layer_params_local(m: ModelSpec, lay: Layout) -> float:
-    """Elements of one FSDP unit (a layer) on this rank before sharding: its dense and expert parameters."""
-    return layer_dense_params_local(m, lay.tp) + layer_expert_params_local(m, lay.ep)
-
-
-def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0) -> float:
-    """ZeRO-3 / FSDP2 as runtime/parallel/data_parallel.py applies it (each layer a unit, embedding + head the root
-    unit): the unsharded bf16 weights held through forward and backward. Two layers' at once, the layer in use
-    and the next one, whose all-gather output FSDP2 allocates when it prefetches it; and the root unit's weights
-    (`root_params`: this rank's embedding and head), which FSDP2 keeps gathered from the root's forward to the end
-    of its backward. The gradients and the reduction in backward: fsdp_reduce_bytes, fsdp_layer_grad_bytes,
-    fsdp_head_grad_bytes."""
-    if lay.sharding != "full":
-        return 0.0
-    return 2 * fsdp_layer_params_local(m, lay) * BF16_BYTES + root_params * BF16_BYTES
-
-
-def head_grad_params_local(m: ModelSpec, tp: int) -> float:
-    """Elements of the output side's gradient on the stage holding it (head_params_local with the output layer's
-    weight always counted): the output layer writes its weight's gradient whether the weight is its own or the
-    tied embedding's."""
-    return head_params_local(m, tp, pp=2)
-
-
-def fsdp_reduce_bytes(m: ModelSpec, lay: Layout, sharded_grads: bool = True) -> float:
-    """What FSDP2's gradient reduction holds through a layer's backward (after the first of its chunk's), beyond
-    fsdp_gather_bytes: one layer's reduce-scatter input (torch's foreach_reduce copies the unsharded gradients into
-    one buffer of the reduction's dtype, Layout.grad_dtype), the previous layer's, which FSDP2 keeps until the
-    next reduce-scatter is issued (one input buffer in flight); and its output, that layer's fp32 gradient shard,
-    where the step's shards are not counted in the state (`sharded_grads` False: fsdp_holds_grads_at_peak).
-    The previous layer's backward has ended, so its activations are gone (MemoryTermsOfRanks.fsdp_backward_bytes
-    sets them against these bytes, as the simulation traces it: benchmarks/results/simulation/)."""
-    if lay.sharding != "full":
-        return 0.0
-    per_layer = fsdp_layer_params_local(m, lay)
-    shard = 0.0 if sharded_grads else FP32_BYTES * per_layer / (lay.dp * lay.cp)
-    return grad_bytes(lay) * per_layer + shard
-
-
-def fsdp_layer_grad_bytes(m: ModelSpec, lay: Layout) -> float:
-    """The unsharded bf16 gradients of the layer in backward under 'full': autograd writes them beside the
-    layer's unsharded weights, GEMM by GEMM, until FSDP2's post-backward copies them into the reduce-scatter
-    input; all of them exist at the end of the layer's backward, when its activations are (nearly) freed."""
-    return BF16_BYTES * fsdp_layer_params_local(m, lay) if lay.sharding == "full" else 0.0
-
-
-def fsdp_head_grad_bytes(m: ModelSpec, lay: Layout) -> float:
-    """The output side's unsharded bf16 gradient under 'full' on the stage holding the head
-    (head_grad_params_local): written at the start of the chunk's backward and reduce-scattered with the root unit
-    at its end, so held through every layer's backward."""
-    return BF16_BYTES * head_grad_params_local(m, lay.tp) if lay.sharding == "full" else 0.0
 
 
 # -- activations per layer per micro-batch (bytes) -------------------------------------------------------
