@@ -251,7 +251,7 @@ def memory_bound_bytes(cm: CostModel, recompute: str | None = None) -> float:
                                                                                    acts.full_bytes)
     total_dense, total_expert = cm.params_of(m.num_layers, True, True)
     mean_lb = (mem.state_bytes(total_dense, total_expert, lay, cm.target.expert_states_over_tp,
-                               storage=cm.target.state_storage)
+                               sharded_grads=cm.fsdp_grads_at_peak, storage=cm.target.state_storage)
                + m.num_layers * per_layer_act) / lay.pp \
         + mem.fsdp_gather_bytes(m, lay)
     # a rank with any fully recomputed layer also holds one layer's activations while it rematerialises them, so

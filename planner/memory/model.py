@@ -3,7 +3,7 @@
 Per parameter (mixed precision as the runtime runs it): a bf16 compute copy (2 B), an fp32 gradient
 (4 B), an fp32 master copy (4 B) and Adam's two fp32 moments (8 B). Sharding over the data x context
 ranks (d of them) divides: master + Adam by d for 'optimizer'; also gradients for 'optimizer+grads';
-everything for 'full' (plus the gathered bf16 weights of the layers in use). Expert weights are sharded
+everything for 'full' (plus what FSDP2 gathers and reduces: planner/memory/fsdp.py). Expert weights are sharded
 over the expert-data-parallel group (d / ep ranks) instead.
 
 Activations per layer per micro-batch follow Korthikanti et al. 2022 with flash attention (no s^2 score
@@ -187,7 +187,7 @@ def grad_bytes(lay: Layout) -> int:
 
 
 def state_parts_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES,
-                          pipelined: bool = False) -> tuple[float, float, float]:
+                          pipelined: bool = False, sharded_grads: bool = True) -> tuple[float, float, float]:
     """Persistent (weight, gradient, optimizer) bytes per parameter: the compute-dtype weight, the main gradient
     (`grad` bytes, full-size under 'none' and 'optimizer'; ZeRO-2 keeps its fp32 shard, which accumulates the
     reduced micro-batches whatever the reduction's precision), fp32 master weight and Adam m and v. Under 'full'
@@ -198,7 +198,12 @@ def state_parts_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BY
     the optimizer's sync there), so every bucket's full-size gradient (`grad` bytes per parameter,
     runtime/parallel/flat_buffer.py Bucket.full) is held from the chunk's first backward to its last, beside the
     fp32 shard. This counts what the runtime holds (the simulation traces it: benchmarks/results/simulation/);
-    reducing every micro-batch under a pipeline would need per-chunk bucket accounting in the runtime."""
+    reducing every micro-batch under a pipeline would need per-chunk bucket accounting in the runtime.
+
+    `sharded_grads` (under 'full' only): whether the step's fp32 gradient shards exist at the rank's peak
+    (planner/memory/fsdp.py fsdp_holds_grads_at_peak); FSDP2 creates them at each layer's first reduce-scatter
+    and frees them at the step's zero_grad, so a step of one micro-batch peaks before any exists (fsdp_reduce_bytes
+    counts the one being written)."""
     d = max(shard_ranks, 1)
     weight, optim = BF16_BYTES, 3 * FP32_BYTES
     if sharding == "none":
@@ -209,7 +214,7 @@ def state_parts_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BY
         return weight, FP32_BYTES / d + (grad if pipelined else 0.0), optim / d
     # full (FSDP2, runtime/parallel/fsdp.py): the sharded parameter is the fp32 master weight (no bf16 copy is kept;
     # the all-gather casts to the compute dtype), its gradient shard is fp32 too, and Adam adds m and v
-    return FP32_BYTES / d, FP32_BYTES / d, 2 * FP32_BYTES / d
+    return FP32_BYTES / d, (FP32_BYTES / d if sharded_grads else 0.0), 2 * FP32_BYTES / d
 
 
 def zero2_holds_full_grads(lay: Layout, num_micro: int) -> bool:
@@ -221,9 +226,10 @@ def zero2_holds_full_grads(lay: Layout, num_micro: int) -> bool:
     return lay.sharding == "optimizer+grads" and lay.pp > 1 and (lay.vpp == 1 or num_micro > lay.pp)
 
 
-def bytes_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES, pipelined: bool = False) -> float:
+def bytes_per_param(sharding: str, shard_ranks: int, grad: float = FP32_BYTES, pipelined: bool = False,
+                    sharded_grads: bool = True) -> float:
     """Persistent bytes per parameter: the sum of state_parts_per_param."""
-    return sum(state_parts_per_param(sharding, shard_ranks, grad, pipelined))
+    return sum(state_parts_per_param(sharding, shard_ranks, grad, pipelined, sharded_grads))
 
 
 def expert_shard_ranks(lay: Layout, over_tp: bool = False) -> int:
@@ -250,17 +256,18 @@ class StateStorage:
 
 
 def state_bytes(dense_params: float, expert_params: float, lay: Layout, experts_over_tp: bool = False,
-                full_grads: bool = False, storage: StateStorage | None = None) -> float:
-    """Persistent bytes of the rank's parameters (bytes_per_param); `full_grads`: zero2_holds_full_grads; `storage`:
-    the runtime's own state storage (StateStorage), used under 'optimizer' sharding."""
+                full_grads: bool = False, sharded_grads: bool = True, storage: StateStorage | None = None) -> float:
+    """Persistent bytes of the rank's parameters (bytes_per_param); `full_grads`: zero2_holds_full_grads;
+    `sharded_grads`: planner/memory/fsdp.py fsdp_holds_grads_at_peak; `storage`: the runtime's own state storage
+    (StateStorage), used under 'optimizer' sharding."""
     d = lay.dp * lay.cp
     e = expert_shard_ranks(lay, experts_over_tp)
     if storage is not None and lay.sharding == "optimizer":
         return dense_params * storage.per_param(d) + expert_params * storage.per_param(e)
     g = grad_bytes(lay)
     piped = full_grads
-    return (dense_params * bytes_per_param(lay.sharding, d, g, piped)
-            + expert_params * bytes_per_param(lay.sharding, e, g, piped))
+    return (dense_params * bytes_per_param(lay.sharding, d, g, piped, sharded_grads)
+            + expert_params * bytes_per_param(lay.sharding, e, g, piped, sharded_grads))
 
 
 DP_BUCKET_ELEMENTS = 40_000_000
@@ -304,23 +311,6 @@ def dp_reduction_transient_bytes(dense_params: float, expert_params: float, lay:
         chunk = 0.0 if full_grads else params / lay.vpp
         return grad_bytes(lay) * (in_flight / d + chunk)
     return grad_bytes(lay) * (3 * bucket_elems + 2 * largest_layer_param + largest_param)
-
-
-def fsdp_gather_bytes(m: ModelSpec, lay: Layout, root_params: float = 0.0, head_params: float = 0.0) -> float:
-    """ZeRO-3 / FSDP2 as runtime/parallel/data_parallel.py applies it (each layer a unit, embedding + head the root
-    unit), at the rank's peak (backward under way, its activations at their most): the bf16 weights of the layer in
-    use and the next one (prefetched), unsharded; the root unit's weights (`root_params`: this rank's embedding and
-    head), gathered for the whole forward and backward; the reduce-scatter working set of the layer in backward,
-    its unsharded bf16 gradient plus the fp32 copy that is reduced when the reduction is in fp32
-    (Layout.grad_dtype; a bf16 reduction reduces the bf16 one); and the output layer's unsharded bf16 gradient
-    (`head_params`), written at backward's start and reduced with the root unit's after the embedding's, at its
-    end (the root unit's own reduce-scatter runs once the activations are gone, below this peak)."""
-    if lay.sharding != "full":
-        return 0.0
-    per_layer = layer_dense_params_local(m, lay.tp) + layer_expert_params_local(m, lay.ep)
-    reduce_copy = FP32_BYTES if lay.grad_dtype == "fp32" else 0
-    return 2 * per_layer * BF16_BYTES + root_params * BF16_BYTES + per_layer * (BF16_BYTES + reduce_copy) \
-        + head_params * BF16_BYTES
 
 
 # -- activations per layer per micro-batch (bytes) -------------------------------------------------------
@@ -406,16 +396,18 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout, ring_outp
     qk_norms = (a * m.qkv_width_local(t) + FP32_BYTES * (m.num_heads / t + m.kv_heads_local(t))) * tokens \
         if m.qk_norm else 0.0
     if m.is_moe:
-        # as runtime/parallel/expert.py keeps them: the router's input (bf16, _RouterLogits), its fp32 logits and
-        # probabilities; per routed token copy the expert input (the gathered copy, or under EP the received one:
-        # the gather and the all-to-all save only indices, runtime/parallel/expert_dispatch.py),
+        # as runtime/parallel/expert.py keeps them: the router's fp32 probabilities (the softmax keeps its output;
+        # the logits go, and the input _RouterLogits saves is the MoE norm's output, one of gemm_in's two) and the
+        # routing's indices and weights (routing_bytes_per_copy); per routed token copy the expert input (the
+        # gathered copy, or under EP the received one: the gather and the all-to-all save only indices,
+        # runtime/parallel/expert_dispatch.py),
         # the SwiGLU's input (gate and up) and its product (runtime/swiglu.py keeps only its input), or
         # GELU's input and output, and the expert output that the weighted combine keeps (once: its
         # gather-and-sum keeps no second copy, as index_add did). The MoE layer keeps all of this under
         # selective recompute too. (checked against runtime.memory.saved_bytes_per_token in
         # tests/runtime/test_memory_model.py)
         routed = tok_t * m.top_k  # token copies this rank's experts see, on average
-        router = tok_t * (a * h + FP32_BYTES * (2 * m.num_experts + 2 * m.top_k * m.num_experts))
+        router = tok_t * FP32_BYTES * m.num_experts + routed * routing_bytes_per_copy(lay.ep)
         expert_width = (3 if m.gated_mlp else 2) * f + 2 * h
         mlp = router + a * expert_width * routed
         # shared experts on every token (their input is the router's): the SwiGLU's input and product, and under
@@ -435,9 +427,46 @@ def layer_activations(m: ModelSpec, shape: TrainingShape, lay: Layout, ring_outp
     # norm itself and keeps the output, so there only the attention norm's output goes
     selective = none - (gemm_in / 2 if m.is_moe else gemm_in) - act_out_total - qk_norms - ring_copy
     full = a * h * tok_t
-    widest = max(h, (2 if m.gated_mlp else 1) * f * (m.top_k if m.is_moe else 1), m.qkv_width_local(t) * t)
+    widest = max(h, 0 if m.is_moe else (2 if m.gated_mlp else 1) * f, m.qkv_width_local(t) * t)
     working = 3 * a * widest * tokens / t
+    if m.is_moe:
+        working = max(working, moe_working_bytes(m, tok_t, lay.ep))
     return LayerActivations(none, selective, full, working)
+
+
+ROUTING_BYTES_PER_COPY = 40
+"""Bytes the MoE layer keeps per routed token copy for its routing (runtime/parallel/expert.py): top-k's fp32 value
+and int64 index, the int64 sort order of the copies by expert, its inverse and the sorted token ids, and the
+copies' fp32 combine weights."""
+EP_ROUTING_BYTES_PER_COPY = 16
+"""More under EP (runtime/parallel/expert_dispatch.py): the received rows' int64 regrouping order and its inverse."""
+EP_DISPATCH_COPIES = 5
+"""Routed-row-sized (hidden-wide, bf16) buffers an MoE layer's forward holds under EP beyond what it keeps
+(runtime/parallel/expert_dispatch.py dispatch_compute_combine): the gathered rows it sends, the dispatch's receive
+buffer, the combine's receive buffer, and of the last dispatch chunk its experts' output and its regathered copy:
+3 + 2 / chunks routed sets, counted at one chunk (the most)."""
+
+
+def routing_bytes_per_copy(ep: int) -> float:
+    """ROUTING_BYTES_PER_COPY, with EP_ROUTING_BYTES_PER_COPY more under EP."""
+    return ROUTING_BYTES_PER_COPY + (EP_ROUTING_BYTES_PER_COPY if ep > 1 else 0)
+
+
+def moe_working_bytes(m: ModelSpec, tok_t: float, ep: int) -> float:
+    """The largest transient of an MoE layer on `tok_t` tokens of one rank: in backward, an expert's gradients on
+    its routed rows, the down projection's input gradient (f per row) beside the SwiGLU's input gradient (2f;
+    GELU's: f), or that beside the up projection's input gradient (h); under EP the forward's dispatch buffers
+    (EP_DISPATCH_COPIES routed rows of width h); the shared experts' backward on every token likewise. The
+    simulation traces the first two (benchmarks/results/simulation/: Mixtral's peak in an expert's backward, the
+    DeepSeek-V3-sized MoE's in a forward dispatch)."""
+    a, h, f = BF16_BYTES, m.hidden, m.ffn_hidden
+    routed = tok_t * m.top_k
+    act_grad = 2 * f if m.gated_mlp else f
+    expert = a * routed * max(f + act_grad, act_grad + h)
+    dispatch = a * routed * h * EP_DISPATCH_COPIES if ep > 1 else 0.0
+    fs = m.shared_expert_ffn
+    shared = a * tok_t * max(3 * fs, 2 * fs + h) if fs else 0.0
+    return max(expert, dispatch, shared)
 
 
 UNFUSED_CORE_KEPT_BYTES = 5

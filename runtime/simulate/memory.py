@@ -35,9 +35,10 @@ class MemoryParts:
         return {k: v / GIB for k, v in asdict(self).items()}
 
 
-def _state_split(params: float, lay, shard_ranks: int, grad: float, full_grads: bool) -> tuple[float, float, float]:
+def _state_split(params: float, lay, shard_ranks: int, grad: float, full_grads: bool,
+                 sharded_grads: bool) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of `params` elements (planner/memory/model.py state_parts_per_param)."""
-    w, g, o = mem.state_parts_per_param(lay.sharding, shard_ranks, grad, full_grads)
+    w, g, o = mem.state_parts_per_param(lay.sharding, shard_ranks, grad, full_grads, sharded_grads)
     return params * w, params * g, params * o
 
 
@@ -47,9 +48,9 @@ def predicted_parts(cm: CostModel, plan: Plan, pp_rank: int) -> MemoryParts:
     rank_stages = [(j, plan.stages[j]) for j in cm.rank_chunks(pp_rank)]
     dense, expert = cm.rank_params(rank_stages)
     g = mem.grad_bytes(lay)
-    dw, dg, do = _state_split(dense, lay, lay.dp * lay.cp, g, cm.zero2_full_grads)
+    dw, dg, do = _state_split(dense, lay, lay.dp * lay.cp, g, cm.zero2_full_grads, cm.fsdp_grads_at_peak)
     ew, eg, eo = _state_split(expert, lay, mem.expert_shard_ranks(lay, cm.target.expert_states_over_tp), g,
-                              cm.zero2_full_grads)
+                              cm.zero2_full_grads, cm.fsdp_grads_at_peak)
     static, per_mb = cm.rank_memory_parts(rank_stages)
     acts = mem.peak_in_flight_bytes(cm.in_flight_peaks(pp_rank, cm.num_micro), per_mb)
     workspace = mem.cublas_workspace_bytes(lay, cm.cluster.gpu)

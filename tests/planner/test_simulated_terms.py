@@ -1,7 +1,8 @@
 """The cost and memory terms that the simulation of plans' ranks (runtime/simulate/) set beside the runtime's
 traced collectives and tensors, by hand: the tied embedding's gradient all-reduce between the first and last
-pipeline rank, the output layer's backward re-gather of its input, ring attention's fp32 dK/dV passes, and the
-full-size gradient buckets ZeRO-2 holds under a pipeline."""
+pipeline rank, the output layer's backward re-gather of its input, ring attention's fp32 dK/dV passes, the
+full-size gradient buckets ZeRO-2 holds under a pipeline, what an MoE layer keeps and its largest transient, and
+FSDP2's buffers at its peak."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -14,7 +15,7 @@ from planner.cost import CostModel
 from planner.cost.targets import OURS, RuntimeTarget
 from planner.cost.terms import exposed_s
 from planner.model import resolve_model, tiny_model
-from planner.plan import Layout, TrainingShape
+from planner.plan import Layout, StagePlan, TrainingShape
 
 
 def _cm(profile, m, n, target=OURS, seq_gb=(256, 8), **kw) -> CostModel:
@@ -138,9 +139,68 @@ def test_selective_recompute_reruns_the_ring_forward(profile):
 
 def test_expert_parallel_keeps_one_input_copy_per_routed_token():
     """Under EP the dispatch's gather and all-to-all save only indices: a routed copy keeps its expert input (the
-    received one) and its expert output, as without EP (the simulation traces it: benchmarks/results/simulation/)."""
+    received one) and its expert output, as without EP (the simulation traces it: benchmarks/results/simulation/),
+    and 16 bytes more of indices (the received rows' int64 regrouping order and its inverse)."""
     m = resolve_model("mixtral-8x7b")
     shape = TrainingShape(4096, 8)
     with_ep = mem.layer_activations(m, shape, Layout(dp=8, ep=8))
     without = mem.layer_activations(m, shape, Layout(dp=8))
-    assert with_ep.none_bytes == without.none_bytes
+    assert with_ep.none_bytes - without.none_bytes == 16 * 4096 * 2   # 4096 tokens, top 2
+
+
+def test_mixtral_layer_memory_by_hand():
+    """Mixtral 8x7B at EP 8, one sequence of 4096 tokens: what its MoE layer keeps (the router's fp32
+    probabilities and 56 bytes of routing indices and weights per routed copy, its input being the norm output that
+    gemm_in counts) and its largest transient (an expert's backward: f + 2f gradient rows per routed copy; the EP
+    dispatch's five hidden-wide copies are smaller here), as the simulation traces them
+    (benchmarks/results/simulation/)."""
+    m = resolve_model("mixtral-8x7b")
+    a = mem.layer_activations(m, TrainingShape(4096, 8), Layout(dp=8, ep=8))
+    T, R, h, f = 4096, 2 * 4096, 4096, 14336
+    norms_in = 2 * (2 * h + 4) * T            # the two norms' inputs (bf16) and their fp32 rstd
+    gemm_in = 2 * 2 * h * T                   # the two norms' outputs (the QKV input, the MoE input)
+    qkv = 2 * (h + 2 * 1024) * T              # q, k, v (8 KV heads of 128)
+    attn_out = 2 * h * T + 4 * 32 * T         # the attention output and its log-sum-exp
+    router = 4 * 8 * T + 56 * R               # fp32 probabilities over 8 experts; indices per routed copy
+    experts = 2 * (3 * f + 2 * h) * R         # per routed copy: expert input, SwiGLU input (2f) and product, output
+    assert a.none_bytes == norms_in + gemm_in + qkv + attn_out + router + experts == 1058111488
+    assert a.working_bytes == max(2 * R * (f + 2 * f), 2 * R * h * 5, 3 * 2 * (h + 2 * 1024) * T) == 704643072
+
+
+def test_fsdp_peak_by_hand():
+    """'full' with one micro-batch per step, as the simulation traces FSDP2's peak (the second layer of the step's
+    only backward): no sharded gradient yet; two layers' bf16 weights (the one in use, the prefetched one) and the
+    root unit's; the previous layer's fp32 reduce-scatter input and its gradient shard, the layer's own unsharded
+    bf16 gradients by the end of its backward and the output layer's bf16 gradient, less the activations freed
+    before them (the last layer's and the head's kept tensors); with two micro-batches the shards are held."""
+    m = _gpt()
+    shape, d, L = TrainingShape(256, 4), 4, 4
+    lay = Layout(dp=d, micro_batch=1, sharding="full")
+    cluster = ClusterSpec(gpu="cpu", num_gpus=d, gpus_per_node=d)
+    h, f, V = 256, 512, 1024
+    P = (4 * h * h + 4 * h) + 2 * 2 * h + (2 * h * f + f + h)   # attention (with biases), two LayerNorms, MLP
+    assert mem.fsdp_layer_params_local(m, lay) == P == 527104
+    root = V * h + 256 * h + 2 * h                              # tied embedding, learned positions, final norm
+    head_grad = 2 * h + V * h                                   # the final norm and the output layer's weight
+    acts = mem.layer_activations(m, shape, lay)
+    head_kept, head_transient = mem.head_activation_bytes(m, shape, lay)
+    state = (L * P + root) * (4 + 8) / d                        # fp32 shard (the master) and Adam's m, v
+    gathered = 2 * 2 * P + 2 * root
+    net = 4 * P + 4 * P / d - acts.none_bytes + max(0, 2 * P - acts.none_bytes) + 2 * head_grad - head_kept
+    want = state + gathered + max(acts.working_bytes + max(0, net), head_transient) + L * acts.none_bytes + head_kept
+    cm = CostModel(m, shape, lay, cluster, None)
+    assert cm.num_micro == 1 and not cm.fsdp_grads_at_peak
+    assert cm.rank_memory_bytes(0, [(0, StagePlan(L))], 1) == pytest.approx(want, rel=1e-12)
+    # every layer fully recomputed: a layer keeps only its input, less than its unsharded gradients (2 B a
+    # parameter), which then count too; its rematerialised activations are the transient's
+    assert acts.full_bytes < 2 * P < acts.none_bytes
+    net_full = 4 * P + 4 * P / d - acts.full_bytes + (2 * P - acts.full_bytes) + 2 * head_grad - head_kept
+    want_full = state + gathered + max(acts.working_bytes + acts.none_bytes + net_full, head_transient) \
+        + L * acts.full_bytes + head_kept
+    assert cm.rank_memory_bytes(0, [(0, StagePlan(L, L, 0))], 1) == pytest.approx(want_full, rel=1e-12)
+    two = CostModel(m, TrainingShape(256, 8), lay, cluster, None)
+    assert two.num_micro == 2 and two.fsdp_grads_at_peak
+    net2 = net - 4 * P / d
+    want2 = state + (L * P + root) * 4 / d + gathered + max(acts.working_bytes + max(0, net2), head_transient) \
+        + L * acts.none_bytes + head_kept
+    assert two.rank_memory_bytes(0, [(0, StagePlan(L))], 2) == pytest.approx(want2, rel=1e-12)

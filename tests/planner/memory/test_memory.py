@@ -319,3 +319,26 @@ def test_state_storage_of_another_optimizer_replaces_ours_under_optimizer_shardi
     assert mem.state_bytes(100, 10, lay, storage=storage) == 100 * 5 + 10 * 6
     full = Layout(dp=4, sharding="full")
     assert mem.state_bytes(100, 0, full, storage=storage) == mem.state_bytes(100, 0, full) == 100 * 16 / 4
+
+
+@pytest.mark.parametrize("pp,vpp", [(1, 1), (2, 1), (2, 2)])
+def test_memory_terms_never_below_rank_memory_under_fsdp(pp, vpp):
+    """Under 'full' the linear form counts the activations freed before FSDP2's reduction at the least a layer
+    keeps (the stages' recompute is not known to it), so it never gives less than the counted memory, and gives
+    the same where every layer is fully recomputed."""
+    m = tiny_model("gpt", num_layers=12)
+    lay = Layout(pp=pp, vpp=vpp, dp=2, micro_batch=2, sharding="full")
+    cm = CostModel(m, TrainingShape(32, 2 * 2 * pp * 2), lay,
+                   ClusterSpec(gpu="cpu", num_gpus=pp * 2, gpus_per_node=pp * 2), None)
+    num_micro = 2 * pp
+    for r in range(pp):
+        terms = cm.memory_terms(r, num_micro)
+        js = list(range(r, pp * vpp, pp))
+        for counts in itertools.product([1, 2, 3], repeat=vpp):
+            for full, sel in [([0] * vpp, [0] * vpp), ([0] * vpp, list(counts)), (list(counts), [0] * vpp)]:
+                sts = [(j, StagePlan(n, f, s)) for j, n, f, s in zip(js, counts, full, sel)]
+                exact = cm.rank_memory_bytes(r, sts, num_micro)
+                linear = terms.bytes(counts, full, sel)
+                assert linear >= exact - 1e-6
+                if full == list(counts):
+                    assert linear == pytest.approx(exact)
