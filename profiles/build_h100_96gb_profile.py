@@ -1,15 +1,17 @@
-"""Derive the H100 SXM 96 GB HBM2e profile (`h100-96gb.json`) from the measured H200 one, every figure labelled
-modelled (derived). torchtitan's benchmark GPU (docs/performance.md at its benchmarked commit 9dec370: "96GB HBM2e
+"""Derive the H100 SXM 96 GB HBM2e profile (`h100-96gb.json`) from the measured H100 SXM one (80 GB HBM3, 3.35 TB/s),
+every figure labelled modelled (derived). torchtitan's benchmark GPU (docs/performance.md at its benchmarked commit 9dec370: "96GB HBM2e
 with 2.4 TB/sec", "the default 500W power limit"): the H100 SXM die, clocks and NVLink 4 with slower HBM.
 
-- Kernels: runtime/profiler/derive.py's HBM scaling from h200-sxm (4.8 TB/s) to 2.4 TB/s: a GEMM's time stretched by
-  the share of it its HBM traffic takes, copy bandwidth and the optimizer step by the HBM ratio, attention kept.
-- Collectives: the H200's 2-GPU NVLink points kept (same NVLink 4), every other group and the network from the
-  physics model (planner/profile/physics.py, H100 SXM's fractions: same NVLink 4 and NVSwitch).
-- Grouped GEMMs: the H200's measured grouped-over-dense ratios copied (runtime/profiler/derive.py, through
+- Kernels: runtime/profiler/derive.py's HBM scaling from h100-sxm (3.35 TB/s) to 2.4 TB/s: a GEMM's time stretched by
+  the share of it its HBM traffic takes, copy bandwidth and the optimizer step by the HBM ratio, attention kept (the
+  same die at the same clocks).
+- Collectives: the h100-sxm profile's 2-GPU NVLink points kept (same NVLink 4), every other group and the network from
+  the physics model (planner/profile/physics.py, H100 SXM's fractions: same NVLink 4 and NVSwitch).
+- Grouped GEMMs: the h100-sxm profile's grouped-over-dense ratios copied (runtime/profiler/derive.py, through
   runtime.profiler.grouped.copied_from), applied to this profile's own dense GEMMs.
 - Not modelled: the 500 W power limit (the H100 SXM's default is 700 W). No measured clock-against-power data
-  exists here, so compute-bound kernels keep the H200's (700 W) rates and this profile is faster than a 500 W card.
+  exists here, so compute-bound kernels keep the measured H100's (700 W) rates and this profile is faster than a
+  500 W card.
 
     python profiles/build_h100_96gb_profile.py [--force]
 """
@@ -29,15 +31,15 @@ from build_modelled_collectives import remodel, write_new_profile  # noqa: E402
 GPU = "h100-96gb"
 POWER_NOTE = ("torchtitan ran these H100s at 'the default 500W power limit' (docs/performance.md, commit 9dec370); "
               "the power cap is not modelled: no measured clock-against-power data, so compute-bound kernels keep "
-              "the measured H200's rates at 700 W, and this profile is faster than such a card where it is compute bound")
+              "the measured H100's rates at 700 W, and this profile is faster than such a card where it is compute bound")
 
 
 def derive(src: Profile) -> Profile:
     """The kernels, collectives and grouped GEMMs of the profile (runtime/profiler/derive.py carries the last)."""
     from runtime.profiler.derive import derive as derive_hbm
 
-    if src.gpu != "h200-sxm":
-        raise PlanError(f"the H100 96 GB profile is derived from a measured h200-sxm profile; this one is for '{src.gpu}'")
+    if src.gpu != "h100-sxm":
+        raise PlanError(f"the H100 96 GB profile is derived from a measured h100-sxm profile; this one is for '{src.gpu}'")
     prof = derive_hbm(src, GPU)
     prov = dict(prof.provenance)
     prov.update(kind="modelled (derived)", tool="profiles/build_h100_96gb_profile.py (runtime.profiler.derive)",
@@ -49,7 +51,7 @@ def derive(src: Profile) -> Profile:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    measured = Path(os.path.relpath(HERE / "h200-sxm.json"))   # recorded as given: profiles/h200-sxm.json from the root
+    measured = Path(os.path.relpath(HERE / "h100-sxm.json"))   # recorded as given: profiles/h100-sxm.json from the root
     return write_new_profile(lambda: derive(Profile.load(measured)), HERE / f"{GPU}.json", "--force" in argv)
 
 
