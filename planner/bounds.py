@@ -188,17 +188,17 @@ def time_bound_s(cm: CostModel, shape: TrainingShape, recompute: str | None = No
 
 def closed_form_bound_s(cm: CostModel, recompute: str | None = None, limit: float = math.inf) -> float:
     """A lower bound of the search's score of a split (CostModel.predict(play=False): the schedule's closed form
-    m max_r x_r + (sum_r x_r - max_r x_r) / v over the ranks' times per micro-batch with 2 v hops each,
-    x_r = T_r + 2 v hop, plus data-parallel and optimizer time, counted here as 0) over every split that fits in
-    `limit`: the search splits no layout whose bound is above the scores it must beat (scoring._score). The form
-    grows with max_r x_r and with sum_r x_r, which are at least
-    - sum: _LayerFloors.total_s + pp 2 v hop;
-    - max: the mean, and the least over whole-layer splits of the largest t_r + 2 v hop, rank r with n_r layers
+    m max_r T_r + (sum_r T_r - max_r T_r) / v over the ranks' times per micro-batch, plus the hops on its path
+    (closed_form_hops, the same for every split), plus data-parallel and optimizer time, counted here as 0) over
+    every split that fits in `limit`: the search splits no layout whose bound is above the scores it must beat
+    (scoring._score). The form grows with max_r T_r and with sum_r T_r, which are at least
+    - sum: _LayerFloors.total_s;
+    - max: the mean, and the least over whole-layer splits of the largest t_r, rank r with n_r layers
       taking t_r = max(n_r gpu + e_r + rec_r, n_r host) + n_r exposed (e_r: the embedding or head it holds) and
       rec_r the least recompute that fits it: F_r + n_r state + k_r sum of its layers' activations <= limit
       (rank_fixed_bytes, as least_recompute_s has it for all ranks together), at least_recompute_cost_s.
     Only for schedules priced by PipelineSchedule's own closed form and span (others: 0.0, no bound)."""
-    from planner.schedules.base import PipelineSchedule
+    from planner.schedules.base import PipelineSchedule, closed_form_hops
 
     sched, lay = type(cm.schedule), cm.lay
     if sched.span_s is not PipelineSchedule.span_s or sched.closed_form_s is not PipelineSchedule.closed_form_s \
@@ -209,10 +209,8 @@ def closed_form_bound_s(cm: CostModel, recompute: str | None = None, limit: floa
     busiest = _least_largest(P, V, cm.m.num_layers, _rank_time_floor(cm, floors, recompute, limit))
     if P == 1:  # one rank, no hops: m x_0
         return m * max(busiest, floors.total_s)
-    hops = 2 * V * cm.p2p_s
-    total = floors.total_s + P * hops
-    largest = max(busiest + hops, total / P)
-    return m * largest + (total - largest) / V
+    largest = max(busiest, floors.total_s / P)
+    return m * largest + (floors.total_s - largest) / V + closed_form_hops(P, V, m) * cm.p2p_s
 
 
 def _rank_time_floor(cm: CostModel, floors: _LayerFloors, recompute: str | None, limit: float):
