@@ -21,7 +21,8 @@ from planner.plan import Plan
 
 CPU_SIDE_BRANCHES = (
     "runtime/attention.py: GQA goes to scaled_dot_product_attention with enable_gqa on both sides (same tensors kept)",
-    "runtime/parallel/router.py: the router's logits GEMM upcasts x to fp32 (keeps an fp32 copy of x per MoE layer)",
+    "runtime/parallel/router.py: the router's logits GEMM runs on transient fp32 copies of x and W (x is kept as "
+    "it is for backward, as on CUDA)",
     "runtime/parallel/distributed_optimizer.py: no side stream for the bucket norms (no memory change)",
     "runtime/parallel/fp8.py: no compute-capability check (check_fp8_device passes on CPU)",
 )
