@@ -20,7 +20,6 @@ import json
 import math
 import platform
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-from pathlib import Path
 
 
 class InputError(ValueError):

@@ -36,12 +36,15 @@ the all-to-all share split) is read from planner.collectives' table; this module
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from planner.collectives import COLLECTIVES, Collective, collective_named
 from planner.errors import PlanError
 from planner.profile.records import CollectiveFit, bus_factor
+
+if TYPE_CHECKING:  # the profile module imports this one
+    from planner.profile.core import Profile
 
 CSV = "benchmarks/published/collectives.csv"
 

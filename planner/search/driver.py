@@ -16,7 +16,7 @@ from planner.cost.targets import OURS, RuntimeTarget
 from planner.errors import NoFitError, PlanError
 from planner.legality import layout_violation
 from planner.model import ModelSpec
-from planner.plan import Layout, Plan, StagePlan, TrainingShape
+from planner.plan import Layout, StagePlan, TrainingShape
 from planner.profile import Profile
 from planner.search.alternatives import _alternatives
 from planner.search.layouts import enumerate_layouts

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shlex
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +16,7 @@ from planner.cluster import ClusterSpec
 from planner.model import tiny_model
 from planner.plan import Layout, Plan, TrainingShape, even_stages
 from planner.calibrate import RESULT_COLUMNS
-from tests.planner.conftest import REPO, run_cli
+from tests.planner.conftest import run_cli
 
 
 def tiny_plan(name: str = "tiny-llama") -> Plan:
