@@ -105,6 +105,15 @@ cp_kv_all_gather; torchtitan 9dec370 sets the rotate method 'allgather', torchti
 create_context_parallel_ctx), the blocks merged and dQ, dK, dV accumulated and passed in fp32 (cp_fp32_buffers; torch
 2.6's _ContextParallelOptions convert_to_f32 default, which torchtitan leaves alone)."""
 
+EAGER_ROWS = ("titan24-01",)
+"""Rows whose runtime ran the model's elementwise ops eagerly, without torch.compile
+(RuntimeTarget.eager_llama_elementwise): torchtitan's Table 3 row 'FSDP' (arXiv 2410.06511; the same table in
+pytorch/torchtitan docs/performance.md at d4c86e375, runs of torchtitan 9dec370, whose llama3_8b.toml sets `compile =
+false` unless asked). Its other rows say torch.compile: Table 3's 'FSDP + torch.compile' and '+ Float8' in the row
+name, Tables 4 to 6 in their captions ('2D parallelism (FSDP + TP) + torch.compile + Float8', '3D parallelism
+(FSDP + TP + PP) + torch.compile + Float8 + AsyncTP', '4D parallelism (FSDP + TP + PP + CP) + torch.compile +
+Float8 + AsyncTP + 1F1B'). Matched by row id, not by source: the trait is the row's."""
+
 EXPOSED_ALL_GATHER_CP_SOURCES = ("llama3",)
 """Sources whose context parallel gathers K and V (with their own, GQA, heads) in one all-gather on the critical path:
 Llama 3 section 3.3.2, "we first all-gather the key (K) and value (V) tensors, and then compute attention output for
@@ -302,7 +311,8 @@ def row_target(row: PublishedRow, target):
     row's source config); with the per-node deduplicated dispatch and its node limit where `ep_dispatch` is
     'per_node' (RuntimeTarget.ep_dispatch_per_node, ep_route_groups, ep_group_limit); PyTorch's TP overlap at the
     profile's fraction (PYTORCH_TP_OVERLAP_SOURCES), FlashAttention-2 (FA2_SOURCES) and PyTorch's context parallel
-    (PYTORCH_CP_SOURCES) for torchtitan; Llama 3's exposed all-gather context parallel (EXPOSED_ALL_GATHER_CP_SOURCES);
+    (PYTORCH_CP_SOURCES) for torchtitan, and its eager elementwise ops where a row ran without torch.compile
+    (EAGER_ROWS); Llama 3's exposed all-gather context parallel (EXPOSED_ALL_GATHER_CP_SOURCES);
     DeepSeek-V3's DualPipe (DUAL_PIPE_SOURCES) and FP8 activation cache (FP8_ACTIVATION_CACHE_SOURCES); Apex's
     distributed Adam with FP8 parameters (APEX_ADAM_FP8_SOURCES); 2021-22
     Megatron-LM's unfused attention core and its own kernel factor (LEGACY_MEGATRON_SOURCES). Our own runtime's target
@@ -319,6 +329,8 @@ def row_target(row: PublishedRow, target):
         target = attention_fa2(target)
     if row.row_id.startswith(PYTORCH_CP_SOURCES):
         target = replace(target, cp_kv_expanded=True, cp_kv_all_gather=True, cp_fp32_buffers=True)
+    if row.row_id in EAGER_ROWS:  # no torch.compile: each op of torchtitan's Llama code its own kernel
+        target = replace(target, eager_llama_elementwise=True)
     if row.row_id.startswith(EXPOSED_ALL_GATHER_CP_SOURCES):
         target = replace(target, cp_kv_all_gather=True, cp_hidden_fraction=0.0)
     if row.row_id.startswith(DUAL_PIPE_SOURCES):  # "both all-to-all and PP communication can be fully hidden"

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from planner import memory as mem
 from planner.cluster import place_group
+from planner.cost.eager_ops import eager_llama_elementwise_s
 from planner.cost.terms import (BF16, FP32, EndCosts, LayerCosts, cached_property, ep_beside_layer_exposed_s, exposed_s,
                                 two_chunk_exposed_s)
 
@@ -307,7 +308,10 @@ class LayerTerms:
         """(forward, backward, selective recompute) seconds of the layer's elementwise kernels, each at the bandwidth
         the profiler measured for the runtime's own kernel (bytes as the profiler counts them): the norms
         (_norm_kernels_s), the MLP activation, rotary on q and k, Qwen3's q/k norms and the bias gradients;
-        uncalibrated."""
+        uncalibrated. A target that runs torchtitan's Llama ops eagerly prices those instead
+        (RuntimeTarget.eager_llama_elementwise; planner/cost/eager_ops.py)."""
+        if self.target.eager_llama_elementwise:
+            return eager_llama_elementwise_s(self.m, self.lay, self.tokens, self.shape.seq_len, self.prof)
         m, lay, prof = self.m, self.lay, self.prof
         t, h, f = lay.tp, m.hidden, m.ffn_hidden
         T = int(self.tokens)

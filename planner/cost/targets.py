@@ -212,6 +212,19 @@ class RuntimeTarget:
     GEMM, each pass through memory (planner/cost/layer.py LayerTerms._unfused_attention_s), and without recompute their softmax output,
     dropout mask and dropout output kept for backward (planner.memory.unfused_core_layer_activations). False: a
     fused kernel (ours, Megatron-Core with Transformer Engine)."""
+    eager_llama_elementwise: bool = False
+    """Whether the layer's elementwise work (RMSNorms, rotary, repeat_kv, SwiGLU, residual adds, the gradient
+    accumulations of tensors read twice) runs as the eager PyTorch ops of torchtitan's Llama 3 model without
+    torch.compile, each its own memory-bound kernel with RMSNorm's and rotary's fp32 upcasts, and autograd's kernels
+    for their backward (planner/cost/eager_ops.py counts each kernel's bytes and eager_llama_elementwise_s prices
+    each at the profile's memory-bound rate with one launch), as torchtitan (9dec370, torchtitan/models/llama/
+    model.py, torchtitan/models/norms.py) runs without torch.compile; under it, Inductor fuses them into kernels
+    that move about what our fused kernels move. The selective recompute term is what torchtitan's op-level SAC
+    (torchtitan/parallelisms/parallelize_llama.py: SDPA and every other mm saved, the rest rerun up to the last saved
+    tensor) reruns of them: every forward elementwise kernel but the last residual add; the GEMMs it reruns and the
+    attention it keeps are not this field's (the selective term still prices the attention core's rerun). Only a
+    dense Llama layer (RMSNorm, SwiGLU, rotary, no biases or q/k norms) has this form. False: the runtime's fused
+    kernels at the profile's measured rates (ours, Megatron's TE kernels, torchtitan under torch.compile)."""
     dual_pipe: bool = False
     """Whether the pipeline runs DeepSeek-V3's DualPipe (arXiv 2412.19437 section 3.2.1, Figure 5, Table 2) where the
     layout admits it (an even PP of at least 2, no interleaving, an even number of at least PP micro-batches;
