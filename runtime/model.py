@@ -155,7 +155,7 @@ class Attention(nn.Module):
     def qk_normalize(self, qkv):
         """qkv [s, b, (heads + 2 kv_heads) d] with each head of q and of k RMS-normalised over d and scaled by q_norm /
         k_norm (Qwen3), v as it was: a new tensor in qkv's layout, so the fused rotary takes it as before. The norms
-        keep their input (a view into qkv, which so stays alive) and an fp32 rstd per head (planner/memory/model.py)."""
+        keep their input (a view into qkv, which so stays alive) and an fp32 rstd per head (planner/memory/activations.py)."""
         eps = self.spec.norm_eps
         if qk_norm_fused(qkv):  # one Triton kernel each way in qkv's layout (runtime/qk_norm.py)
             return qk_norm(qkv, self.q_norm, self.k_norm, self.heads, self.kv_heads, eps)

@@ -12,7 +12,7 @@ runtime/norm.py's sum_partials, straight into their fp32 main_grad where the opt
 
 The rows are the qkv output viewed as [tokens x (heads + 2 kv_heads), head_dim]: row r is head r % (heads +
 2 kv_heads) of token r // (heads + 2 kv_heads), q heads first, then k, then v (the column-parallel layout). What is
-kept for backward: the qkv output itself and an fp32 rstd per q and k head and token, as planner/memory/model.py counts.
+kept for backward: the qkv output itself and an fp32 rstd per q and k head and token, as planner/memory/activations.py counts.
 """
 from __future__ import annotations
 

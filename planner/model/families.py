@@ -8,7 +8,7 @@ the runtime does not build or the planner does not price.
 
 The traits and what reads them:
   norm              'layernorm' (weight and bias, keeps mean and rstd) or 'rmsnorm' (weight, keeps rstd): the norms'
-                    parameters, kernels, saved statistics (planner/memory/model.py, planner/cost/layer.py, runtime/model.py)
+                    parameters, kernels, saved statistics (planner/memory/, planner/cost/layer.py, runtime/model.py)
                     and Megatron-LM's --normalization.
   post_norm         True: each sub-block's norm comes after its residual add (BERT, x = LN(x + f(x))); False:
                     pre-norm, each sub-block normalises its input and the residual stream runs past it.

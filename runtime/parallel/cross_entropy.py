@@ -8,7 +8,7 @@ the target falls in its slice) and the TP group combines them: one all-reduce (m
 Forward keeps the logits themselves (compute dtype) and the per-token logsumexp; backward writes the
 gradient, (softmax - one_hot) x the incoming per-token gradient, over the logits' own buffer in one pass
 (backward runs once). Megatron instead keeps an fp32 softmax beside the logits; this keeps V/t values per
-token in the compute dtype (2 bytes in bf16), which planner/memory/model.py counts.
+token in the compute dtype (2 bytes in bf16), which planner/memory/activations.py counts.
 
 On CUDA two Triton kernels do the work: one pass over the logits for the per-token statistics (online
 max / sum-exp) and one that reads them again and writes the gradient in place. Elsewhere (CPU runs and

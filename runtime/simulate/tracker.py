@@ -192,7 +192,7 @@ class StepTracker(TorchDispatchMode):
 
     def keep_outputs(self, module) -> None:
         """Count the outputs of `module` (a pipeline chunk) as activations: the schedule holds each until its
-        backward, as the planner counts them (planner/memory/model.py, pipeline_output_bytes)."""
+        backward, as the planner counts them (planner/memory/activations.py, pipeline_output_bytes)."""
         def hook(_module, _inputs, output):
             for t in _tensors(output):
                 self._pack(t)

@@ -5,7 +5,8 @@ The CPU run is fp32, so the planner is evaluated with 4-byte activations; on CPU
 also keeps its normalised input (one hidden-sized tensor per norm) which the CUDA kernel does not."""
 import pytest
 
-from planner.memory import model as mem  # the module itself: a test patches its constants
+from planner import memory as mem
+from planner.memory import activations  # the module itself: a test patches its constants
 from planner.model import tiny_model
 from planner.plan import Layout, TrainingShape
 from runtime.memory import saved_bytes_per_token
@@ -24,7 +25,7 @@ SEQ = 64
 ], ids=["gpt", "llama", "moe", "moe-shared", "qk-norm", "gemma"])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_planner_counts_what_the_runtime_keeps(spec, mode, monkeypatch):
-    monkeypatch.setattr(mem, "BF16_BYTES", 4)
+    monkeypatch.setattr(activations, "BF16_BYTES", 4)
     acts = mem.layer_activations(spec, TrainingShape(SEQ, 1), Layout(micro_batch=1, sharding="none"))
     planned = {"none": acts.none_bytes, "selective": acts.selective_bytes, "full": acts.full_bytes}[mode] / SEQ
     measured = saved_bytes_per_token(spec, mode, seq_len=SEQ)

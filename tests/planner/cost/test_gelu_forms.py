@@ -8,7 +8,7 @@ import pytest
 
 from planner.cluster import ClusterSpec
 from planner.cost import CostModel
-from planner.memory.model import layer_activations
+from planner.memory.activations import layer_activations
 from planner.model import tiny_model
 from planner.plan import Layout, TrainingShape
 from planner.profile import load_profile
