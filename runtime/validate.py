@@ -123,8 +123,10 @@ def _run(cmd: list[str], env: dict, timeout: float, ranks: range = range(0)) -> 
 
 
 def _run_plans(args, files: list[Path], out: Path) -> dict[str, str]:
-    """Run plan files of one world size in as few torchruns as failures allow. Returns stem -> failure
-    sentence for the plans that did not finish (their per-step CSVs, if any, are ignored)."""
+    """Run plan files of one world size in as few torchruns as failures allow: after a plan fails, the next
+    torchrun starts at the plan after it. Returns stem -> failure sentence for the plans that did not finish
+    (their per-step CSVs, if any, are ignored). Each torchrun is told its results in the form its number of plans
+    asks for (runtime/train.py): a folder for several, a file for one, the last one left after a failure too."""
     from runtime import launch
 
     failed: dict[str, str] = {}
@@ -133,7 +135,7 @@ def _run_plans(args, files: list[Path], out: Path) -> dict[str, str]:
         largs = launch.build_parser().parse_args([str(remaining[0]), "--steps", str(args.steps), "--device",
                                                   args.device, "--data", args.data, "--results", str(out)])
         _, nproc = launch.check_plan_on_machine(largs)
-        many = len(files) > 1
+        many = len(remaining) > 1
         components = None if args.no_trace else out if many else out / f"{remaining[0].stem}.components.json"
         cmd = launch.torchrun_command(largs, nproc, out if many else out / f"{remaining[0].stem}.csv",
                                       plans=[str(f) for f in remaining] if many else None, components=components)

@@ -79,6 +79,28 @@ def test_traced_step_is_asked_for_unless_no_trace(tiny_plan, monkeypatch, capsys
     assert "--components-out" not in skipped
 
 
+def test_the_last_plan_left_after_failures_gets_a_results_file(tiny_plan, monkeypatch, capsys):
+    """Plans of one world size share a torchrun with a results folder; after a plan fails the run restarts at the
+    next one, and when only one is left its worker is given a results file, as runtime/train.py reads one plan's
+    --results (a folder there stopped the plan with IsADirectoryError)."""
+    from runtime import validate as V
+
+    cmds = []
+    monkeypatch.setattr(V, "_run", lambda cmd, env, timeout, ranks=range(0): cmds.append(cmd) or 1)
+    assert V.main([str(tiny_plan)] * 3 + ["--steps", "2", "--warmup", "1", "--device", "cpu"]) == 1
+    assert "3 of 3 plans failed" in capsys.readouterr().err
+
+    def plans_and_results(cmd):
+        i = cmd.index("--plan")
+        return cmd[i + 1:cmd.index("--steps", i)], cmd[cmd.index("--results") + 1]
+
+    (first, folder), (second, folder2), (last, file) = map(plans_and_results, cmds)
+    assert [len(first), len(second), len(last)] == [3, 2, 1]
+    assert folder == folder2 and not folder.endswith(".csv")
+    assert Path(file) == Path(folder) / f"{Path(last[0]).stem}.csv"
+    assert cmds[2][cmds[2].index("--components-out") + 1] == str(Path(folder) / "0002.components.json")
+
+
 def test_sidecar_keeps_the_traced_components(tiny_plan, tmp_path):
     from runtime.trace_analysis import RankComponents
     from runtime.validate import TracedStep, append_row
