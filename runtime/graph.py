@@ -34,6 +34,14 @@ from planner.errors import PlanError
 WARMUP_STEPS = 2
 """Eager steps before the capture (NCCL communicators and Triton kernels must exist before capturing)."""
 
+CAPTURE_ERROR_MODE = "thread_local"
+"""What the capture forbids: unsafe CUDA calls (synchronisation, event queries, allocations outside the graph's
+pool) from the capturing thread only. The data Prefetcher (runtime/data.py) pins the next steps' batches in its own
+thread while the step is captured; pinning may allocate page-locked memory and query the events of earlier copies,
+which in torch's default 'global' mode invalidates the capture under way ("operation failed due to a previous
+error during capture" at the step's first kernel), as it did for BERT-large at micro-batch 4, whose masked-LM
+batches take long enough to make that the thread was still pinning when the capture began."""
+
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
@@ -110,7 +118,7 @@ class GraphedStep:
         self.graph = torch.cuda.CUDAGraph()
         opt.captured = True
         try:
-            with torch.cuda.graph(self.graph, stream=self.stream):
+            with torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode=CAPTURE_ERROR_MODE):
                 opt.gather_params()  # the previous step's update; the forward's pre-hooks wait for each bucket
                 self.outputs = self.step_fn(stages, self.static_mbs, opt, groups, None, None)
                 opt.wait_params()  # every side stream joins the capture before it ends

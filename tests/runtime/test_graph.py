@@ -123,6 +123,54 @@ def test_replayed_steps_match_eager_steps(tmp_path, tp, pp, vpp, sharding, moe):
     assert len({round(x, 4) for x in graph}) > 1  # training moved
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_thread_pinning_batches_during_the_capture_does_not_break_it():
+    """The data Prefetcher pins batches in its own thread whenever the queue has room, so it may run during the
+    capture; the step's capture (runtime/graph.py CAPTURE_ERROR_MODE) must survive it. The step waits inside the
+    capture until the thread has pinned fresh memory, with page-locked blocks of earlier copies still awaiting
+    their events, so the two always overlap."""
+    import threading
+    from types import SimpleNamespace
+
+    from runtime.graph import GraphedStep
+
+    w = torch.randn(256, 256, device="cuda", requires_grad=True)
+    for _ in range(4):  # page-locked blocks whose copies' events the host allocator has yet to query
+        torch.randn(1 << 16).pin_memory().to("cuda", non_blocking=True)
+    capturing, pinned, done = threading.Event(), threading.Event(), threading.Event()
+
+    def pin_while_capturing():
+        capturing.wait(30)
+        for i in range(8):
+            torch.randn((1 << 18) + 4096 * i).pin_memory()  # sizes the host allocator has not cached
+        pinned.set()
+        done.wait(30)
+
+    def step_fn(stages, mbs, opt, groups, lr, before_step):
+        x = mbs[0]["x"]
+        if torch.cuda.is_current_stream_capturing():
+            capturing.set()
+            assert pinned.wait(30)
+        loss = (x @ w).square().mean()
+        (g,) = torch.autograd.grad(loss, w)
+        return loss, g.norm()
+
+    opt = SimpleNamespace(captured=False, prepare_step=lambda lr: None, wait_params=lambda: None,
+                          gather_params=lambda: None)
+    thread = threading.Thread(target=pin_while_capturing, daemon=True)
+    thread.start()
+    step = GraphedStep(step_fn, opt)
+    x = torch.randn(64, 256, device="cuda")
+    try:
+        eager = [step(None, [{"x": x}], opt, None)[0].item() for _ in range(2)]
+        replayed = step(None, [{"x": x}], opt, None)[0].item()  # the capture, then its first replay
+    finally:
+        done.set()
+        thread.join(30)
+    assert step.replaying and pinned.is_set()
+    assert replayed == pytest.approx(eager[0], rel=1e-5)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gradient_norm_taken_beside_backward_equals_the_norm_after_it(tmp_path):
     """Without a data-parallel group each bucket's norm is taken on a side stream as backward finishes it
