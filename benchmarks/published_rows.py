@@ -21,7 +21,7 @@ from planner.model import ModelSpec  # noqa: E402
 from planner.memory import Fp8ActivationCache, StateStorage  # noqa: E402
 from planner.plan import TrainingShape  # noqa: E402
 from planner.profile import Profile, load_profile  # noqa: E402
-from planner.profile.files import default_profile_path  # noqa: E402
+from planner.profile.files import shipped_profile_path  # noqa: E402
 from planner.search import Pins  # noqa: E402
 
 HEAD_DIM = {"GPT-OSS-120B": 64, "Qwen3-235B-A22B": 128}
@@ -67,7 +67,10 @@ class PublishedRow:
         return self.raw["precision"] == "fp8"
 
     def profile(self) -> Profile:
-        return load_profile(None, self.cluster.gpu)
+        """The GPU's measured profile, not its calibrated one where one ships: a calibration's factors are fitted
+        on our runtime's runs, and the runtime targets' own factors (profiles/targets/megatron.json) are fitted over
+        the measured kernel and collective times."""
+        return load_profile(str(shipped_profile_path(self.cluster.gpu)), self.cluster.gpu)
 
 
 MEGATRON_CORE_SOURCES = ("nemo2407", "mbridge")
@@ -254,7 +257,7 @@ def pins_of(r: dict, notes: list[str]) -> Pins:
 def skip_reason(gpu: str) -> str:
     if gpu not in GPU_KINDS:
         return f"GPU kind '{gpu}' is not in planner.cluster.GPU_KINDS on this tree"
-    if not default_profile_path(gpu).exists():
+    if not shipped_profile_path(gpu).exists():
         return f"no profile ships for GPU kind '{gpu}' on this tree"
     return ""
 

@@ -186,6 +186,34 @@ def test_calibrate_fine_grid_and_chosen_terms(tmp_path):
                         "--terms", "compute,warp"])
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_small_term_does_not_absorb_the_dominant_terms_bias(monkeypatch, seed):
+    """Steps of compute plus an optimizer a few percent of it, measured 3.2% faster in compute (between the coarse
+    grid's 0.917 and 1) with a few percent of run-to-run scatter, as on the H100's validation runs: the descent
+    finds the compute factor, and the optimizer's stays near 1 instead of standing in for compute's bias with a
+    factor far from it (a descent over the coarse grid alone first gives 0.28 on those runs)."""
+    import random
+    import statistics
+
+    from planner import calibrate
+
+    rng = random.Random(seed)
+    runs = []
+    for _ in range(29):
+        compute_s = rng.uniform(0.1, 1.0)
+        optimizer_s = compute_s * 0.03 * rng.uniform(0.3, 3.0)
+        runs.append((compute_s, optimizer_s, (0.968 * compute_s + optimizer_s) * (1 + rng.uniform(-0.04, 0.04))))
+
+    def objective(rs, profile):  # the step as these two terms, in place of the cost model
+        errs = [abs(profile.eff("compute") * c + profile.eff("optimizer") * o - m) / m for c, o, m in rs]
+        return statistics.median(errs), sum(errs) / len(errs)
+
+    monkeypatch.setattr(calibrate, "_objective", objective)
+    fitted = calibrate.fit_efficiency(runs, load_profile("h200-sxm", "h200-sxm"), ["compute", "optimizer"])
+    assert 0.94 <= fitted.get("compute", 1.0) <= 0.99
+    assert 0.85 <= fitted.get("optimizer", 1.0) <= 1.15
+
+
 def test_calibrate_takes_a_shipped_profile_by_name(tmp_path):
     """`--profile h200-sxm` names the shipped profile, as it does for `plan` itself; a name that is neither a file
     nor a shipped profile gets one sentence."""

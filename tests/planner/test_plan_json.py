@@ -74,7 +74,8 @@ def test_the_default_profile_is_the_calibrated_one_where_it_ships():
     from planner.profile import default_profile_path, load_profile, shipped_profile_path
     assert default_profile_path("h200-sxm") == shipped_profile_path("h200-sxm-calibrated")
     assert load_profile(None, "h200-sxm").provenance.get("calibrations")
-    assert default_profile_path("h100-sxm") == shipped_profile_path("h100-sxm")  # no calibrated one ships
+    assert default_profile_path("h100-sxm") == shipped_profile_path("h100-sxm-calibrated")
+    assert default_profile_path("h100-96gb") == shipped_profile_path("h100-96gb")  # no calibrated one ships
 
 
 ROTARY_AND_NORM_FIELDS = ("rope_theta", "norm_eps", "rope_scaling_factor", "rope_low_freq_factor",
