@@ -9,6 +9,7 @@ with 2.4 TB/sec", "the default 500W power limit"): the H100 SXM die, clocks and 
   the physics model (planner/profile/physics.py, H100 SXM's fractions: same NVLink 4 and NVSwitch).
 - Grouped GEMMs: the h100-sxm profile's grouped-over-dense ratios copied (runtime/profiler/derive.py, through
   runtime.profiler.grouped.copied_from), applied to this profile's own dense GEMMs.
+- A graphed step's per-kernel time: the one fitted on the H100 (gh100_graph_kernel.py).
 - Not modelled: the 500 W power limit (the H100 SXM's default is 700 W). No measured clock-against-power data
   exists here, so compute-bound kernels keep the measured H100's (700 W) rates and this profile is faster than a
   500 W card.
@@ -27,6 +28,7 @@ from planner.profile import Profile
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from build_modelled_collectives import remodel, write_new_profile  # noqa: E402
+from gh100_graph_kernel import with_gh100_graph_kernel  # noqa: E402
 
 GPU = "h100-96gb"
 POWER_NOTE = ("torchtitan ran these H100s at 'the default 500W power limit' (docs/performance.md, commit 9dec370); "
@@ -46,7 +48,7 @@ def derive(src: Profile) -> Profile:
                 gpu_name=f"{GPU} (modelled: H100 SXM 96 GB HBM2e, 2.4 TB/s; not measured)")
     prov["parts"] = list(prov["parts"]) + [{"part": "power_limit", "status": "not modelled", "how": POWER_NOTE}]
     from dataclasses import replace
-    return remodel(replace(prof, provenance=prov))
+    return with_gh100_graph_kernel(remodel(replace(prof, provenance=prov)))
 
 
 def main(argv: list[str] | None = None) -> int:

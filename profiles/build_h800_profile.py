@@ -1,6 +1,7 @@
 """Derive the H800 SXM profile (`h800.json`) from the H100 one: the same die, clocks and HBM, so every kernel figure
 is kept; NVLink is cut to 400 GB/s bidirectional (200 per direction), so every NVLink collective comes from the
-physics model (planner/profile/physics.py, H100's achieved fractions over 200 GB/s), none from the 2-GPU H200 points.
+physics model (planner/profile/physics.py, H100's achieved fractions over 200 GB/s), none from the 2-GPU H200 points;
+a graphed step's per-kernel time is the one fitted on the H100 (gh100_graph_kernel.py).
 
     python profiles/build_h800_profile.py [--force]
 """
@@ -16,6 +17,7 @@ from planner.profile import Profile
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from build_modelled_collectives import remodel, write_new_profile  # noqa: E402
+from gh100_graph_kernel import with_gh100_graph_kernel  # noqa: E402
 
 
 def derive(src: Profile) -> Profile:
@@ -26,7 +28,7 @@ def derive(src: Profile) -> Profile:
             "parts": [{"part": "kernels", "status": "modelled", "how": "h100-sxm figures kept (same GH100 die, HBM3)"},
                       {"part": "collectives/nvlink", "status": "modelled",
                        "how": "physics model over 200 GB/s per direction at every group size"}]}
-    out = remodel(replace(src, gpu="h800", provenance=prov, collectives=[]))
+    out = with_gh100_graph_kernel(remodel(replace(src, gpu="h800", provenance=prov, collectives=[])))
     if not src.grouped_points:
         return out
     from runtime.profiler.grouped import copied_from

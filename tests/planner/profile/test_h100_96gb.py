@@ -44,6 +44,9 @@ def test_profile_is_labelled_modelled_and_derived(profiles):
     assert statuses["power_limit"] == "not modelled" and statuses["grouped_gemm"] == "derived"
     assert not any(c.measured for c in prof.collectives)
     assert prof.grouped_points == profiles["h100-sxm"].grouped_points and prof.grouped_points
+    # a graphed step's per-kernel time: the one fitted on the H100's runs (the calibrated h100-sxm default)
+    assert prof.graph_kernel_s == profiles["h100-sxm"].graph_kernel_s is not None
+    assert "graph_kernel_s" in statuses and load_profile(None, "h800").graph_kernel_s == prof.graph_kernel_s
 
 
 def test_gemm_scaled_by_hbm_share_by_hand(profiles):
