@@ -128,46 +128,10 @@ def planner_bubble(plan) -> dict:
 # ------------------------------------------------------------------------------------------------
 # the worker (under torchrun)
 
-def _intervals_measure(iv):
-    iv = sorted(iv)
-    out, cur = [], None
-    for a, b in iv:
-        if cur is None or a > cur[1]:
-            if cur:
-                out.append(cur)
-            cur = [a, b]
-        else:
-            cur[1] = max(cur[1], b)
-    if cur:
-        out.append(cur)
-    return out
-
-
-def _length(iv):
-    return sum(b - a for a, b in iv)
-
-
-def _subtract(a_iv, b_iv):
-    """Length of union(a) not covered by union(b) (both merged, sorted)."""
-    total, j = 0.0, 0
-    for a0, a1 in a_iv:
-        cur = a0
-        while j < len(b_iv) and b_iv[j][1] <= cur:
-            j += 1
-        k = j
-        while cur < a1 and k < len(b_iv) and b_iv[k][0] < a1:
-            b0, b1 = b_iv[k]
-            if b0 > cur:
-                total += b0 - cur
-            cur = max(cur, b1)
-            k += 1
-        if cur < a1:
-            total += a1 - cur
-    return total
-
-
 def exposed_from_trace(path: str, cuda: bool, steps: int) -> dict:
     """Per-step exposed communication of one rank from its chrome trace (seconds)."""
+    from runtime.trace_analysis import measure, uncovered, union_intervals
+
     ev = json.load(open(path))
     ev = ev.get("traceEvents", ev) if isinstance(ev, dict) else ev
     p2p, coll, comp, host = [], [], [], []
@@ -188,20 +152,20 @@ def exposed_from_trace(path: str, cuda: bool, steps: int) -> dict:
             (p2p if ("alltoall" in low or "send" in low or "recv" in low) else coll).append(iv)
         elif cat == "cpu_op":
             host.append(iv)
-    P, C, K = _intervals_measure(p2p), _intervals_measure(coll), _intervals_measure(comp)
-    allc = _intervals_measure(p2p + coll)
+    P, C, K = union_intervals(p2p), union_intervals(coll), union_intervals(comp)
+    allc = union_intervals(p2p + coll)
     if cuda:
-        e_p2p, e_coll, e_all = _subtract(P, K), _subtract(C, K), _subtract(allc, K)
-        busy = _intervals_measure(p2p + coll + comp)
+        e_p2p, e_coll, e_all = uncovered(P, K), uncovered(C, K), uncovered(allc, K)
+        busy = union_intervals(p2p + coll + comp)
         span = (busy[-1][1] - busy[0][0]) if busy else 0.0
-        idle = span - _length(busy)
+        idle = span - measure(busy)
         method = "NCCL kernels not overlapped by non-NCCL kernels (torch.profiler CUDA trace)"
     else:   # gloo ops are synchronous on the host: their whole span is exposed
-        e_p2p, e_coll, e_all = _length(P), _length(C), _length(allc)
+        e_p2p, e_coll, e_all = measure(P), measure(C), measure(allc)
         idle, span = 0.0, 0.0
         method = "host spans of c10d ops (gloo, synchronous)"
     n = max(steps, 1)
-    return dict(method=method, p2p_total_s=_length(P) / n, p2p_exposed_s=e_p2p / n, coll_total_s=_length(C) / n,
+    return dict(method=method, p2p_total_s=measure(P) / n, p2p_exposed_s=e_p2p / n, coll_total_s=measure(C) / n,
                 coll_exposed_s=e_coll / n, comm_exposed_s=e_all / n, gpu_idle_s=idle / n, trace_span_s=span / n)
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union_intervals(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of (start, end) intervals, as sorted disjoint intervals."""
     out: list[list[float]] = []
     for a, b in sorted(intervals):
         if out and a <= out[-1][1]:
@@ -23,11 +24,12 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in out]
 
 
-def _measure(intervals) -> float:
+def measure(intervals) -> float:
+    """Total length of disjoint intervals."""
     return sum(b - a for a, b in intervals)
 
 
-def _minus(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+def uncovered(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
     """Measure of union(xs) minus union(ys); both already unions (sorted, disjoint)."""
     total, j = 0.0, 0
     for a, b in xs:
@@ -49,11 +51,11 @@ def is_communication(name: str) -> bool:
 def exposed_communication(kernels: list[tuple[str, float, float]]) -> dict:
     """kernels: (name, start, end) of every GPU kernel of the step, any time unit. Returns seconds if the
     unit is seconds: span (first start to last end), busy, communication, exposed communication."""
-    comm = _union([(a, b) for n, a, b in kernels if is_communication(n)])
-    comp = _union([(a, b) for n, a, b in kernels if not is_communication(n)])
+    comm = union_intervals([(a, b) for n, a, b in kernels if is_communication(n)])
+    comp = union_intervals([(a, b) for n, a, b in kernels if not is_communication(n)])
     span = (max(b for _, _, b in kernels) - min(a for _, a, _ in kernels)) if kernels else 0.0
-    return {"span": span, "busy": _measure(_union(comm + comp)), "compute": _measure(comp),
-            "communication": _measure(comm), "exposed_communication": _minus(comm, comp)}
+    return {"span": span, "busy": measure(union_intervals(comm + comp)), "compute": measure(comp),
+            "communication": measure(comm), "exposed_communication": uncovered(comm, comp)}
 
 
 def kernels_of(prof) -> list[tuple[str, float, float]]:
