@@ -243,16 +243,20 @@ def _cuda_graph(plan: Plan, notes: list[str]) -> None:
 
 
 def _query_groups(plan: Plan, add, notes: list[str]) -> None:
-    """Grouped-query attention. Megatron-Core's TransformerConfig needs the query groups to be a multiple of TP
-    (RuntimeTarget.query_groups_multiple_of_tp); a plan with fewer KV heads than TP ranks, which our runtime runs by
-    replicating each KV head, is refused here by name."""
+    """Grouped-query attention. Megatron-Core's TransformerConfig takes query groups that are a multiple or a divisor
+    of TP and refuses the rest; fewer groups than TP ranks run by gathering the QKV output across TP
+    (RuntimeTarget.qkv_output_gather), which Megatron-Core has since core_v0.16.0: the note says so."""
     kv, tp = plan.model.num_kv_heads, plan.layout.tp
-    if kv % tp:
-        raise PlanError(f"Megatron-LM needs the {kv} query groups (KV heads) to be a multiple of TP {tp} "
-                        f"(Megatron-Core's TransformerConfig refuses the rest); plan with --runtime megatron, or a TP "
+    if kv % tp and tp % kv:
+        raise PlanError(f"Megatron-LM needs the {kv} query groups (KV heads) to be a multiple or a divisor of TP {tp} "
+                        f"(Megatron-Core's TransformerConfig refuses the rest); plan with a TP that {kv} divides or "
                         f"that divides {kv}")
     add("--group-query-attention")
     add("--num-query-groups", kv)
+    if kv < tp:
+        notes.append(f"{kv} query group(s) over TP {tp}: Megatron-Core gathers the QKV output across TP and slices "
+                     f"each rank's heads (megatron/core/transformer/attention.py), which needs megatron-core "
+                     f"0.16.0 or later; earlier versions refuse query groups fewer than TP")
 
 
 def _model_shape(plan: Plan, add, notes: list[str]) -> None:

@@ -126,15 +126,17 @@ class DataParallelTerms:
         fp32 call per tensor, issued in backward's gradient hooks on the compute stream: exposed. Once per step
         (on the last micro-batch), under 'optimizer+grads' as often as its gradients are reduced
         (zero2_reductions); under 'full' on the rank's shard of each. Under MoE with TP the experts' weights are among
-        them: 2 GiB per step for moe-small at TP2 (11 ms on H200)."""
+        them: 2 GiB per step for moe-small at TP2 (11 ms on H200). The K/V weights of KV heads fewer than TP ranks
+        are among them unless the target gathers the QKV output instead (RuntimeTarget.qkv_output_gather)."""
         lay = self.lay
         if lay.tp == 1:
             return 0.0
         shard = lay.dp * lay.cp if lay.sharding == "full" else 1
         calls = self.zero2_reductions if lay.sharding == "optimizer+grads" else 1
         grad = mem.grad_bytes(lay)
+        kv_tp = 1 if self.target.qkv_output_gather else lay.tp  # K/V weights sharded, not replicated, there
         t = sum(n * self.group_collective_s("all_reduce", grad * elems / shard, lay.tp, self.strides["tp"])
-                for n, elems in mem.tp_replicated_tensors(self.m, lay.ep, layers, first, last, lay.tp))
+                for n, elems in mem.tp_replicated_tensors(self.m, lay.ep, layers, first, last, kv_tp))
         return calls * t * self.prof.eff("tp")
 
     def optimizer_s(self, dense: float, expert: float, fused: float = 0.0) -> float:

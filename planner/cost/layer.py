@@ -120,10 +120,26 @@ class LayerTerms:
         without MoE fc1 and fc2); each also runs as dgrad and wgrad (_gemm_fwd_bwd_s)."""
         m, t = self.m, self.lay.tp
         T = int(self.tokens)
-        gemms = [(T, m.qkv_width_local(t), m.hidden), (T, m.hidden, m.q_width // t)]
+        gemms = [(T, self._qkv_gemm_width, m.hidden), (T, m.hidden, m.q_width // t)]
         if not m.is_moe:
             gemms += [(T, (2 if m.gated_mlp else 1) * m.ffn_hidden // t, m.hidden), (T, m.hidden, m.ffn_hidden // t)]
         return gemms
+
+    @property
+    def _gathers_qkv_output(self) -> bool:
+        """Whether this layer's QKV output is all-gathered across TP (RuntimeTarget.qkv_output_gather, with fewer KV
+        heads than TP ranks)."""
+        return self.target.qkv_output_gather and self.m.num_kv_heads < self.lay.tp
+
+    @property
+    def _qkv_gemm_width(self) -> int:
+        """Output columns of one rank's fused QKV GEMM: its query heads and the K, V of its KV heads (of the one it
+        shares, computed from replicated weights, where KV heads are fewer than TP ranks), or (q + 2 kv) / TP where
+        the target gathers the QKV output instead."""
+        m, t = self.m, self.lay.tp
+        if self._gathers_qkv_output:
+            return (m.q_width + 2 * m.kv_width) // t
+        return m.qkv_width_local(t)
 
     def interpolated_gemms(self) -> tuple[int, int]:
         """(how many of the layer's GEMM queries, forward, dgrad and wgrad, the profile answers by interpolation
@@ -413,7 +429,8 @@ class LayerTerms:
     def _tp_comm_s(self, fwd: float, bwd: float) -> tuple[float, float]:
         """(forward, backward) exposed seconds of tensor parallelism (sequence parallel) beside the layer's calibrated
         GEMMs `fwd` and `bwd`: forward all-gathers before QKV and FC1 and reduce-scatters after out-proj and FC2;
-        backward mirrors them and re-gathers the saved sharded inputs for wgrad."""
+        backward mirrors them and re-gathers the saved sharded inputs for wgrad; where the target gathers the QKV
+        output (_gathers_qkv_output), that gather and its gradient's reduce-scatter too, exposed."""
         m, lay, prof = self.m, self.lay, self.prof
         t = lay.tp
         if t == 1:
@@ -431,6 +448,11 @@ class LayerTerms:
         else:  # the output gradient's gather exposed; the input's re-gather and the input gradient's
             # reduce-scatter beside the input- and weight-gradient GEMMs (RuntimeTarget.tp_backward_beside_gemms)
             comm_tp_b = n_pairs * ag + exposed_s(n_pairs * (ag + rs), bwd, frac, True)
+        if self._gathers_qkv_output:  # the QKV output gathered forward, its gradient reduce-scattered backward:
+            # between the QKV GEMM and the attention core that needs it, on the critical path
+            qkv_bytes = BF16 * int(self.tokens) * (m.q_width + 2 * m.kv_width)
+            comm_tp_f += self.group_collective_s("all_gather", qkv_bytes, t, 1) * prof.eff("tp")
+            comm_tp_b += self.group_collective_s("reduce_scatter", qkv_bytes, t, 1) * prof.eff("tp")
         return comm_tp_f, comm_tp_b
 
     def _cp_comm_s(self, attn_f: float, attn_b: float) -> tuple[float, float]:

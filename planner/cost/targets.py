@@ -190,11 +190,16 @@ class RuntimeTarget:
     twice K and V's bf16 bytes, the last waited at once) while its K, V passes and its attention blocks stay as
     the profile measured them: ours (runtime/parallel/context.py accumulates dK, dV in fp32 and sends the
     accumulator). cp_fp32_buffers implies it (dkv_ring_fp32)."""
-    query_groups_multiple_of_tp: bool = False
-    """Whether the runtime needs the KV heads (query groups) to be a multiple of TP: Megatron-Core's
-    TransformerConfig.__post_init__ raises "num_query_groups (...) must be a multiple of tensor_model_parallel_size"
-    (megatron/core/transformer/transformer_config.py). False: fewer KV heads than TP ranks are replicated over the
-    ranks that share them (ours, runtime/parallel/tensor.py SharedKVQKVLinear; planner/legality.py)."""
+    qkv_output_gather: bool = False
+    """How the runtime runs fewer KV heads (query groups) than TP ranks (planner/legality.py admits KV heads that
+    divide TP). True: the fused QKV GEMM stays column-parallel over (q + 2 kv) / TP output columns, its output is
+    all-gathered across TP (its gradient reduce-scattered in backward, on the critical path) and each rank slices
+    its group's K, V and its own query heads: Megatron-Core's QKV activation sub-sharding
+    (megatron/core/transformer/attention.py, since core_v0.16.0, NVIDIA/Megatron-LM f7dfb99795), whose
+    TransformerConfig accepts query groups that are a multiple or a divisor of TP. False: each rank computes the K
+    and V of the head it shares from replicated weights, whose gradients are summed over TP (ours,
+    runtime/parallel/tensor.py SharedKVQKVLinear); no extra collective. Memory counts the replicated K/V weights
+    either way (2 x kv_width x hidden per layer, under 1% of a layer where KV heads are fewer than TP)."""
     cp_output_copy: bool = False
     """Whether the context-parallel attention's output, [b, heads, s, d] as the ring writes it and kept for its
     backward, is copied to [s, b, heads * d] for the output projection, which keeps the copy: one more attention
@@ -293,13 +298,6 @@ class RuntimeTarget:
         buckets = max(chunks, math.ceil(params / bucket))
         return bucketed_exposed_s(comm_s, beside_s, buckets, self.dp_contention(profile_fraction))
 
-    def layout_refusal(self, model, lay) -> str | None:
-        """Why this runtime cannot run a layout that planner/legality.py admits (one sentence), or None."""
-        if self.query_groups_multiple_of_tp and model.num_kv_heads % lay.tp:
-            return (f"{self.name} needs the {model.num_kv_heads} KV heads (query groups) to be a multiple of TP "
-                    f"{lay.tp} (Megatron-Core's TransformerConfig)")
-        return None
-
     def dp_contention(self, profile_fraction: float) -> float:
         """The bucket mechanism's one factor (dp_overlap_contention, or one less the profile's DP fraction)."""
         if self.dp_overlap_contention is not None:
@@ -350,7 +348,7 @@ def megatron_target(factors: dict, dp_bucket_params: float = MEGATRON_DP_BUCKET_
     """The megatron RuntimeTarget with these free factors (MEGATRON_FACTORS) and its fixed traits: one MoE dispatch
     per layer, FP8 weight gradients and experts, eager execution, the experts' states sharded over TP x DP x CP / EP (ETP 1)."""
     return RuntimeTarget("megatron", **{k: float(factors[k]) for k in MEGATRON_FACTORS},
-                         tp_hidden_fraction=MEGATRON_TP_HIDDEN_FRACTION, query_groups_multiple_of_tp=True,
+                         tp_hidden_fraction=MEGATRON_TP_HIDDEN_FRACTION, qkv_output_gather=True,
                          dp_bucket_params=float(dp_bucket_params), host_layer_s=float(host_layer_s),
                          two_chunk_dispatch=False, fp8_wgrad=True, fp8_experts=True, cuda_graph=False,
                          tp_backward_beside_gemms=True,
