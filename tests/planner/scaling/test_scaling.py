@@ -72,3 +72,15 @@ def test_bad_inputs_are_one_sentence(tmp_path, capsys):
         assert cli_main(argv) == 1
         err = capsys.readouterr().err.strip()
         assert expect in err and "\n" not in err, err
+
+
+def test_no_point_with_a_plan_still_writes_the_report(tmp_path):
+    """Every GPU count without a plan (gpt-175b on 8 GPUs needs at least 32): the rows, plots and report are
+    written; the throughput plot has no positive value to put on its log axis and must not fail on it."""
+    out = tmp_path / "none"
+    assert cli_main(["scaling", "--model", "gpt-175b", "--gpus", "8", "-o", str(out)]) == 0
+    df = pd.read_csv(out / "scaling.csv")
+    assert (df["status"] == "no fit").all() and df["reason"].str.contains("fits in memory").all()
+    for f in ("throughput.png", "efficiency.png", "breakdown.png", "memory.png", "report.md"):
+        assert (out / f).stat().st_size > 0, f
+    assert "Points without a plan" in (out / "report.md").read_text()
