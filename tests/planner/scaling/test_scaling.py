@@ -67,6 +67,10 @@ def test_bad_inputs_are_one_sentence(tmp_path, capsys):
           "-o", str(tmp_path / "a")], "not both"),
         (["scaling", "--model", "gpt-1.3b", "--gpus", "8", "--validate-csv", str(tmp_path / "missing.csv"),
           "-o", str(tmp_path / "a")], "does not exist"),
+        (["scaling", "--model", "gpt-1.3b", "--gpus", "8", "--tokens", "nanT", "-o", str(tmp_path / "a")],
+         "--tokens must be a finite number"),
+        (["scaling", "--model", "gpt-1.3b", "--gpus", "8", "--tokens", "1e400", "-o", str(tmp_path / "a")],
+         "--tokens must be a finite number"),
     ]
     for argv, expect in cases:
         assert cli_main(argv) == 1
