@@ -76,6 +76,9 @@ INT_KEYS = {  # key: (lower bound, upper bound)
 }
 FLOAT_KEYS = ("rope_theta", "rotary_emb_base", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon",
               "router_aux_loss_coef", "capacity_factor")
+BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "qkv_bias", "norm_topk_prob", "multi_query",
+             "use_sliding_window", "use_bidirectional_attention", "is_encoder_decoder")
+"""Switches planner/model/hf_config.py reads: JSON true or false (a string "false" would read as true)."""
 
 
 def hf_model_name(path) -> str:
@@ -171,7 +174,7 @@ def gelu_approximate(cfg: dict, reading: str, where: str) -> str:
 
 def check_hf_numbers(cfg: dict, where: str) -> None:
     """Whole-number keys within their bounds (a layer count of 1e12 would keep the search busy for minutes), float
-    keys finite."""
+    keys finite, switches true or false."""
     for key, (lo, hi) in INT_KEYS.items():
         v = cfg.get(key)
         if v is None:
@@ -184,3 +187,7 @@ def check_hf_numbers(cfg: dict, where: str) -> None:
         v = cfg.get(key)
         if v is not None and not is_number(v):
             raise PlanError(f"{where}: {key} must be a finite number, got {v!r}")
+    for key in BOOL_KEYS:
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise PlanError(f"{where}: {key} must be true or false, got {v!r}")
