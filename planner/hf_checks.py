@@ -9,6 +9,7 @@ Llama-style gated MLP whose activation is not SiLU, a Gemma, GPT-2 or BERT MLP w
 without a word; what is read is what the runtime trains and the cost model prices."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from planner.errors import PlanError
@@ -82,8 +83,10 @@ BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "qkv_bias", "norm_topk_pro
 
 
 def hf_model_name(path) -> str:
-    """The model's name from its config's path (the folder, else the file's stem), made safe for any export."""
-    return safe_model_name(Path(path).parent.name or Path(path).stem)
+    """The model's name from its config's path, made safe for any export: a config.json is named by its folder (the
+    hub's layout), another file by its stem; the same either way the path is spelled (relative or absolute)."""
+    path = Path(os.path.abspath(path))  # '..' and '.' resolved by name, links not followed
+    return safe_model_name((path.parent.name if path.name == "config.json" else "") or path.stem)
 
 
 HF_READING_FAMILY = {"bert": "bert", "plain_mlp": "gpt", "gpt2": "gpt", "gemma": "gemma", "llama_style": "llama"}
