@@ -140,7 +140,7 @@ def _bounded_candidates(model, shape, cluster, profile, pins, target, stats) -> 
     first_violation = None
     for lay in enumerate_layouts(model, shape, cluster, pins):
         stats.layouts_enumerated += 1
-        why = layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node) \
+        why = layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node, cluster.gpu) \
             or target.layout_refusal(model, lay)
         if why:
             first_violation = first_violation or (lay, why)
@@ -368,7 +368,7 @@ def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target=OU
         n *= 2
         c2 = replace(cluster, num_gpus=n)
         for lay in enumerate_layouts(model, shape, c2, Pins(**{**pins.__dict__, "dp": None})):
-            if layout_violation(model, shape, lay, n, c2.gpus_per_node) or target.layout_refusal(model, lay):
+            if layout_violation(model, shape, lay, n, c2.gpus_per_node, c2.gpu) or target.layout_refusal(model, lay):
                 continue
             if memory_bound_bytes(CostModel(model, shape, lay, c2, profile, target=target), pins.recompute) <= limit:
                 return n
