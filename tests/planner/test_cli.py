@@ -150,6 +150,16 @@ def test_negative_headroom_is_refused():
     assert_one_sentence_error(*run_cli("--model", "gpt-13b", "--gpus", "8", "--headroom-gib", "-1"))
 
 
+def test_headroom_that_leaves_no_allowance_is_bad_input():
+    """A headroom below the GPU's memory but not below the planner's allowance (131.0 GiB on an H200) leaves no
+    memory to plan in: one sentence naming the allowance and exit 1, not exit 2 with a negative limit."""
+    for headroom in ("131.5", "139"):
+        line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "8", "--headroom-gib", headroom))
+        assert "--headroom-gib" in line and "131.0 GiB" in line and "allowed" not in line
+    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--headroom-gib", "100")
+    assert rc == 0, err
+
+
 def test_host_paced_plan_is_flagged_and_a_gpu_paced_one_is_not():
     small = ("--model", "gpt-1.3b", "--gpus", "1", "--micro-batch", "1", "--global-batch", "8")
     code, out, err = run_cli(*small, "--no-cuda-graph")
