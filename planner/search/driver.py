@@ -354,10 +354,12 @@ def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_me
     need_gib = min_mem[0] / mem.GIB if min_mem else float("nan")
     fewest = _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target)
     where = f"; it needs at least {fewest} GPUs" if fewest else ""
+    recompute = {None: "full", "none": "no"}.get(pins.recompute, pins.recompute)  # the bound's mode: the pin, else full
     return NoFitError(
         f"no layout of {model.name} fits in memory on {cluster.num_gpus} {cluster.gpu} GPUs: the binding "
         f"constraint is per-GPU memory, every layout needs at least {need_gib:.1f} GiB per GPU "
-        f"(least: {min_mem[1].short()} with full recompute) against the {limit / mem.GIB:.1f} GiB allowed{where}")
+        f"(least: {min_mem[1].short()} with {recompute} recompute) against the {limit / mem.GIB:.1f} GiB "
+        f"allowed{where}")
 
 
 def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target=OURS) -> int | None:

@@ -30,6 +30,17 @@ def test_no_fit_names_memory_and_what_would_fit():
     assert "fits in memory" in line and "GiB" in line and "it needs at least" in line
 
 
+def test_no_fit_names_the_pinned_recompute():
+    """The least memory of a no-fit sentence is taken with the pinned recompute mode, and the sentence says which
+    (it said 'with full recompute' whatever was pinned)."""
+    pinned = ("--model", "gpt-70b", "--gpus", "64", "--tp", "8", "--pp", "1", "--dp", "8", "--sharding", "none")
+    for mode, words in (("none", "with no recompute"), ("selective", "with selective recompute"),
+                        ("full", "with full recompute")):
+        line = assert_one_sentence_error(*run_cli(*pinned, "--recompute", mode), code=2)
+        assert words in line, line
+    assert "with full recompute" in assert_one_sentence_error(*run_cli(*pinned), code=2)
+
+
 def test_corrupted_profile(tmp_path):
     p = tmp_path / "prof.json"
     p.write_text('{"format": "parallel-plan/profile", "version": 1, "gpu": "h200-sxm"')
