@@ -4,8 +4,10 @@ feature that changes cost or numerics and that the runtime does not build, numbe
 Refused by name, in one sentence each: encoder-decoder models (T5, BART, ...), state-space and recurrent models
 (Mamba, RWKV: their layers are not attention), a model type parallel-plan does not know, attention or final logit
 soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's and OLMo 2's blocks, Granite's multipliers, a
-Llama-style gated MLP whose activation is not SiLU, a Gemma, GPT-2 or BERT MLP whose activation is not GELU
-(gelu_approximate reads the GELU's form: tanh or exact erf), a decoder made bidirectional. Nothing is left out
+Llama-style gated MLP whose activation is not SiLU or that has biases (mlp_bias), rotary over part of each head
+(partial_rotary_factor; the plain-MLP types, planned as approximations, keep theirs), a Gemma, GPT-2 or BERT MLP
+whose activation is not GELU (gelu_approximate reads the GELU's form: tanh or exact erf), a decoder made
+bidirectional. Nothing is left out
 without a word; what is read is what the runtime trains and the cost model prices."""
 from __future__ import annotations
 
@@ -145,6 +147,12 @@ def check_hf_config(cfg: dict, model_type: str, path) -> None:
             raise PlanError(f"{where}: its gated MLP uses the activation '{act}' (GeGLU and the like); the runtime's "
                             "Llama-style gated MLP is SwiGLU (SiLU), so it is refused rather than planned or exported "
                             "as --swiglu")
+    if reading in ("llama_style", "gemma") and cfg.get("mlp_bias") is True:
+        raise PlanError(f"{where}: mlp_bias true puts biases on the gated MLP's projections, which parallel-plan's "
+                        "runtime does not build; planning it without them would train another model")
+    if reading in ("llama_style", "gemma") and cfg.get("partial_rotary_factor") not in (None, 1, 1.0):
+        raise PlanError(f"{where}: partial_rotary_factor {cfg['partial_rotary_factor']!r} rotates part of each head, "
+                        "where parallel-plan's runtime rotates all of it; planning it so would train another model")
     if cfg.get("use_bidirectional_attention"):
         raise PlanError(f"{where}: use_bidirectional_attention makes its decoder attend both ways, which "
                         "parallel-plan's runtime does not build")
