@@ -218,9 +218,9 @@ def _report_header(df, args, model, gbs: list[int], argv, elapsed_s: float) -> l
                  f"{model.hidden}. GPU counts {', '.join(str(g) for g in sorted(df['gpus'].unique()))}; "
                  f"{args.gpus_per_node} GPUs per node; network {args.inter_node_gbps:g} GB/s per GPU.  ")
     seq = int(df["seq_len"].dropna().iloc[0]) if df["seq_len"].notna().any() else model.default_seq_len
-    if args.weak:
-        lines.append(f"Weak scaling: the batch per GPU is fixed, the global batch grows from {gbs[0]} to {gbs[-1]} "
-                     f"sequences of {seq} tokens.  ")
+    if args.weak:  # no global batch when no point has a whole one
+        lines.append(f"Weak scaling: the batch per GPU is fixed, the global batch grows from "
+                     f"{gbs[0] if gbs else '?'} to {gbs[-1] if gbs else '?'} sequences of {seq} tokens.  ")
     else:
         lines.append(f"Strong scaling: a fixed global batch of {gbs[0] if gbs else '?'} sequences of {seq} tokens "
                      f"({(gbs[0] if gbs else 0) * seq / 1e6:.2f}M tokens per step).  ")

@@ -88,3 +88,14 @@ def test_no_point_with_a_plan_still_writes_the_report(tmp_path):
     for f in ("throughput.png", "efficiency.png", "breakdown.png", "memory.png", "report.md"):
         assert (out / f).stat().st_size > 0, f
     assert "Points without a plan" in (out / "report.md").read_text()
+
+
+def test_weak_scaling_without_a_whole_batch_at_any_point_writes_the_report(tmp_path):
+    """0.3 sequences per GPU gives no whole global batch at 8 or 16 GPUs: every row says why, and the weak-scaling
+    header, which names the first and last global batch, must not fail on there being none."""
+    out = tmp_path / "weak"
+    assert cli_main(["scaling", "--model", "gpt-1.3b", "--gpus", "8,16", "--weak", "--batch-per-gpu", "0.3",
+                     "-o", str(out)]) == 0
+    df = pd.read_csv(out / "scaling.csv")
+    assert (df["status"] == "impossible").all() and df["reason"].str.contains("not a whole number").all()
+    assert "Weak scaling" in (out / "report.md").read_text()
