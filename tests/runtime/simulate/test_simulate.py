@@ -118,3 +118,15 @@ def test_output_folder_is_written_and_kept_without_force(tmp_path, capsys):
     assert json.loads((out / "simulation.json").read_text())["ranks"][0]["rank"] == 0
     assert cli_main(["validate", str(plan), "--simulate", "--ranks", "1", "-o", str(out), "--force"]) == 0
     assert json.loads((out / "simulation.json").read_text())["ranks"][0]["rank"] == 1
+
+
+def test_a_plan_for_the_cpu_kind_simulates(tmp_path):
+    """A plan made for --gpu cpu (the CPU loop: plan profile --device cpu, plan --gpu cpu --profile ...) has no shipped
+    profile; the simulation's predictions (memory, collective bytes) read no timing, so it is simulated all the same
+    (it stopped with 'no profile ships for GPU cpu')."""
+    spec = tiny_model("llama")
+    path = tmp_path / "cpu.json"
+    Plan(spec, ClusterSpec(gpu="cpu", num_gpus=2, gpus_per_node=2).to_dict(), TrainingShape(32, 4),
+         Layout(tp=2, micro_batch=1, sharding="none", cuda_graph=False), even_stages(4, 1)).save(path)
+    (rank,) = _simulate(path, "0")
+    assert rank["traced_parts_gib"]["weights"] == pytest.approx(rank["predicted_parts_gib"]["weights"], rel=0.01)
