@@ -90,6 +90,7 @@ def resolve_inputs(args):
     from dataclasses import replace
 
     from planner.cluster import ClusterSpec, load_cluster_file, validate_cluster
+    from planner.memory.model import GIB, memory_limit_bytes
     from planner.model import resolve_model
     from planner.plan import TrainingShape
     from planner.profile import load_profile
@@ -107,6 +108,12 @@ def resolve_inputs(args):
     if cluster.num_gpus < cluster.gpus_per_node:
         cluster = replace(cluster, gpus_per_node=cluster.num_gpus)
     validate_cluster(cluster)
+    allowance_gib = memory_limit_bytes(cluster.kind.memory_gib) / GIB
+    if cluster.headroom_gib >= allowance_gib:  # validate_cluster bounds it by the HBM, which is more
+        given = f"memory_headroom_gib of '{args.cluster}'" if args.cluster else "--headroom-gib"
+        raise PlanError(f"{given} {cluster.headroom_gib:g} leaves no memory to plan in: the planner allows "
+                        f"{allowance_gib:.1f} GiB per {cluster.gpu} (its memory less what lies outside the allocator "
+                        "and fragmentation)")
     seq = args.seq_len or model.default_seq_len
     gb = args.global_batch or model.default_global_batch
     if seq > model.max_seq_len:

@@ -229,11 +229,25 @@ def render_slurm(plan: Plan, plan_path: str, args) -> str:
     return _script(lines)
 
 
+def _refuse_approximated(plan: Plan) -> None:
+    """One sentence for a plan of a model type planned as a GPT-style approximation (planner/hf_checks.py
+    APPROXIMATED_TYPES): `plan launch` refuses to train it, so its torchrun and Slurm commands would stop at launch,
+    and Megatron-LM's arguments would describe another model (learned positions, a sequential residual)."""
+    from planner.hf_checks import APPROXIMATED_TYPES
+
+    model_type = plan.model.hf_model_type.lower()
+    if model_type in APPROXIMATED_TYPES:
+        raise PlanError(f"model_type '{model_type}' is planned with an approximated architecture (GPT-style, which "
+                        "its positions, residual wiring or norms are not), so it is not exported: `plan launch` "
+                        "refuses to train it and Megatron-LM's arguments would describe another model")
+
+
 def main(argv: list[str] | None = None) -> int:
     """`plan export`: write the plan in the asked form to -o or standard output, its predictions on standard
     error. Returns the exit status."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     plan = Plan.load(Path(args.plan))
+    _refuse_approximated(plan)
     if args.output:
         from planner.outputs import check_output_file
         check_output_file(Path(args.output), "-o", overwrite=args.force)

@@ -4,11 +4,14 @@ feature that changes cost or numerics and that the runtime does not build, numbe
 Refused by name, in one sentence each: encoder-decoder models (T5, BART, ...), state-space and recurrent models
 (Mamba, RWKV: their layers are not attention), a model type parallel-plan does not know, attention or final logit
 soft-capping (Gemma 2), the extra norms around Gemma 2 / 3's and OLMo 2's blocks, Granite's multipliers, a
-Llama-style gated MLP whose activation is not SiLU, a Gemma, GPT-2 or BERT MLP whose activation is not GELU
-(gelu_approximate reads the GELU's form: tanh or exact erf), a decoder made bidirectional. Nothing is left out
+Llama-style gated MLP whose activation is not SiLU or that has biases (mlp_bias), rotary over part of each head
+(partial_rotary_factor; the plain-MLP types, planned as approximations, keep theirs), a Gemma, GPT-2 or BERT MLP
+whose activation is not GELU (gelu_approximate reads the GELU's form: tanh or exact erf), a decoder made
+bidirectional. Nothing is left out
 without a word; what is read is what the runtime trains and the cost model prices."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from planner.errors import PlanError
@@ -76,11 +79,16 @@ INT_KEYS = {  # key: (lower bound, upper bound)
 }
 FLOAT_KEYS = ("rope_theta", "rotary_emb_base", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon",
               "router_aux_loss_coef", "capacity_factor")
+BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "qkv_bias", "norm_topk_prob", "multi_query",
+             "use_sliding_window", "use_bidirectional_attention", "is_encoder_decoder")
+"""Switches planner/model/hf_config.py reads: JSON true or false (a string "false" would read as true)."""
 
 
 def hf_model_name(path) -> str:
-    """The model's name from its config's path (the folder, else the file's stem), made safe for any export."""
-    return safe_model_name(Path(path).parent.name or Path(path).stem)
+    """The model's name from its config's path, made safe for any export: a config.json is named by its folder (the
+    hub's layout), another file by its stem; the same either way the path is spelled (relative or absolute)."""
+    path = Path(os.path.abspath(path))  # '..' and '.' resolved by name, links not followed
+    return safe_model_name((path.parent.name if path.name == "config.json" else "") or path.stem)
 
 
 HF_READING_FAMILY = {"bert": "bert", "plain_mlp": "gpt", "gpt2": "gpt", "gemma": "gemma", "llama_style": "llama"}
@@ -139,6 +147,12 @@ def check_hf_config(cfg: dict, model_type: str, path) -> None:
             raise PlanError(f"{where}: its gated MLP uses the activation '{act}' (GeGLU and the like); the runtime's "
                             "Llama-style gated MLP is SwiGLU (SiLU), so it is refused rather than planned or exported "
                             "as --swiglu")
+    if reading in ("llama_style", "gemma") and cfg.get("mlp_bias") is True:
+        raise PlanError(f"{where}: mlp_bias true puts biases on the gated MLP's projections, which parallel-plan's "
+                        "runtime does not build; planning it without them would train another model")
+    if reading in ("llama_style", "gemma") and cfg.get("partial_rotary_factor") not in (None, 1, 1.0):
+        raise PlanError(f"{where}: partial_rotary_factor {cfg['partial_rotary_factor']!r} rotates part of each head, "
+                        "where parallel-plan's runtime rotates all of it; planning it so would train another model")
     if cfg.get("use_bidirectional_attention"):
         raise PlanError(f"{where}: use_bidirectional_attention makes its decoder attend both ways, which "
                         "parallel-plan's runtime does not build")
@@ -171,7 +185,7 @@ def gelu_approximate(cfg: dict, reading: str, where: str) -> str:
 
 def check_hf_numbers(cfg: dict, where: str) -> None:
     """Whole-number keys within their bounds (a layer count of 1e12 would keep the search busy for minutes), float
-    keys finite."""
+    keys finite, switches true or false."""
     for key, (lo, hi) in INT_KEYS.items():
         v = cfg.get(key)
         if v is None:
@@ -184,3 +198,7 @@ def check_hf_numbers(cfg: dict, where: str) -> None:
         v = cfg.get(key)
         if v is not None and not is_number(v):
             raise PlanError(f"{where}: {key} must be a finite number, got {v!r}")
+    for key in BOOL_KEYS:
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise PlanError(f"{where}: {key} must be true or false, got {v!r}")

@@ -82,6 +82,8 @@ def layout_violation(model: ModelSpec, shape: TrainingShape, lay: Layout, num_gp
         return "fully sharded data parallelism with expert parallelism is not supported by the runtime yet"
     if lay.sharding != "none" and lay.dp * lay.cp == 1:
         return f"sharding '{lay.sharding}' needs more than one data-parallel rank"
+    if lay.fp8 and gpu is not None and gpu not in FP8_GPUS:
+        return f"FP8 GEMMs need FP8 tensor cores (Hopper), which the {gpu} does not have"
     if lay.cuda_graph:
         why = cuda_graph_violation(model, lay, gpu)
         if why:
@@ -100,6 +102,11 @@ def schedule_violation(shape: TrainingShape, lay: Layout) -> str | None:
 GROUPED_GEMM_GPUS = ("h200-sxm", "h100-sxm", "h100-96gb", "h800")
 """GPU kinds where the MoE experts run as grouped GEMMs with their row counts on the device (Hopper:
 runtime/parallel/expert.py, grouped_mm_supported); elsewhere the expert loop reads the counts on the host."""
+
+
+FP8_GPUS = ("h200-sxm", "h100-sxm", "h100-96gb", "h800", "cpu")
+"""GPU kinds whose FP8 GEMMs (torch._scaled_mm, runtime/parallel/fp8.py) run: Hopper's FP8 tensor cores, and the CPU
+runs that test them. The A100 (Ampere) has none."""
 
 
 def cuda_graph_violation(model: ModelSpec, lay: Layout, gpu: str | None = None) -> str | None:

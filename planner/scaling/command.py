@@ -3,6 +3,7 @@ and a summary printed."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,8 @@ def _tokens(s: str) -> float:
         v = float(t[:-1]) * mult[t[-1]] if t and t[-1] in mult else float(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--tokens takes a number such as 2e12 or 300B, got '{s}'") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"--tokens must be a finite number, got '{s}'")
     if v <= 0:
         raise argparse.ArgumentTypeError(f"--tokens must be positive, got '{s}'")
     return v

@@ -39,7 +39,10 @@ def write_plots(df, measured, out: Path, title: str) -> list[str]:
 
 
 def _gpu_axis(ax, gpus) -> None:
-    """A log2 x axis of GPU counts, ticked at each count of the report."""
+    """A log2 x axis of GPU counts, ticked at each count of the report (spanning them when nothing is drawn: no
+    point has a plan)."""
+    if not math.isfinite(ax.dataLim.minposx):  # no point drawn: autoscaling would give a log axis no range
+        ax.set_xlim(min(gpus) / 2, max(gpus) * 2)
     ax.set_xscale("log", base=2)
     ax.set_xticks(gpus)
     ax.set_xticklabels([str(g) for g in gpus])
@@ -71,7 +74,8 @@ def _throughput_plot(plt, df, measured, out: Path, title: str, series: list, gpu
     if measured is not None and not measured.empty:
         ax.plot(measured["gpus"], measured["measured_tokens_per_s"], "kx", ms=9, mew=2, label="measured (plan validate)")
     _gpu_axis(ax, gpus)
-    ax.set_yscale("log")
+    if math.isfinite(ax.dataLim.minposy):  # a log axis needs a positive value: none when no point has a plan
+        ax.set_yscale("log")
     ax.set_ylabel("tokens / s")
     ax.set_title(f"Throughput: {title}", fontsize=10)
     ax.legend(fontsize=7)
@@ -122,7 +126,8 @@ def _breakdown_plot(plt, df, out: Path, series: list) -> str:
         ax.set_xlabel("GPUs")
         ax.set_ylabel("share of the step (%)")
         ax.set_title(f"Where the step goes: {s}", fontsize=10)
-        ax.legend(fontsize=7, loc="lower left")
+        if ax.get_legend_handles_labels()[0]:  # no bars when the series has no plan
+            ax.legend(fontsize=7, loc="lower left")
     return _save(plt, fig, out, "breakdown.png")
 
 
@@ -150,7 +155,8 @@ def _memory_plot(plt, df, out: Path, series: list, gpus) -> str:
     ax.set_ylim(bottom=0)
     ax.set_ylabel("predicted peak memory (GiB)")
     ax.set_title("Memory per pipeline rank against the planner's limit", fontsize=10)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # nothing drawn when no point has a plan
+        ax.legend(fontsize=7)
     return _save(plt, fig, out, "memory.png")
 
 
@@ -212,9 +218,9 @@ def _report_header(df, args, model, gbs: list[int], argv, elapsed_s: float) -> l
                  f"{model.hidden}. GPU counts {', '.join(str(g) for g in sorted(df['gpus'].unique()))}; "
                  f"{args.gpus_per_node} GPUs per node; network {args.inter_node_gbps:g} GB/s per GPU.  ")
     seq = int(df["seq_len"].dropna().iloc[0]) if df["seq_len"].notna().any() else model.default_seq_len
-    if args.weak:
-        lines.append(f"Weak scaling: the batch per GPU is fixed, the global batch grows from {gbs[0]} to {gbs[-1]} "
-                     f"sequences of {seq} tokens.  ")
+    if args.weak:  # no global batch when no point has a whole one
+        lines.append(f"Weak scaling: the batch per GPU is fixed, the global batch grows from "
+                     f"{gbs[0] if gbs else '?'} to {gbs[-1] if gbs else '?'} sequences of {seq} tokens.  ")
     else:
         lines.append(f"Strong scaling: a fixed global batch of {gbs[0] if gbs else '?'} sequences of {seq} tokens "
                      f"({(gbs[0] if gbs else 0) * seq / 1e6:.2f}M tokens per step).  ")
@@ -280,7 +286,7 @@ def _breakdown_section(df, first_ok) -> list[str]:
              "## Where the time goes", "",
              "Share of the predicted step (slowest pipeline rank) per part; the label over each bar is the step time.",
              "", "![breakdown](breakdown.png)", ""]
-    bcols = [k for k in BREAKDOWN_ORDER if (df.get(f"t_{k}_s", 0) > 0).any()]
+    bcols = [k for k in BREAKDOWN_ORDER if f"t_{k}_s" in df and (df[f"t_{k}_s"] > 0).any()]
     if bcols and not first_ok.empty:
         lines.append("| GPUs | " + " | ".join(BREAKDOWN_LABEL[k] for k in bcols) + " |")
         lines.append("|---|" + "---|" * len(bcols))

@@ -140,7 +140,7 @@ def _bounded_candidates(model, shape, cluster, profile, pins, target, stats) -> 
     first_violation = None
     for lay in enumerate_layouts(model, shape, cluster, pins):
         stats.layouts_enumerated += 1
-        why = layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node)
+        why = layout_violation(model, shape, lay, cluster.num_gpus, cluster.gpus_per_node, cluster.gpu)
         if why:
             first_violation = first_violation or (lay, why)
             continue
@@ -353,10 +353,12 @@ def _no_fit(model, shape, cluster, profile, pins, stats, first_violation, min_me
     need_gib = min_mem[0] / mem.GIB if min_mem else float("nan")
     fewest = _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target)
     where = f"; it needs at least {fewest} GPUs" if fewest else ""
+    recompute = {None: "full", "none": "no"}.get(pins.recompute, pins.recompute)  # the bound's mode: the pin, else full
     return NoFitError(
         f"no layout of {model.name} fits in memory on {cluster.num_gpus} {cluster.gpu} GPUs: the binding "
         f"constraint is per-GPU memory, every layout needs at least {need_gib:.1f} GiB per GPU "
-        f"(least: {min_mem[1].short()} with full recompute) against the {limit / mem.GIB:.1f} GiB allowed{where}")
+        f"(least: {min_mem[1].short()} with {recompute} recompute) against the {limit / mem.GIB:.1f} GiB "
+        f"allowed{where}")
 
 
 def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target=OURS) -> int | None:
@@ -367,7 +369,7 @@ def _fewest_gpus_that_fit(model, shape, cluster, profile, pins, limit, target=OU
         n *= 2
         c2 = replace(cluster, num_gpus=n)
         for lay in enumerate_layouts(model, shape, c2, Pins(**{**pins.__dict__, "dp": None})):
-            if layout_violation(model, shape, lay, n, c2.gpus_per_node):
+            if layout_violation(model, shape, lay, n, c2.gpus_per_node, c2.gpu):
                 continue
             if memory_bound_bytes(CostModel(model, shape, lay, c2, profile, target=target), pins.recompute) <= limit:
                 return n

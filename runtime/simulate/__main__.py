@@ -19,16 +19,20 @@ from planner.errors import PlanError
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="plan validate PLAN --simulate",
-                                 description="Build and step a plan's ranks under a fake process group and fake "
-                                             "tensors; traced memory and collectives beside the prediction.")
+    from planner.arguments import Parser, positive_int
+
+    ap = Parser(prog="plan validate PLAN --simulate",
+                description="Build and step a plan's ranks under a fake process group and fake "
+                            "tensors; traced memory and collectives beside the prediction.")
     ap.add_argument("plan")
     ap.add_argument("--ranks", default=None, help="'all' or a comma-separated list (default: one of each role)")
-    ap.add_argument("--steps", type=int, default=1, help="steps per rank; the last is traced (default 1)")
-    ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)),
+    ap.add_argument("--steps", type=positive_int("--steps"), default=1,
+                    help="steps per rank; the last is traced (default 1)")
+    ap.add_argument("--jobs", type=positive_int("--jobs"), default=max(1, min(2, os.cpu_count() or 1)),
                     help="ranks simulated at once, each a process of one core (default: 2, or 1 on one core)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-o", "--output", default=None, help="folder for simulation.json")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing DIR/simulation.json")
     ap.add_argument("--one-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -119,19 +123,21 @@ def main(argv=None) -> int:
     from runtime.simulate.report import table
     from runtime.simulate.roles import parse_ranks
 
+    if args.output:  # checked before any rank: a simulation takes minutes
+        from planner.outputs import check_output_folder
+        check_output_folder(Path(args.output), "-o", ("simulation.json",), overwrite=args.force)
     plan = Plan.load(Path(args.plan))  # a plan that breaks a rule of planner/legality.py stops here, before any rank
     why = ours_violation(plan.layout)
     if why:  # a plan priced for another runtime target: its program in ours cannot be built
         raise PlanError(f"the simulation builds our runtime's program: {why}")
     ranks = parse_ranks(args.ranks, plan.layout)
-    if args.jobs < 1:
-        raise PlanError(f"--jobs must be at least 1, got {args.jobs}")
     entries = simulate_ranks(args.plan, ranks, args.steps, args.jobs)
     obj = {"plan": args.plan, "model": plan.model.name, "layout": plan.layout.short(),
            "world_size": plan.layout.world_size, "ranks": entries}
     if args.output:
-        Path(args.output).mkdir(parents=True, exist_ok=True)
-        (Path(args.output) / "simulation.json").write_text(json.dumps(obj, indent=1) + "\n")
+        from planner.outputs import write_file
+        Path(args.output).mkdir(exist_ok=True)
+        write_file(Path(args.output) / "simulation.json", json.dumps(obj, indent=1) + "\n")
     print(json.dumps(obj, indent=1) if args.json else table(f"{plan.model.name} {plan.layout.short()}", entries))
     return 0
 

@@ -38,9 +38,13 @@ def cost_model(plan: Plan) -> CostModel:
     """The cost model that `plan validate` predicts the plan with (our runtime, eager where it cannot capture)."""
     from planner.cost.targets import load_target
     from planner.profile import load_profile
+    from planner.profile.files import default_profile_path
 
     cluster = ClusterSpec.from_dict(plan.cluster)
-    profile = load_profile(None, cluster.gpu, True)
+    # the memory and collective bytes predicted here read no timing: a GPU kind without a shipped profile (the CPU
+    # runs) is priced with the H200's
+    shipped = default_profile_path(cluster.gpu).exists()
+    profile = load_profile(None, cluster.gpu if shipped else "h200-sxm", True)
     target = load_target("ours")
     layout = plan.layout if target.cuda_graph or not plan.layout.cuda_graph else replace(plan.layout, cuda_graph=False)
     return CostModel(plan.model, plan.training, layout, cluster, profile, target=target)

@@ -52,6 +52,10 @@ CONFIGS = {
     "huge": dict(LLAMA_CFG, num_hidden_layers=1e12),
     "halflayer": dict(LLAMA_CFG, num_hidden_layers=4.5),
     "nanrope": dict(LLAMA_CFG, rope_theta=float("nan")),
+    "mlpbias": dict(LLAMA_CFG, mlp_bias=True),
+    "partialrope": dict(LLAMA_CFG, model_type="phi3", partial_rotary_factor=0.75),
+    "stringtie": dict(LLAMA_CFG, tie_word_embeddings="false"),
+    "stringbias": dict(LLAMA_CFG, attention_bias="no"),
     "bart": {"model_type": "bart", "d_model": 768, "encoder_layers": 6, "decoder_layers": 6, "vocab_size": 50265},
 }
 
@@ -142,6 +146,12 @@ CASES = [
     ("plan hf huge layers", ["--model", "huge", "--gpus", "8"], 1, "num_hidden_layers 1000000000000.0 is outside 1..4096"),
     ("plan hf half layer", ["--model", "halflayer", "--gpus", "8"], 1, "num_hidden_layers must be a whole number"),
     ("plan hf nan rope", ["--model", "nanrope", "--gpus", "8"], 1, "rope_theta must be a finite number"),
+    ("plan hf mlp bias", ["--model", "mlpbias", "--gpus", "8"], 1, "mlp_bias true puts biases on the gated MLP"),
+    ("plan hf partial rotary", ["--model", "partialrope", "--gpus", "8"], 1,
+     "partial_rotary_factor 0.75 rotates part of each head"),
+    ("plan hf string tie", ["--model", "stringtie", "--gpus", "8"], 1,
+     "tie_word_embeddings must be true or false, got 'false'"),
+    ("plan hf string bias", ["--model", "stringbias", "--gpus", "8"], 1, "attention_bias must be true or false"),
     ("plan hf missing", ["--model", "datadir", "--gpus", "8"], 1, "does not exist"),
     # -- export -----------------------------------------------------------------------------------------------
     ("export no to", ["export", "plan.json"], 1, "the following arguments are required: --to"),

@@ -30,6 +30,17 @@ def test_no_fit_names_memory_and_what_would_fit():
     assert "fits in memory" in line and "GiB" in line and "it needs at least" in line
 
 
+def test_no_fit_names_the_pinned_recompute():
+    """The least memory of a no-fit sentence is taken with the pinned recompute mode, and the sentence says which
+    (it said 'with full recompute' whatever was pinned)."""
+    pinned = ("--model", "gpt-70b", "--gpus", "64", "--tp", "8", "--pp", "1", "--dp", "8", "--sharding", "none")
+    for mode, words in (("none", "with no recompute"), ("selective", "with selective recompute"),
+                        ("full", "with full recompute")):
+        line = assert_one_sentence_error(*run_cli(*pinned, "--recompute", mode), code=2)
+        assert words in line, line
+    assert "with full recompute" in assert_one_sentence_error(*run_cli(*pinned), code=2)
+
+
 def test_corrupted_profile(tmp_path):
     p = tmp_path / "prof.json"
     p.write_text('{"format": "parallel-plan/profile", "version": 1, "gpu": "h200-sxm"')
@@ -148,6 +159,16 @@ def test_report_states_the_headroom():
 
 def test_negative_headroom_is_refused():
     assert_one_sentence_error(*run_cli("--model", "gpt-13b", "--gpus", "8", "--headroom-gib", "-1"))
+
+
+def test_headroom_that_leaves_no_allowance_is_bad_input():
+    """A headroom below the GPU's memory but not below the planner's allowance (131.0 GiB on an H200) leaves no
+    memory to plan in: one sentence naming the allowance and exit 1, not exit 2 with a negative limit."""
+    for headroom in ("131.5", "139"):
+        line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "8", "--headroom-gib", headroom))
+        assert "--headroom-gib" in line and "131.0 GiB" in line and "allowed" not in line
+    rc, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "8", "--headroom-gib", "100")
+    assert rc == 0, err
 
 
 def test_host_paced_plan_is_flagged_and_a_gpu_paced_one_is_not():

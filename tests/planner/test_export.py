@@ -310,3 +310,18 @@ def test_gemma_is_not_exported_to_megatron():
     with pytest.raises(PlanError, match="no GeGLU MLP.*family 'gemma'") as exc:
         megatron_args(make_plan(tiny_model("gemma"), gb=8, micro_batch=1, sharding="none"))
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("to", ["megatron", "torchrun", "slurm"])
+def test_approximated_model_type_is_not_exported(tmp_path, capsys, to):
+    """A plan of a model type read as a GPT-style approximation (falcon: rotary positions and a parallel residual
+    there, learned positions and a sequential residual here) is refused by every export, as `plan launch` refuses
+    it: torchrun and Slurm would run a command that stops at launch, and Megatron-LM's arguments would train
+    another model."""
+    from dataclasses import replace
+    spec = replace(tiny_model("gpt"), hf_model_type="falcon")
+    p = write(tmp_path, make_plan(spec, gb=8, tp=2, dp=1, micro_batch=1, sharding="none"))
+    assert cli_main(["export", str(p), "--to", to]) == 1
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert "model_type 'falcon'" in err and "approximated" in err and "\n" not in err and cap.out == ""

@@ -156,3 +156,20 @@ def test_our_runtime_refuses_a_schedule_it_does_not_run():
     assert ours_violation(Layout(pp=2, dp=1)) is None
     assert why(pp=2, schedule="dualpipe") is None
     assert "our runtime does not run the DualPipe schedule" in ours_violation(Layout(pp=2, schedule="dualpipe"))
+
+
+def test_fp8_needs_a_gpu_with_fp8_tensor_cores():
+    """An A100 has no FP8 tensor cores (torch._scaled_mm needs Ada or Hopper): an FP8 layout for it is refused,
+    not priced at twice the bf16 rate; Hopper kinds, the CPU runs and an unknown GPU pass."""
+    lay = Layout(tp=2, dp=1, micro_batch=1, sharding="none", fp8=True)
+    assert "FP8" in layout_violation(GPT, SHAPE, lay, gpu="a100-80gb") and "a100-80gb" in \
+        layout_violation(GPT, SHAPE, lay, gpu="a100-80gb")
+    for gpu in ("h200-sxm", "h100-sxm", "h100-96gb", "h800", "cpu", None):
+        assert layout_violation(GPT, SHAPE, lay, gpu=gpu) is None, gpu
+    assert layout_violation(GPT, SHAPE, Layout(tp=2, dp=1, micro_batch=1, sharding="none"), gpu="a100-80gb") is None
+
+
+def test_fp8_on_an_a100_is_one_sentence_at_the_command_line():
+    from tests.planner.conftest import assert_one_sentence_error, run_cli
+    line = assert_one_sentence_error(*run_cli("--model", "gpt-1.3b", "--gpus", "8", "--gpu", "a100-80gb", "--fp8"))
+    assert "FP8" in line and "a100-80gb" in line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -472,3 +473,16 @@ def test_import_sliding_window_attention_is_warned(tmp_path):
         warnings.simplefilter("error")
         from_hf_config(_write(tmp_path, dict(QWEN2_05B, sliding_window=32768, use_sliding_window=False), "q.json"))
         from_hf_config(_write(tmp_path, dict(LLAMA3_8B, sliding_window=None), "none.json"))
+
+
+def test_hf_model_name_does_not_depend_on_how_the_path_is_spelled(tmp_path, monkeypatch):
+    """A config.json is named by its folder, another file by its stem, whether the path is relative or absolute:
+    `plan --model qwen.json` and `plan --model /abs/dir/qwen.json` plan the same model under the same name (the
+    plan file, results CSVs and calibration hold-outs match models by it)."""
+    other = _write(tmp_path, QWEN2_05B, "qwen.json")
+    hub = _write(tmp_path, QWEN2_05B)
+    monkeypatch.chdir(hub.parent)
+    for p in (other, "qwen.json", "./qwen.json", "../model/qwen.json"):
+        assert from_hf_config(Path(p)).name == "qwen", p
+    for p in (hub, "config.json", "./config.json", "../model/config.json"):
+        assert from_hf_config(Path(p)).name == "model", p

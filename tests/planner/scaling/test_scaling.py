@@ -67,8 +67,35 @@ def test_bad_inputs_are_one_sentence(tmp_path, capsys):
           "-o", str(tmp_path / "a")], "not both"),
         (["scaling", "--model", "gpt-1.3b", "--gpus", "8", "--validate-csv", str(tmp_path / "missing.csv"),
           "-o", str(tmp_path / "a")], "does not exist"),
+        (["scaling", "--model", "gpt-1.3b", "--gpus", "8", "--tokens", "nanT", "-o", str(tmp_path / "a")],
+         "--tokens must be a finite number"),
+        (["scaling", "--model", "gpt-1.3b", "--gpus", "8", "--tokens", "1e400", "-o", str(tmp_path / "a")],
+         "--tokens must be a finite number"),
     ]
     for argv, expect in cases:
         assert cli_main(argv) == 1
         err = capsys.readouterr().err.strip()
         assert expect in err and "\n" not in err, err
+
+
+def test_no_point_with_a_plan_still_writes_the_report(tmp_path):
+    """Every GPU count without a plan (gpt-175b on 8 GPUs needs at least 32): the rows, plots and report are
+    written; the throughput plot has no positive value to put on its log axis and must not fail on it."""
+    out = tmp_path / "none"
+    assert cli_main(["scaling", "--model", "gpt-175b", "--gpus", "8", "-o", str(out)]) == 0
+    df = pd.read_csv(out / "scaling.csv")
+    assert (df["status"] == "no fit").all() and df["reason"].str.contains("fits in memory").all()
+    for f in ("throughput.png", "efficiency.png", "breakdown.png", "memory.png", "report.md"):
+        assert (out / f).stat().st_size > 0, f
+    assert "Points without a plan" in (out / "report.md").read_text()
+
+
+def test_weak_scaling_without_a_whole_batch_at_any_point_writes_the_report(tmp_path):
+    """0.3 sequences per GPU gives no whole global batch at 8 or 16 GPUs: every row says why, and the weak-scaling
+    header, which names the first and last global batch, must not fail on there being none."""
+    out = tmp_path / "weak"
+    assert cli_main(["scaling", "--model", "gpt-1.3b", "--gpus", "8,16", "--weak", "--batch-per-gpu", "0.3",
+                     "-o", str(out)]) == 0
+    df = pd.read_csv(out / "scaling.csv")
+    assert (df["status"] == "impossible").all() and df["reason"].str.contains("not a whole number").all()
+    assert "Weak scaling" in (out / "report.md").read_text()

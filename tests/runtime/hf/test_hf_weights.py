@@ -211,12 +211,15 @@ def test_approximated_model_types_are_refused(model_type):
 
 
 def test_a_tensor_the_runtime_lacks_is_refused(tmp_path):
-    """Llama with mlp_bias: the planner reads no MLP bias, so loading would drop them."""
+    """Llama weights with MLP biases under a config that does not say so (the planner refuses mlp_bias true itself):
+    the runtime's model has no place for them, so loading would drop them."""
     import transformers
     folder = tmp_path / "llama"
     cfg = hf_models.hf_config("llama")
     cfg.mlp_bias = True
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, mlp_bias=False)))
     assert "mlp.down_proj.bias" in _refused(hf_models.spec_of(folder), folder)
 
 

@@ -74,3 +74,59 @@ def test_tied_cp_zero2_pipeline_collectives_equal_the_cost_model(tmp_path):
             assert by[key]["traced_bytes"] == pytest.approx(by[key]["predicted_bytes"], rel=1e-3), key
         err = r["traced_tensor_gib"] / r["predicted_tensor_gib"] - 1
         assert -0.08 <= err <= 0.05, err
+
+
+def _tiny_plan(tmp_path) -> Path:
+    spec = tiny_model("llama")
+    path = tmp_path / "tiny.json"
+    Plan(spec, ClusterSpec(num_gpus=2, gpus_per_node=2).to_dict(), TrainingShape(32, 4),
+         Layout(pp=2, micro_batch=1, sharding="none"), even_stages(4, 2)).save(path)
+    return path
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["-o", "{tmp}/afile"], "exists and is not a folder"),
+    (["-o", "{tmp}/done"], "simulation.json' already exists; pass --force"),
+    (["-o", "{tmp}/missing/dir"], "does not exist"),
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--jobs", "two"], "--jobs must be a whole number"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_bad_arguments_are_one_sentence_before_any_rank(tmp_path, capsys, extra, needle):
+    """Bad arguments of `plan validate --simulate` exit 1 with one sentence before any rank process starts: an
+    output that is a file, or a simulation.json that exists (no --force), is refused up front, not after minutes
+    of simulation (or with a FileExistsError traceback)."""
+    from planner.cli import main as cli_main
+    plan = _tiny_plan(tmp_path)
+    (tmp_path / "afile").write_text("mine\n")
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "simulation.json").write_text("mine\n")
+    argv = ["validate", str(plan), "--simulate", *[a.format(tmp=tmp_path) for a in extra]]
+    assert cli_main(argv) == 1
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert needle in err and "\n" not in err and "Traceback" not in err, err
+    assert (tmp_path / "afile").read_text() == "mine\n" and (tmp_path / "done" / "simulation.json").read_text() == "mine\n"
+
+
+def test_output_folder_is_written_and_kept_without_force(tmp_path, capsys):
+    from planner.cli import main as cli_main
+    plan, out = _tiny_plan(tmp_path), tmp_path / "sim"
+    assert cli_main(["validate", str(plan), "--simulate", "--ranks", "0", "-o", str(out)]) == 0
+    assert json.loads((out / "simulation.json").read_text())["ranks"][0]["rank"] == 0
+    assert cli_main(["validate", str(plan), "--simulate", "--ranks", "1", "-o", str(out)]) == 1
+    assert json.loads((out / "simulation.json").read_text())["ranks"][0]["rank"] == 0
+    assert cli_main(["validate", str(plan), "--simulate", "--ranks", "1", "-o", str(out), "--force"]) == 0
+    assert json.loads((out / "simulation.json").read_text())["ranks"][0]["rank"] == 1
+
+
+def test_a_plan_for_the_cpu_kind_simulates(tmp_path):
+    """A plan made for --gpu cpu (the CPU loop: plan profile --device cpu, plan --gpu cpu --profile ...) has no shipped
+    profile; the simulation's predictions (memory, collective bytes) read no timing, so it is simulated all the same
+    (it stopped with 'no profile ships for GPU cpu')."""
+    spec = tiny_model("llama")
+    path = tmp_path / "cpu.json"
+    Plan(spec, ClusterSpec(gpu="cpu", num_gpus=2, gpus_per_node=2).to_dict(), TrainingShape(32, 4),
+         Layout(tp=2, micro_batch=1, sharding="none", cuda_graph=False), even_stages(4, 1)).save(path)
+    (rank,) = _simulate(path, "0")
+    assert rank["traced_parts_gib"]["weights"] == pytest.approx(rank["predicted_parts_gib"]["weights"], rel=0.01)
