@@ -123,13 +123,18 @@ def _gpus_per_node(plan: Plan, args) -> int:
 
 
 def _nodes(plan: Plan, args) -> int:
-    """The nodes the plan runs on: --nodes (which must divide the world size), else the world size over the GPUs
-    per node; a PlanError where the processes do not split evenly."""
+    """The nodes the plan runs on: --nodes (which must divide the world size and keep each TP group on one node),
+    else the world size over the GPUs per node; a PlanError where the processes do not split evenly."""
     world = plan.layout.world_size
     if args.nodes:
         if world % args.nodes:
             raise PlanError(f"the plan's {world} processes ({plan.layout.short()}) do not split evenly over "
                             f"{args.nodes} nodes")
+        per_node, tp = world // args.nodes, plan.layout.tp
+        if per_node % tp:  # ranks are placed TP fastest: a TP group would span nodes, over the network
+            raise PlanError(f"{args.nodes} nodes of {per_node} GPUs would split each TP group of {tp} across "
+                            f"nodes, which the plan did not price; plan again with --gpus-per-node {per_node}, or "
+                            f"give fewer nodes")
         return args.nodes
     g = min(_gpus_per_node(plan, args), world)
     if world % g:
@@ -137,10 +142,16 @@ def _nodes(plan: Plan, args) -> int:
     return world // g
 
 
-def launch_argv(plan_path: str, args, nodes: int, nproc: int, node_rank="0", rdzv=None) -> list[str]:
-    """The `plan launch` arguments this export stands for."""
+def _device(plan: Plan) -> str:
+    """Where the plan's processes run: the CPU for a plan made for --gpu cpu, else CUDA."""
+    return "cpu" if plan.cluster.get("gpu") == "cpu" else "cuda"
+
+
+def launch_argv(plan_path: str, args, nodes: int, nproc: int, node_rank="0", rdzv=None,
+                device: str = "cuda") -> list[str]:
+    """The `plan launch` arguments this export stands for (`device`: cpu for a plan made for --gpu cpu)."""
     out = [plan_path, "--steps", str(args.steps), "--data", args.data, "--nproc-per-node", str(nproc),
-           "--nnodes", str(nodes)]
+           "--nnodes", str(nodes), "--device", device]
     if args.results:
         out += ["--results", args.results]
     out += optimizer_argv(optimizer_settings(args))
@@ -159,7 +170,7 @@ def torchrun_command(plan: Plan, plan_path: str, args) -> list[str]:
         raise PlanError(f"the plan runs on {nodes} nodes; give --rdzv-endpoint host:port of the first node "
                         "(or export --to slurm, which finds it)")
     largs = launch.build_parser().parse_args(launch_argv(plan_path, args, nodes, nproc, args.node_rank,
-                                                         args.rdzv_endpoint))
+                                                         args.rdzv_endpoint, _device(plan)))
     results = Path(largs.results) if largs.results else Path(plan_path).with_suffix(".results.csv")
     return launch.torchrun_command(largs, nproc, results)
 
@@ -189,7 +200,7 @@ def render_slurm(plan: Plan, plan_path: str, args) -> str:
         check_slurm_value("--account", args.account)
     plan_abs = str(Path(plan_path).resolve())
     # every node gets the same arguments but its own --node-rank, which srun's task expands for itself
-    largv = launch_argv(plan_abs, args, nodes, nproc, "NODE_RANK", "RDZV")
+    largv = launch_argv(plan_abs, args, nodes, nproc, "NODE_RANK", "RDZV", _device(plan))
     if nodes > 1:
         i = largv.index("--node-rank")
         del largv[i:i + 2]

@@ -10,6 +10,7 @@ from planner.cli import main as cli_main
 from planner.export_megatron import _layout_string, megatron_args
 from planner.model import CATALOGUE, tiny_model
 from planner.plan import Layout, Plan, StagePlan, TrainingShape, even_stages
+from tests.planner.conftest import REPO
 
 
 def make_plan(model, stages=None, gb=64, seq=None, **lay):
@@ -148,6 +149,22 @@ def test_torchrun_matches_launch_dry_run(tmp_path, capsys):
     assert exported.replace("--device cuda", "--device cpu") == dry
 
 
+def test_a_cpu_plan_exports_a_cpu_launch(tmp_path, capsys):
+    """A plan made for --gpu cpu is launched on the CPU: its torchrun command and Slurm script say --device cpu."""
+    from dataclasses import replace
+
+    plan = make_plan(tiny_model("gpt"), gb=8, tp=2, dp=1, micro_batch=1, sharding="none", cuda_graph=False)
+    p = write(tmp_path, replace(plan, cluster={**plan.cluster, "gpu": "cpu"}))
+    prof = json.loads((REPO / "profiles" / "h200-sxm.json").read_text())
+    (tmp_path / "cpu.json").write_text(json.dumps({**prof, "gpu": "cpu"}))  # as `plan profile --device cpu` labels it
+    mine = ["--profile", str(tmp_path / "cpu.json")]
+    assert cli_main(["export", str(p), "--to", "torchrun", *mine]) == 0
+    out = capsys.readouterr().out
+    assert "--device cpu" in out and "--device cuda" not in out
+    assert cli_main(["export", str(p), "--to", "slurm", *mine]) == 0
+    assert "--device cpu" in capsys.readouterr().out
+
+
 def test_slurm_script(tmp_path, capsys):
     p = write(tmp_path, make_plan(CATALOGUE["gpt-1.3b"], gb=64, tp=2, pp=2, dp=8, micro_batch=1))
     assert cli_main(["export", str(p), "--to", "slurm", "--partition", "gpu"]) == 0
@@ -162,6 +179,9 @@ def test_slurm_script(tmp_path, capsys):
     assert cli_main(["export", str(p), "--to", "slurm", "--nodes", "3"]) == 1
     err = capsys.readouterr().err.strip()
     assert "do not split evenly over 3 nodes" in err and "\n" not in err
+    assert cli_main(["export", str(p), "--to", "slurm", "--nodes", "32"]) == 1  # 1 GPU a node under TP 2
+    err = capsys.readouterr().err.strip()
+    assert "would split each TP group of 2 across nodes" in err and "--gpus-per-node 1" in err and "\n" not in err
 
 
 def test_optimizer_options_export_to_megatron_torchrun_and_slurm(tmp_path, capsys):
