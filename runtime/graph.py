@@ -39,8 +39,8 @@ CAPTURE_ERROR_MODE = "thread_local"
 pool) from the capturing thread only. The data Prefetcher (runtime/data.py) pins the next steps' batches in its own
 thread while the step is captured; pinning may allocate page-locked memory and query the events of earlier copies,
 which in torch's default 'global' mode invalidates the capture under way ("operation failed due to a previous
-error during capture" at the step's first kernel), as it did for BERT-large at micro-batch 4, whose masked-LM
-batches take long enough to make that the thread was still pinning when the capture began."""
+error during capture" at the step's first kernel): BERT-large's masked-LM batches take long enough to make that the
+thread can still be pinning when the capture begins (tests/runtime/test_graph.py forces the overlap)."""
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
