@@ -37,6 +37,41 @@ class Parser(argparse.ArgumentParser):
         raise PlanError(f"{message} (see `{self.prog} --help`)")
 
 
+class _RecordExplicit(argparse.Action):
+    """Stores the value and records that the flag was given, so that a flag the cluster file also sets can be
+    compared with it (check_flags_beside_cluster) rather than silently overridden."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        given = dict(getattr(namespace, "given_cluster_flags", None) or {})
+        given[self.dest] = option_string
+        namespace.given_cluster_flags = given
+
+
+CLUSTER_FILE_FIELDS = {"gpu": "gpu", "gpus_per_node": "gpus_per_node", "inter_node_gbps": "inter_node_gb_per_s",
+                       "headroom_gib": "memory_headroom_gib"}
+"""The flags a cluster file replaces (argument dest: ClusterSpec field)."""
+
+
+def check_flags_beside_cluster(args, cluster):
+    """`cluster` (from --cluster) with the flags also given checked against it: a flag the file sets must agree
+    with it (one sentence naming both otherwise: the file wins, and a flag that silently did nothing would
+    mislead); a headroom the file leaves unset is taken from --headroom-gib."""
+    from dataclasses import replace
+
+    for dest, option in (getattr(args, "given_cluster_flags", None) or {}).items():
+        field = CLUSTER_FILE_FIELDS[dest]
+        mine, theirs = getattr(args, dest), getattr(cluster, field)
+        if theirs is None:
+            cluster = replace(cluster, **{field: mine})
+        elif mine != theirs:
+            raise PlanError(f"{option} {mine:g} differs from the {field} {theirs:g} of the cluster file "
+                            f"'{args.cluster}', which sets the cluster; drop one" if isinstance(mine, float) else
+                            f"{option} {mine} differs from the {field} {theirs} of the cluster file "
+                            f"'{args.cluster}', which sets the cluster; drop one")
+    return cluster
+
+
 def add_model_cluster_args(ap: argparse.ArgumentParser, gpus_required: bool = True) -> None:
     """The model, the cluster, the profile and the training shape: what `resolve_inputs` turns into planner inputs.
 
@@ -49,14 +84,19 @@ def add_model_cluster_args(ap: argparse.ArgumentParser, gpus_required: bool = Tr
     ap.add_argument("--model", required=True, help="catalogue name (e.g. gpt-70b, llama3-8b) or a Hugging Face config.json")
     if gpus_required:
         ap.add_argument("--gpus", type=positive_int("--gpus", MAX_GPUS), help=f"number of GPUs (at most {MAX_GPUS})")
-    ap.add_argument("--gpu", default="h200-sxm", choices=sorted(GPU_KINDS), help="GPU kind (default h200-sxm)")
-    ap.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node", MAX_GPUS_PER_NODE), default=8, help="default 8")
+    ap.add_argument("--gpu", default="h200-sxm", choices=sorted(GPU_KINDS), help="GPU kind (default h200-sxm)",
+                    action=_RecordExplicit)
+    ap.add_argument("--gpus-per-node", type=positive_int("--gpus-per-node", MAX_GPUS_PER_NODE), default=8, help="default 8",
+                    action=_RecordExplicit)
     ap.add_argument("--inter-node-gbps", type=positive_float("--inter-node-gbps", MAX_NETWORK_GB_PER_S), default=50.0,
-                    help="network bandwidth per GPU in GB/s, one direction (default 50 = 400 Gb/s NDR)")
+                    help="network bandwidth per GPU in GB/s, one direction (default 50 = 400 Gb/s NDR)",
+                    action=_RecordExplicit)
     ap.add_argument("--headroom-gib", type=float_arg("--headroom-gib", 0.0, 1e6, lo_open=False), default=None,
+                    action=_RecordExplicit,
                     help="memory per GPU to leave free below the planner's allowance (default 5%% of the GPU's "
                          "memory; 0 plans to the allowance's edge)")
-    ap.add_argument("--cluster", help="JSON file with the whole cluster description (overrides the above)")
+    ap.add_argument("--cluster", help="JSON file with the whole cluster description (the flags above, where given, "
+                                      "must agree with it; --gpus overrides its num_gpus)")
     ap.add_argument("--profile", help="profile JSON (default: the one shipped for --gpu)")
     ap.add_argument("--allow-other-gpu-profile", action="store_true",
                     help="accept a profile measured on another GPU kind than the cluster's (refused otherwise)")
@@ -98,6 +138,7 @@ def resolve_inputs(args):
     model = resolve_model(args.model)
     if args.cluster:
         cluster = load_cluster_file(args.cluster)
+        cluster = check_flags_beside_cluster(args, cluster)
         if getattr(args, "gpus", None):
             cluster = replace(cluster, num_gpus=args.gpus)
     else:

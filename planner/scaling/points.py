@@ -203,6 +203,7 @@ def attach_measured(df, measured, model, peak_tflops: dict):
 
 
 def make_series(args, model) -> list[Series]:
+    from planner.arguments import check_flags_beside_cluster
     from planner.cluster import load_cluster_file
     from planner.profile import load_profile, shipped_profile_path
 
@@ -210,6 +211,7 @@ def make_series(args, model) -> list[Series]:
     inter = args.inter_node_gbps
     if args.cluster:
         c = load_cluster_file(args.cluster)
+        check_flags_beside_cluster(args, c)
         gpu, inter = c.gpu, c.inter_node_gb_per_s
         args.gpu, args.inter_node_gbps, args.gpus_per_node = c.gpu, c.inter_node_gb_per_s, c.gpus_per_node
     with warnings.catch_warnings():

@@ -99,6 +99,8 @@ def setup_files(t: Path) -> None:
     _dump(t / "cluster_nan.cluster.json", {"gpu": "h200-sxm", "num_gpus": 8, "gpus_per_node": 8,
                                            "inter_node_gb_per_s": float("nan")})
     _dump(t / "cluster_big.cluster.json", {"gpu": "h200-sxm", "num_gpus": 2 ** 30, "gpus_per_node": 8})
+    _dump(t / "cluster_ok.cluster.json", {"gpu": "h200-sxm", "num_gpus": 8, "gpus_per_node": 8,
+                                          "inter_node_gb_per_s": 50.0})
 
 
 M = ["--model", "gpt-1.3b"]
@@ -136,6 +138,13 @@ CASES = [
      "measured on h100-sxm, but the plan is for h200-sxm"),
     ("plan cluster nan", [*M, "--cluster", "cluster_nan.cluster.json"], 1, "inter-node bandwidth must be a positive"),
     ("plan cluster huge", [*M, "--cluster", "cluster_big.cluster.json"], 1, "GPU count must be a whole number from 1"),
+    ("plan cluster and another gpu", [*M, "--cluster", "cluster_ok.cluster.json", "--gpu", "h100-sxm"], 1,
+     "--gpu h100-sxm differs from the gpu h200-sxm of the cluster file 'cluster_ok.cluster.json'"),
+    ("plan cluster and another network", [*M, "--cluster", "cluster_ok.cluster.json", "--inter-node-gbps", "25"], 1,
+     "--inter-node-gbps 25 differs from the inter_node_gb_per_s 50 of the cluster file"),
+    ("scaling cluster and other gpus per node", ["scaling", *M, "--gpus", "8,16", "--cluster", "cluster_ok.cluster.json",
+                                                 "--gpus-per-node", "4", "-o", "new"], 1,
+     "--gpus-per-node 4 differs from the gpus_per_node 8 of the cluster file"),
     ("plan hf t5", ["--model", "t5", "--gpus", "8"], 1, "model_type 't5' is an encoder-decoder model"),
     ("plan hf bart", ["--model", "bart", "--gpus", "8"], 1, "model_type 'bart' is an encoder-decoder model"),
     ("plan hf mamba", ["--model", "mamba", "--gpus", "8"], 1, "state-space (recurrent) layers, which are not attention"),

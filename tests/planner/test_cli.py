@@ -179,3 +179,13 @@ def test_host_paced_plan_is_flagged_and_a_gpu_paced_one_is_not():
     assert code == 0 and "host-paced" not in out and "CUDA graph" in out and "replayed" in out
     code, out, err = run_cli("--model", "gpt-1.3b", "--gpus", "2")
     assert code == 0 and "host-paced" not in out
+
+
+def test_flags_beside_a_cluster_file_agree_with_it_or_fill_what_it_leaves(tmp_path):
+    """A flag the cluster file also sets is taken where it agrees (a conflict is one sentence, in
+    test_bad_input.py); a headroom the file leaves unset comes from --headroom-gib."""
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps({"gpu": "h200-sxm", "num_gpus": 8, "gpus_per_node": 8, "inter_node_gb_per_s": 50.0}))
+    rc, out, err = run_cli("--model", "gpt-1.3b", "--cluster", str(c), "--gpu", "h200-sxm", "--headroom-gib", "10")
+    assert rc == 0, err
+    assert "on 8 x h200-sxm" in out and "10.0 GiB headroom (--headroom-gib)" in out
