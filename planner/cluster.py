@@ -110,9 +110,16 @@ def validate_cluster(c: ClusterSpec) -> None:
 
 
 def load_cluster_file(path: str) -> ClusterSpec:
+    """A cluster file (`--cluster`) as a ClusterSpec. An inter-node latency other than the default is refused: the
+    network collectives' per-step latency comes from the profile (planner/profile/physics.py, fitted to published
+    nccl-tests figures), and a value that silently changed nothing would mislead."""
     d = read_json(path, "cluster file")
     if not isinstance(d, dict):
         raise PlanError(f"cluster file '{path}' is not a JSON object")
+    latency = d.get("inter_node_latency_us", ClusterSpec.inter_node_latency_us)
+    if latency != ClusterSpec.inter_node_latency_us:
+        raise PlanError(f"cluster file '{path}': inter_node_latency_us {latency!r} is not used by the planner, whose "
+                        "network latency comes from the profile's collectives (planner/profile/physics.py); remove it")
     return ClusterSpec.from_dict(d)
 
 

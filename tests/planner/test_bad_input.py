@@ -101,6 +101,8 @@ def setup_files(t: Path) -> None:
     _dump(t / "cluster_big.cluster.json", {"gpu": "h200-sxm", "num_gpus": 2 ** 30, "gpus_per_node": 8})
     _dump(t / "cluster_ok.cluster.json", {"gpu": "h200-sxm", "num_gpus": 8, "gpus_per_node": 8,
                                           "inter_node_gb_per_s": 50.0})
+    _dump(t / "cluster_latency.cluster.json", {"gpu": "h200-sxm", "num_gpus": 8, "gpus_per_node": 8,
+                                               "inter_node_latency_us": 2.0})
 
 
 M = ["--model", "gpt-1.3b"]
@@ -138,6 +140,8 @@ CASES = [
      "measured on h100-sxm, but the plan is for h200-sxm"),
     ("plan cluster nan", [*M, "--cluster", "cluster_nan.cluster.json"], 1, "inter-node bandwidth must be a positive"),
     ("plan cluster huge", [*M, "--cluster", "cluster_big.cluster.json"], 1, "GPU count must be a whole number from 1"),
+    ("plan cluster latency", [*M, "--cluster", "cluster_latency.cluster.json"], 1,
+     "inter_node_latency_us 2.0 is not used by the planner"),
     ("plan cluster and another gpu", [*M, "--cluster", "cluster_ok.cluster.json", "--gpu", "h100-sxm"], 1,
      "--gpu h100-sxm differs from the gpu h200-sxm of the cluster file 'cluster_ok.cluster.json'"),
     ("plan cluster and another network", [*M, "--cluster", "cluster_ok.cluster.json", "--inter-node-gbps", "25"], 1,
