@@ -29,7 +29,7 @@ class CostModel(LayerTerms, CommTerms, HostTerms, MemoryTermsOfRanks, DataParall
       `_ep_beside_layer`, the stage times (`stage_time_s`, `stage_gpu_s`, `stage_fwd_share`) and `predict`.
     - CommTerms (cost/comm.py) needs m, lay, cluster, prof, target, tokens, _shared; provides `group_collective_s`,
       `strides`, `p2p_s`, `_network_fit`.
-    - LayerTerms (cost/layer.py) needs m, shape, lay, cluster, prof, target, _memo, dispatch_chunks,
+    - LayerTerms (cost/layer.py, its MoE part MoeTerms in cost/moe_layer.py) needs m, shape, lay, cluster, prof, target, _memo, dispatch_chunks,
       stacks_expert_weights, _ep_beside_layer, group_collective_s, strides, _network_fit, _moe_row_passes_s;
       provides `layer` (LayerCosts), `ends` (EndCosts), `activations`, `tokens`.
     - HostTerms (cost/host.py) needs m, lay, prof, target, dispatch_chunks, _shared; provides `stage_host_s`,

@@ -155,7 +155,7 @@ class RuntimeTarget:
     that node's GPUs over NVLink (DeepEP's internode normal kernels, Megatron-Core's flex dispatcher with
     moe_enable_deepep; DeepSeek-V3's own kernels, arXiv 2412.19437 section 3.2.2: "it will first be transmitted via
     IB to the GPUs with the same in-node index on its target nodes", then "forwarded via NVLink"). Priced by
-    planner/cost/layer.py LayerTerms._ep_all_to_all_s. False: a plain NCCL all-to-all of every routed token copy
+    planner/cost/moe_layer.py MoeTerms._ep_all_to_all_s. False: a plain NCCL all-to-all of every routed token copy
     (Megatron's alltoall dispatcher; ours). A trait of the run, set per published row (benchmarks/published_rows.
     row_target, runs.csv column `ep_dispatch`)."""
     ep_route_groups: int = 0
@@ -164,7 +164,7 @@ class RuntimeTarget:
     ep_group_limit: int = 0
     """Most groups one token's experts come from (DeepSeek-V3: 4, topk_group; at EP 64 over 8 nodes a group is a
     node's experts, hence "each token ... dispatched to at most 4 nodes", arXiv 2412.19437 section 3.2.2); 0: no
-    limit. The node cap this gives: planner/cost/layer.py dispatch_remote_nodes."""
+    limit. The node cap this gives: planner/cost/moe_layer.py dispatch_remote_nodes."""
     cp_hidden_fraction: float | None = None
     """Share of the context-parallel K/V traffic hidden behind the attention blocks beside it; None: the profile's
     (our ring's). Llama 3's all-gather CP: 0 (arXiv 2407.21783 section 3.3.2, "the all-gather communication latency

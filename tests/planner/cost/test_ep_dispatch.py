@@ -9,7 +9,7 @@ import pytest
 
 from planner.cluster import ClusterSpec
 from planner.cost import CostModel
-from planner.cost.layer import dispatch_remote_nodes
+from planner.cost.moe_layer import dispatch_remote_nodes
 from planner.cost.targets import load_target
 from planner.cost.terms import BF16
 from planner.model import resolve_model
