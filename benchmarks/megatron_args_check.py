@@ -28,6 +28,7 @@ from planner.cluster import ClusterSpec  # noqa: E402
 from planner.cost.targets import load_target  # noqa: E402
 from planner.export import megatron_args  # noqa: E402
 from planner.model import resolve_model  # noqa: E402
+from planner.model.spec import VOCAB_PAD_MULTIPLE  # noqa: E402
 from planner.plan import TrainingShape  # noqa: E402
 from planner.profile import load_profile  # noqa: E402
 from planner.provenance import commit_label  # noqa: E402
@@ -87,15 +88,10 @@ def cases() -> list[dict]:
     ]
 
 
-def vocab_args(export) -> list[str]:
-    """--vocab-size and --make-vocab-size-divisible-by as the export's vocabulary note gives them."""
-    for note in export.notes:
-        if "--vocab-size" in note:
-            words = note.replace(")", " ").split()
-            i = words.index("--vocab-size")
-            j = words.index("--make-vocab-size-divisible-by")
-            return ["--vocab-size", words[i + 1], "--make-vocab-size-divisible-by", words[j + 1]]
-    return []
+def vocab_args(model) -> list[str]:
+    """The synthetic-data vocabulary the export's note asks for: the model's token ids, padded as the runtime pads
+    them (ModelSpec.padded_vocab's multiple)."""
+    return ["--vocab-size", str(model.vocab_size), "--make-vocab-size-divisible-by", str(VOCAB_PAD_MULTIPLE)]
 
 
 def check(case: dict, megatron_lm: Path) -> dict:
@@ -109,7 +105,7 @@ def check(case: dict, megatron_lm: Path) -> dict:
     argv = list(export.args)
     for flag, value in case.get("tamper", {}).items():
         argv[argv.index(flag) + 1] = value
-    argv += vocab_args(export) + USER_ARGS
+    argv += vocab_args(model) + USER_ARGS
     env = {"WORLD_SIZE": str(case["gpus"]), "RANK": "0", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(megatron_lm),
            "CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # as Megatron-LM asks its launches to set before Blackwell
     p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(argv)], cwd=megatron_lm, env=env,

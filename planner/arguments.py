@@ -65,9 +65,9 @@ def check_flags_beside_cluster(args, cluster):
         if theirs is None:
             cluster = replace(cluster, **{field: mine})
         elif mine != theirs:
-            raise PlanError(f"{option} {mine:g} differs from the {field} {theirs:g} of the cluster file "
-                            f"'{args.cluster}', which sets the cluster; drop one" if isinstance(mine, float) else
-                            f"{option} {mine} differs from the {field} {theirs} of the cluster file "
+            def shown(v):
+                return f"{v:g}" if isinstance(v, float) else str(v)
+            raise PlanError(f"{option} {shown(mine)} differs from the {field} {shown(theirs)} of the cluster file "
                             f"'{args.cluster}', which sets the cluster; drop one")
     return cluster
 
